@@ -1,0 +1,226 @@
+"""``LonglabCache``: a ``transformers.Cache`` whose evictions really free memory.
+
+Layout (chosen for vectorised attention over batches and GQA): each layer holds
+``keys, values: [B, H_kv, T, D]`` plus ``index: [B, H_kv, T]`` (int32), the true *position* of the
+token in each slot (its RoPE position: the number of real tokens of its row before it), or ``-1``
+for an empty slot (padding or evicted). Positions increase along the stream, so causality and
+sliding windows are comparisons of positions, whatever was evicted or padded. When heads keep different numbers of tokens (AdaKV), ``T`` is the largest per-head count and
+shorter heads carry empty slots: a padded-per-layer layout with a validity mask. ``nbytes()``
+reports exactly what is allocated, padding included.
+
+Positions: ``get_seq_length()`` returns the number of tokens *seen* (``n_seen``), not the number
+held, so transformers gives the next token the RoPE position it would have had without eviction.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from .recipe import Recipe, parse_recipe
+
+__all__ = ["LonglabCache", "LonglabLayer", "active_layer"]
+
+_ACTIVE = threading.local()
+
+
+def active_layer(key_states: torch.Tensor) -> tuple[LonglabCache, int] | None:
+    """The (cache, layer index) whose ``update`` just returned ``key_states``, if it was a LonglabCache.
+
+    The attention hook calls this to find the cache: transformers calls ``cache.update`` right
+    before the attention function in every layer, in the same thread.
+    """
+    cache = getattr(_ACTIVE, "cache", None)
+    if cache is None:
+        return None
+    layer_idx = _ACTIVE.layer_idx
+    layer = cache.layers[layer_idx]
+    if layer.keys is None or layer.keys.data_ptr() != key_states.data_ptr():
+        return None
+    return cache, layer_idx
+
+
+class LonglabLayer(CacheLayerMixin):
+    """One layer's storage: keys/values ``[B, H_kv, T, D]``, stream index ``[B, H_kv, T]``."""
+
+    is_sliding = False
+    is_compileable = False
+    is_croppable = False
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__()
+        self.index: torch.Tensor | None = None  # [B, H_kv, T] int32; -1 = empty slot
+        self.extras: dict[str, torch.Tensor] = {}  # per-slot method state, each [B, H_kv, T]
+        self.n_seen = 0  # tokens written so far, padding included (the stream length)
+        self.n_real: torch.Tensor | None = None  # [B] non-padding tokens seen per row
+        self.sliding_window: int | None = None  # set by the hook for sliding-window layers
+
+    # --- transformers' layer protocol -------------------------------------------------------------
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        B, H_kv, _, D = key_states.shape
+        self.device = key_states.device
+        self.keys = key_states.new_empty(B, H_kv, 0, D)
+        self.values = value_states.new_empty(B, H_kv, 0, value_states.shape[-1])
+        self.index = torch.empty(B, H_kv, 0, dtype=torch.int32, device=self.device)
+        self.n_real = torch.zeros(B, dtype=torch.long, device=self.device)
+        self.is_initialized = True
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        # key_states: [B, H_kv, T_new, D] -> returns the whole layer: [B, H_kv, T, D]
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        B, H_kv, T_new, _ = key_states.shape
+        steps = torch.arange(T_new, dtype=torch.int32, device=self.device)
+        new_index = (self.n_real[:, None].to(torch.int32) + steps)[:, None, :]  # [B, 1, T_new]; mark_padding fixes pads
+        self.keys = torch.cat([self.keys, key_states], dim=-2)
+        self.values = torch.cat([self.values, value_states], dim=-2)
+        self.index = torch.cat([self.index, new_index.expand(B, H_kv, T_new)], dim=-1)
+        for name, state in self.extras.items():
+            self.extras[name] = torch.cat([state, state.new_zeros(B, H_kv, T_new)], dim=-1)
+        self.n_seen += T_new
+        self.n_real += T_new
+        return self.keys, self.values
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.n_seen + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.n_seen
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reset(self) -> None:
+        self.keys = self.values = self.index = self.n_real = None
+        self.extras = {}
+        self.n_seen = 0
+        self.is_initialized = False
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("LonglabCache cannot be cropped: evicted entries are gone")
+
+    def _select_batch(self, fn) -> None:
+        if not self.is_initialized:
+            return
+        self.keys, self.values, self.index, self.n_real = map(fn, (self.keys, self.values, self.index, self.n_real))
+        self.extras = {k: fn(v) for k, v in self.extras.items()}
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._select_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._select_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._select_batch(lambda t: t[indices])
+
+    # --- longlab operations -------------------------------------------------------------------------
+    @property
+    def valid(self) -> torch.Tensor:
+        """``[B, H_kv, T]`` bool: slot holds a real (non-padding, non-evicted) token."""
+        return self.index >= 0
+
+    def lengths(self) -> torch.Tensor:
+        """``[B, H_kv]`` number of real entries held per head."""
+        return self.valid.sum(-1)
+
+    def mark_padding(self, new_valid: torch.Tensor) -> None:
+        """The last ``T_new`` slots were written with ``new_valid`` ``[B, T_new]``: padding slots become
+        empty and real tokens get their true positions."""
+        T_new = new_valid.shape[-1]
+        new_valid = new_valid.to(torch.bool)
+        n_pad = (~new_valid).sum(-1)  # [B]
+        if not bool(n_pad.any()):
+            return
+        start = self.n_real - T_new  # real tokens before this segment
+        pos = (start[:, None] + new_valid.long().cumsum(-1) - 1).to(torch.int32)
+        pos = pos.masked_fill(~new_valid, -1)
+        self.index[..., -T_new:] = pos[:, None, :].expand(-1, self.index.shape[1], -1)
+        self.n_real -= n_pad
+
+    def keep(self, mask: torch.Tensor) -> None:
+        """Physically keep the slots where ``mask`` ``[B, H_kv, T]`` is True; order is preserved.
+
+        The layer is repacked to the largest per-head count; shorter heads get empty slots.
+        """
+        mask = mask & self.valid
+        B, H_kv, T = mask.shape
+        counts = mask.sum(-1)  # [B, H_kv]
+        new_T = int(counts.max()) if counts.numel() else 0
+        if new_T == T and bool(mask.all()):
+            return
+        arange = torch.arange(T, device=mask.device)
+        order_key = (~mask).long() * T + arange  # kept slots first, each group in stream order
+        order = order_key.argsort(dim=-1)[..., :new_T]  # [B, H_kv, new_T]
+        slot_ok = torch.arange(new_T, device=mask.device) < counts[..., None]  # [B, H_kv, new_T]
+
+        def take(t: torch.Tensor) -> torch.Tensor:
+            if t.dim() == 4:
+                return t.gather(2, order[..., None].expand(-1, -1, -1, t.shape[-1]))
+            return t.gather(2, order)
+
+        self.keys, self.values = take(self.keys), take(self.values)
+        self.index = torch.where(slot_ok, take(self.index), torch.full_like(order, -1, dtype=torch.int32))
+        self.extras = {k: take(v) for k, v in self.extras.items()}
+
+    def trim_to_window(self, window: int, slack: int = 64) -> None:
+        """Sliding-window layers: drop entries no future query can see (``q - k >= window``).
+
+        Trims only once ``slack`` dead entries accumulate, so decoding does not repack every step.
+        """
+        if self.keys.shape[-2] <= window + slack:
+            return
+        newest = self.index.amax(dim=(1, 2), keepdim=True)  # [B, 1, 1] position of the latest token
+        self.keep(self.index > newest - window)
+
+    def nbytes(self) -> int:
+        if not self.is_initialized:
+            return 0
+        tensors = [self.keys, self.values, self.index, *self.extras.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+class LonglabCache(Cache):
+    """A KV cache driven by a recipe: ``model.generate(ids, past_key_values=LonglabCache("snapkv@0.5"))``.
+
+    Multi-token forwards (prefill chunks) are compressed by the recipe's KV policies while
+    ``compressing`` is True; the pipeline switches it off for the question in query-agnostic mode.
+    Requires the model to run with ``attn_implementation="longlab"`` (see :func:`longlab.load_model`).
+    """
+
+    def __init__(self, recipe: str | Recipe | None = None, *, compressing: bool = True) -> None:
+        from .hook import register_attention
+
+        register_attention()
+        super().__init__(layer_class_to_replicate=LonglabLayer)
+        self.recipe = parse_recipe(recipe)
+        self.compressing = compressing
+        self.stats: dict[str, float] = {"compress_s": 0.0, "compress_calls": 0}
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
+        _ACTIVE.cache, _ACTIVE.layer_idx = self, layer_idx
+        return keys, values
+
+    def nbytes(self) -> int:
+        """Bytes of every tensor the cache holds (keys, values, indices, method state)."""
+        return sum(layer.nbytes() for layer in self.layers)
+
+    def full_nbytes(self) -> int:
+        """Bytes an uncompressed cache would hold for the same tokens (keys and values only)."""
+        total = 0
+        for layer in self.layers:
+            if layer.is_initialized:
+                B, H_kv, _, D = layer.keys.shape
+                total += 2 * B * H_kv * layer.n_seen * D * layer.keys.element_size()
+        return total
+
+    def lengths(self) -> list[torch.Tensor]:
+        """Per layer, ``[B, H_kv]`` entries held per head."""
+        return [layer.lengths() for layer in self.layers if layer.is_initialized]
+
+    def __repr__(self) -> str:
+        return f"LonglabCache(recipe={self.recipe.name!r}, layers={len(self.layers)}, nbytes={self.nbytes()})"

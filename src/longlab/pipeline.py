@@ -1,0 +1,306 @@
+"""Context -> compress -> question -> decode.
+
+``generate(model, tokenizer, context, question, recipe="snapkv@0.5")`` prefills the context in chunks
+(KV policies may compress after every chunk so the cache stays within budget while the context
+streams in), then appends the question and decodes. Two modes:
+
+- **query-agnostic** (default): the context is compressed alone, then the question is asked — the
+  realistic case of a cached context reused for many questions;
+- **query-aware**: the question is part of the compressed prompt (the observation window sees it).
+
+Batches of contexts of different lengths are left-padded; padding slots are marked empty in the
+cache and never attended to, so each row gives the tokens it would give alone.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .cache import LonglabCache
+from .recipe import LonglabError, Recipe, parse_recipe
+
+__all__ = ["generate", "GenerationResult", "Stream", "build_prompt", "encode_prompts"]
+
+_SENTINEL = "\u2063LONGLAB_CONTEXT\u2063"
+MIN_LAST_CHUNK = 64  # the last chunk must cover observation windows (SnapKV's W = 32)
+
+
+def build_prompt(tokenizer: Any, context: str, question: str | None, answer_prefix: str = "") -> tuple[str, str]:
+    """Split a chat-formatted prompt into (context part, question part).
+
+    With a chat template the user turn is ``context + "\\n\\n" + question``; everything after the
+    context (the question, the assistant header, ``answer_prefix``) is the question part.
+    Without a question the context is a plain prompt to continue."""
+    if question is None:
+        return context, answer_prefix
+    if getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(
+            [{"role": "user", "content": _SENTINEL + "\n\n" + question}], tokenize=False, add_generation_prompt=True
+        )
+        before, after = rendered.split(_SENTINEL, 1)
+        return before + context, after + answer_prefix
+    return context, "\n\n" + question + "\n" + answer_prefix
+
+
+def encode_prompts(
+    tokenizer: Any, contexts: list[str], questions: list[str | None], answer_prefixes: list[str]
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Token ids of the context parts and question parts, one list per batch row."""
+    ctx_ids, q_ids = [], []
+    for context, question, prefix in zip(contexts, questions, answer_prefixes):
+        ctx_text, q_text = build_prompt(tokenizer, context, question, prefix)
+        templated = question is not None and bool(getattr(tokenizer, "chat_template", None))
+        ids = tokenizer(ctx_text, add_special_tokens=not templated)["input_ids"]
+        ctx_ids.append(list(ids))
+        q_ids.append(list(tokenizer(q_text, add_special_tokens=False)["input_ids"]) if q_text else [])
+    return ctx_ids, q_ids
+
+
+def _chunks(length: int, chunk_size: int) -> list[slice]:
+    bounds = list(range(0, length, chunk_size)) + [length]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] < MIN_LAST_CHUNK:
+        bounds.pop(-2)  # merge a short tail into the previous chunk
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+class Stream:
+    """A batch of token streams flowing into one :class:`LonglabCache`.
+
+    Tracks the padding mask of everything written (``[B, n_seen]``) and each row's next RoPE
+    position (real tokens seen), so eviction never shifts positions."""
+
+    def __init__(self, model: Any, cache: LonglabCache, batch_size: int) -> None:
+        self.model = model
+        self.cache = cache
+        self.device = next(model.parameters()).device
+        self.seen_mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)
+        self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=self.device)
+        self.pad_id = 0
+
+    @property
+    def batch_size(self) -> int:
+        return self.seen_mask.shape[0]
+
+    def fork(self, recipe: str | Recipe | None = None) -> Stream:
+        """An independent copy (cache tensors included), optionally with another recipe."""
+        model, self.model = self.model, None
+        try:
+            twin = copy.deepcopy(self)
+        finally:
+            self.model = model
+        twin.model = model
+        if recipe is not None:
+            twin.cache.recipe = parse_recipe(recipe)
+        return twin
+
+    @torch.inference_mode()
+    def feed(self, rows: list[list[int]], chunk_size: int = 1024, compress: str = "chunk") -> torch.Tensor:
+        """Append one segment per row (left-padded to a common length); return last logits [B, V].
+
+        compress: ``"chunk"`` (policies act after every chunk), ``"end"`` (after the last chunk only)
+        or ``"none"``."""
+        if len(rows) != self.batch_size:
+            raise LonglabError(f"expected {self.batch_size} rows, got {len(rows)}")
+        if any(len(r) == 0 for r in rows):
+            raise LonglabError("every row must contribute at least one token to a segment")
+        T = max(len(r) for r in rows)
+        ids = torch.full((self.batch_size, T), self.pad_id, dtype=torch.long)
+        valid = torch.zeros(self.batch_size, T, dtype=torch.bool)
+        for b, r in enumerate(rows):
+            ids[b, T - len(r):] = torch.tensor(r, dtype=torch.long)
+            valid[b, T - len(r):] = True
+        ids, valid = ids.to(self.device), valid.to(self.device)
+        chunks = _chunks(T, chunk_size)
+        saved = self.cache.compressing
+        logits = None
+        try:
+            for i, sl in enumerate(chunks):
+                self.cache.compressing = compress == "chunk" or (compress == "end" and i == len(chunks) - 1)
+                v = valid[:, sl]
+                self.seen_mask = torch.cat([self.seen_mask, v], dim=1)
+                pos = (self.next_pos[:, None] + v.long().cumsum(-1) - 1).clamp(min=0)
+                out = self.model(
+                    input_ids=ids[:, sl], attention_mask=self.seen_mask, position_ids=pos,
+                    cache=self.cache, use_cache=True, logits_to_keep=1,
+                )
+                self.next_pos += v.sum(-1)
+                logits = out.logits[:, -1]
+        finally:
+            self.cache.compressing = saved
+        return logits
+
+    @torch.inference_mode()
+    def decode(
+        self,
+        logits: torch.Tensor,
+        max_new_tokens: int,
+        eos_ids: set[int],
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ) -> list[list[int]]:
+        """Greedy (temperature 0) or temperature/top-p sampling; stops per row at an EOS id."""
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        finished = torch.zeros(self.batch_size, dtype=torch.bool)
+        out: list[list[int]] = [[] for _ in range(self.batch_size)]
+        for step in range(max_new_tokens):
+            token = _sample(logits.float().cpu(), temperature, top_p, gen)
+            for b in range(self.batch_size):
+                if not finished[b]:
+                    out[b].append(int(token[b]))
+            finished |= torch.tensor([int(t) in eos_ids for t in token])
+            if bool(finished.all()) or step == max_new_tokens - 1:
+                break
+            logits = self.feed([[int(t)] for t in token], compress="none")
+        return out
+
+
+def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> torch.Tensor:
+    # logits: [B, V] -> [B]
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        drop = sorted_p.cumsum(-1) - sorted_p > top_p
+        sorted_p = sorted_p.masked_fill(drop, 0)
+        probs = torch.zeros_like(probs).scatter(-1, order, sorted_p)
+    return torch.multinomial(probs / probs.sum(-1, keepdim=True), 1, generator=gen)[:, 0]
+
+
+@dataclass
+class GenerationResult:
+    """Answers and what they cost. Byte counts are for the context's cache (after the question in
+    query-aware mode): ``kv_bytes_before`` is what an uncompressed cache holds, ``kv_bytes_after``
+    what the LonglabCache holds after compression."""
+
+    texts: list[str]
+    token_ids: list[list[int]]
+    context_tokens: list[int]
+    kv_bytes_before: int
+    kv_bytes_after: int
+    prefill_s: float
+    compress_s: float
+    decode_s: float
+    recipe: str
+    cache: LonglabCache | None = field(default=None, repr=False)
+
+    @property
+    def text(self) -> str:
+        return self.texts[0]
+
+    def summary(self) -> str:
+        n = ",".join(str(t) for t in self.context_tokens)
+        return (
+            f"[{self.recipe}] context tokens {n} | KV {_mib(self.kv_bytes_before)} -> {_mib(self.kv_bytes_after)} "
+            f"| prefill {self.prefill_s:.2f}s compress {self.compress_s:.2f}s decode {self.decode_s:.2f}s"
+        )
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def eos_token_ids(model: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    for source in (getattr(model.generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(int(i) for i in source)
+    return ids
+
+
+def _as_list(x: Any, n: int, name: str) -> list:
+    if isinstance(x, (list, tuple)):
+        if len(x) != n:
+            raise LonglabError(f"{name} has {len(x)} items but there are {n} contexts")
+        return list(x)
+    return [x] * n
+
+
+def generate(
+    model: Any,
+    tokenizer: Any,
+    context: str | list[str],
+    question: str | list[str] | None = None,
+    recipe: str | Recipe | None = "snapkv@0.5",
+    *,
+    max_new_tokens: int = 32,
+    chunk_size: int = 1024,
+    query_aware: bool = False,
+    compress: str = "chunk",
+    answer_prefix: str | list[str] = "",
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    seed: int = 0,
+    strict: bool = False,
+) -> GenerationResult:
+    """Answer ``question`` about ``context`` with the KV cache managed by ``recipe``.
+
+    ``compress="chunk"`` compresses after every prefill chunk (bounded memory while the context
+    streams in); ``"end"`` compresses once after the whole context."""
+    contexts = [context] if isinstance(context, str) else list(context)
+    if not contexts:
+        raise LonglabError("context is empty: give at least one context string")
+    if any(not isinstance(c, str) or not c.strip() for c in contexts):
+        raise LonglabError("context is empty: every context must be a non-empty string")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise LonglabError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+        raise LonglabError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
+    if not temperature >= 0:
+        raise LonglabError(f"temperature must be >= 0, got {temperature!r}")
+    if not 0 < top_p <= 1:
+        raise LonglabError(f"top_p must be in (0, 1], got {top_p!r}")
+    if compress not in ("chunk", "end"):
+        raise LonglabError(f"compress must be 'chunk' or 'end', got {compress!r}")
+    recipe = parse_recipe(recipe)
+    questions = _as_list(question, len(contexts), "question")
+    prefixes = _as_list(answer_prefix, len(contexts), "answer_prefix")
+    ctx_ids, q_ids = encode_prompts(tokenizer, contexts, questions, prefixes)
+    _check_length(model, [len(c) + len(q) + max_new_tokens for c, q in zip(ctx_ids, q_ids)], strict)
+
+    cache = LonglabCache(recipe)
+    stream = Stream(model, cache, len(contexts))
+    stream.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    has_question = all(q_ids)
+    start = time.perf_counter()
+    if query_aware and has_question:
+        logits = stream.feed([c + q for c, q in zip(ctx_ids, q_ids)], chunk_size, compress)
+        prefill_s = time.perf_counter() - start
+        before, after = cache.full_nbytes(), cache.nbytes()
+    else:
+        logits = stream.feed(ctx_ids, chunk_size, compress)
+        prefill_s = time.perf_counter() - start
+        before, after = cache.full_nbytes(), cache.nbytes()
+        if has_question:
+            logits = stream.feed(q_ids, chunk_size, compress="none")
+    compress_s = cache.stats["compress_s"]
+    start = time.perf_counter()
+    tokens = stream.decode(logits, max_new_tokens, eos_token_ids(model, tokenizer), temperature, top_p, seed)
+    decode_s = time.perf_counter() - start
+    texts = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens]
+    return GenerationResult(
+        texts, tokens, [len(c) for c in ctx_ids], before, after, prefill_s - compress_s, compress_s, decode_s,
+        recipe.name, cache,
+    )
+
+
+def _check_length(model: Any, lengths: list[int], strict: bool) -> None:
+    limit = getattr(model.config, "max_position_embeddings", None)
+    longest = max(lengths)
+    if limit and longest > limit:
+        message = (
+            f"prompt + max_new_tokens is {longest} tokens, beyond the model's max_position_embeddings={limit}; "
+            "quality will degrade"
+        )
+        if strict:
+            raise LonglabError(message)
+        warnings.warn(message, stacklevel=3)
