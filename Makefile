@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 run: $(STAMP)
-	HF_HUB_OFFLINE=1 $(VENV)/bin/longlab run-example
+	HF_HUB_OFFLINE=1 $(VENV)/bin/longlab example
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest

