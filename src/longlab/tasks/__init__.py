@@ -1,0 +1,107 @@
+"""Offline, seeded long-context tasks sized in the model's own tokens, and their scorers.
+
+RULER's 13 tasks (Hsieh et al. 2024), pass-key retrieval and a NIAH depth x length grid, all emitting
+the common JSONL format (:class:`Sample`). ``length`` counts the tokens of ``context`` + ``question``
+(encoded separately, no special tokens) and is never exceeded; the answer prefix (a few tokens), the
+chat template and ``max_new_tokens`` come on top. Quick use::
+
+    from longlab.tasks import generate, score
+    samples = generate("niah_single_2", tokenizer, length=4096, num_samples=10, seed=0)
+    score(samples[0].task, prediction, samples[0].answers)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .classic import niah_grid, passkey
+from .haystacks import Tokenizer, essay_sentences
+from .loaders import load_hf_dataset, load_jsonl, save_jsonl
+from .ruler import (
+    DEPTHS,
+    RULER_TASKS,
+    cwe,
+    fwe,
+    niah,
+    niah_multikey_1,
+    niah_multikey_2,
+    niah_multikey_3,
+    niah_multiquery,
+    niah_multivalue,
+    niah_single_1,
+    niah_single_2,
+    niah_single_3,
+    qa_1,
+    qa_2,
+    vt,
+)
+from .sample import Sample
+from .scoring import (
+    METRICS,
+    exact_match,
+    first_int_match,
+    metric_for,
+    rouge_l,
+    score,
+    string_match_all,
+    string_match_part,
+    token_f1,
+)
+
+__all__ = [
+    "Sample",
+    "Tokenizer",
+    "TASKS",
+    "RULER_TASKS",
+    "DEPTHS",
+    "get_task",
+    "generate",
+    "niah",
+    "niah_single_1",
+    "niah_single_2",
+    "niah_single_3",
+    "niah_multikey_1",
+    "niah_multikey_2",
+    "niah_multikey_3",
+    "niah_multivalue",
+    "niah_multiquery",
+    "vt",
+    "cwe",
+    "fwe",
+    "qa_1",
+    "qa_2",
+    "passkey",
+    "niah_grid",
+    "essay_sentences",
+    "load_jsonl",
+    "save_jsonl",
+    "load_hf_dataset",
+    "METRICS",
+    "metric_for",
+    "score",
+    "string_match_all",
+    "string_match_part",
+    "exact_match",
+    "token_f1",
+    "rouge_l",
+    "first_int_match",
+]
+
+TASKS: dict[str, Callable[..., list[Sample]]] = {**RULER_TASKS, "passkey": passkey}
+"""Task name -> generator ``(tokenizer, length, num_samples=1, seed=0, **options) -> list[Sample]``."""
+
+
+def get_task(name: str) -> Callable[..., list[Sample]]:
+    """The generator registered as ``name``; ``ValueError`` listing the valid names otherwise."""
+    try:
+        return TASKS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)}") from None
+
+
+def generate(
+    task: str, tokenizer: Tokenizer, length: int, num_samples: int = 1, seed: int = 0, **options: Any
+) -> list[Sample]:
+    """Generate ``num_samples`` samples of ``task`` whose context + question fit in ``length`` tokens."""
+    return get_task(task)(tokenizer, length, num_samples, seed, **options)
