@@ -4,7 +4,8 @@ Layout (chosen for vectorised attention over batches and GQA): each layer holds
 ``keys, values: [B, H_kv, T, D]`` plus ``index: [B, H_kv, T]`` (int32), the true *position* of the
 token in each slot (its RoPE position: the number of real tokens of its row before it), or ``-1``
 for an empty slot (padding or evicted). Positions increase along the stream, so causality and
-sliding windows are comparisons of positions, whatever was evicted or padded. When heads keep different numbers of tokens (AdaKV), ``T`` is the largest per-head count and
+sliding windows are comparisons of positions, whatever was evicted or padded. When heads keep
+different numbers of tokens (AdaKV), ``T`` is the largest per-head count and
 shorter heads carry empty slots: a padded-per-layer layout with a validity mask. ``nbytes()``
 reports exactly what is allocated, padding included.
 
@@ -74,7 +75,9 @@ class LonglabLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         B, H_kv, T_new, _ = key_states.shape
         steps = torch.arange(T_new, dtype=torch.int32, device=self.device)
-        new_index = (self.n_real[:, None].to(torch.int32) + steps)[:, None, :]  # [B, 1, T_new]; mark_padding fixes pads
+        new_index = (self.n_real[:, None].to(torch.int32) + steps)[
+            :, None, :
+        ]  # [B, 1, T_new]; mark_padding fixes pads
         self.keys = torch.cat([self.keys, key_states], dim=-2)
         self.values = torch.cat([self.values, value_states], dim=-2)
         self.index = torch.cat([self.index, new_index.expand(B, H_kv, T_new)], dim=-1)
@@ -105,7 +108,9 @@ class LonglabLayer(CacheLayerMixin):
     def _select_batch(self, fn) -> None:
         if not self.is_initialized:
             return
-        self.keys, self.values, self.index, self.n_real = map(fn, (self.keys, self.values, self.index, self.n_real))
+        self.keys, self.values, self.index, self.n_real = map(
+            fn, (self.keys, self.values, self.index, self.n_real)
+        )
         self.extras = {k: fn(v) for k, v in self.extras.items()}
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
@@ -199,6 +204,7 @@ class LonglabCache(Cache):
         self.recipe = parse_recipe(recipe)
         self.compressing = compressing
         self.stats: dict[str, float] = {"compress_s": 0.0, "compress_calls": 0}
+        self.model_ref: Any = None  # weakref.ref to the model (set by pipeline.Stream; RetroAttention)
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
@@ -215,7 +221,8 @@ class LonglabCache(Cache):
         for layer in self.layers:
             if layer.is_initialized:
                 B, H_kv, _, D = layer.keys.shape
-                total += 2 * B * H_kv * layer.n_seen * D * layer.keys.element_size()
+                elem = getattr(layer, "full_element_size", layer.keys.element_size())  # quantized layers
+                total += 2 * B * H_kv * layer.n_seen * D * elem
         return total
 
     def lengths(self) -> list[torch.Tensor]:

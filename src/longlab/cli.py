@@ -39,9 +39,18 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     parse_recipe(args.recipe)  # fail on a bad recipe before loading the model
     model, tokenizer = load_model(args.model)
     result = generate(
-        model, tokenizer, context, args.question, args.recipe, max_new_tokens=args.max_new_tokens,
-        chunk_size=args.chunk_size, query_aware=args.query_aware, temperature=args.temperature, top_p=args.top_p,
-        seed=args.seed, strict=args.strict,
+        model,
+        tokenizer,
+        context,
+        args.question,
+        args.recipe,
+        max_new_tokens=args.max_new_tokens,
+        chunk_size=args.chunk_size,
+        query_aware=args.query_aware,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+        strict=args.strict,
     )
     print(result.text)
     print(result.summary(), file=sys.stderr if args.quiet_summary else sys.stdout)
@@ -56,7 +65,9 @@ def _cmd_methods(args: argparse.Namespace) -> int:
     for name in sorted(REGISTRY, key=lambda n: (REGISTRY[n].kind, n)):
         cls = REGISTRY[name]
         params = ", ".join(
-            f"{f.name}={f.default!r}" for f in dataclasses.fields(cls) if f.init and f.default is not dataclasses.MISSING
+            f"{f.name}={f.default!r}"
+            for f in dataclasses.fields(cls)
+            if f.init and f.default is not dataclasses.MISSING
         )
         summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         rows.append((name, cls.kind, cls.paper, params, summary))
@@ -85,7 +96,13 @@ def _cmd_example(args: argparse.Namespace) -> int:
             if recipe == "full" and query_aware:
                 continue  # nothing is compressed: both modes are the same run
             result = generate(
-                model, tokenizer, context, EXAMPLE_QUESTION, recipe, max_new_tokens=24, query_aware=query_aware
+                model,
+                tokenizer,
+                context,
+                EXAMPLE_QUESTION,
+                recipe,
+                max_new_tokens=24,
+                query_aware=query_aware,
             )
             print(f"{result.summary()} [{mode}]")
             print(f"    answer: {result.text!r}")

@@ -50,11 +50,18 @@ class LayerContext:
     # Views of the cache layer, always current (they change when a policy evicts).
     @property
     def k(self) -> torch.Tensor:  # [B, H_kv, T, D]
-        return self.layer.keys if self.layer is not None else self.fallback_kv[0]
+        if self.layer is None:
+            return self.fallback_kv[0]
+        # Quantized storage exposes a transient dequantised view for scorers (longlab.quant.storage).
+        dense = getattr(self.layer, "dequantized_keys", None)
+        return dense() if dense is not None else self.layer.keys
 
     @property
     def v(self) -> torch.Tensor:  # [B, H_kv, T, D]
-        return self.layer.values if self.layer is not None else self.fallback_kv[1]
+        if self.layer is None:
+            return self.fallback_kv[1]
+        dense = getattr(self.layer, "dequantized_values", None)
+        return dense() if dense is not None else self.layer.values
 
     @property
     def key_index(self) -> torch.Tensor:  # [B, H_kv, T] token position, -1 = empty slot
@@ -73,7 +80,7 @@ class LayerContext:
 
     @property
     def groups(self) -> int:
-        return self.q.shape[1] // self.k.shape[1]
+        return self.q.shape[1] // self.key_index.shape[1]
 
     @property
     def head_dim(self) -> int:
@@ -109,7 +116,7 @@ class LayerContext:
     def query_blocks(self) -> list[slice]:
         """Row blocks small enough that ``[B, H, rows, T]`` fp32 stays under a fixed size."""
         B, H, T_q, _ = self.q.shape
-        per_row = max(1, B * H * self.k.shape[-2] * 4)
+        per_row = max(1, B * H * self.key_index.shape[-1] * 4)
         step = max(1, min(T_q, _MAX_SCORE_BYTES // per_row))
         return [slice(i, min(i + step, T_q)) for i in range(0, T_q, step)]
 
@@ -187,7 +194,9 @@ def longlab_attention(
     scaling = scaling if scaling is not None else D**-0.5
     softcap = kwargs.get("softcap")
     num_layers = getattr(getattr(module, "config", None), "num_hidden_layers", 1)
-    padding = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
+    padding = (
+        attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
+    )
     found = active_layer(key)
     if found is not None:
         cache, layer_idx = found
@@ -198,8 +207,16 @@ def longlab_attention(
             layer.mark_padding(padding[:, -T_q:])
         query_index = layer.index[:, 0, -T_q:]  # new tokens are the last T_q slots of every head
         ctx = LayerContext(
-            layer_idx, num_layers, module, "prefill" if T_q > 1 else "decode", query, scaling,
-            query_index, window, layer, cache,
+            layer_idx,
+            num_layers,
+            module,
+            "prefill" if T_q > 1 else "decode",
+            query,
+            scaling,
+            query_index,
+            window,
+            layer,
+            cache,
         )
         recipe = cache.recipe
     else:  # no LonglabCache (use_cache=False, or another cache class): plain causal attention
@@ -211,8 +228,14 @@ def longlab_attention(
             positions = torch.arange(T, device=query.device, dtype=torch.int32).expand(B, T)
         key_index = positions[:, None, :].expand(B, key.shape[1], T)
         ctx = LayerContext(
-            getattr(module, "layer_idx", 0), num_layers, module, "prefill" if T_q > 1 else "decode", query,
-            scaling, positions[:, -T_q:], _sliding_window_of(module, kwargs),
+            getattr(module, "layer_idx", 0),
+            num_layers,
+            module,
+            "prefill" if T_q > 1 else "decode",
+            query,
+            scaling,
+            positions[:, -T_q:],
+            _sliding_window_of(module, kwargs),
             fallback_kv=(key, value, key_index),
         )
         recipe = None
@@ -290,4 +313,3 @@ def register_attention() -> None:
 def ceil_keep(n: torch.Tensor, ratio: float) -> torch.Tensor:
     """Entries kept when removing fraction ``ratio`` of ``n``: ``ceil((1 - ratio) * n)``."""
     return torch.clamp(torch.ceil((1.0 - ratio) * n.double() - 1e-9).long(), min=1)
-

@@ -1,3 +1,5 @@
 """Importing this module registers every built-in method family (see ``longlab methods``)."""
 
-from .kv import attention, simple  # noqa: F401
+from .decode import quest, retro  # noqa: F401
+from .kv import attention, decoding, obcache, restkv, simple  # noqa: F401
+from .quant import kivi, pmkvq  # noqa: F401

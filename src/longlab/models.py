@@ -13,11 +13,11 @@ Names:
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import tempfile
 import time
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -118,9 +118,19 @@ def build_tiny_model(name: str, seed: int = 0, attn: str = ATTN_NAME, **override
     from transformers import AutoModelForCausalLM
 
     common = dict(
-        vocab_size=260, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=8192, initializer_range=0.2,
-        pad_token_id=256, bos_token_id=257, eos_token_id=258, tie_word_embeddings=False,
+        vocab_size=260,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=8192,
+        initializer_range=0.2,
+        pad_token_id=256,
+        bos_token_id=257,
+        eos_token_id=258,
+        tie_word_embeddings=False,
     )
     if name == "tiny-llama":
         from transformers import LlamaConfig as Config
@@ -130,7 +140,10 @@ def build_tiny_model(name: str, seed: int = 0, attn: str = ATTN_NAME, **override
         from transformers import Gemma3TextConfig as Config
 
         common.update(
-            num_hidden_layers=4, num_key_value_heads=1, sliding_window=32, query_pre_attn_scalar=16,
+            num_hidden_layers=4,
+            num_key_value_heads=1,
+            sliding_window=32,
+            query_pre_attn_scalar=16,
             layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
         )
     else:
@@ -179,10 +192,13 @@ def load_model(
 
         try:
             tokenizer = AutoTokenizer.from_pretrained(name)
-            model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, attn_implementation=attn_implementation)
+            model = AutoModelForCausalLM.from_pretrained(
+                name, dtype=dtype, attn_implementation=attn_implementation
+            )
         except OSError as exc:
             raise LonglabError(
-                f"cannot load model {name!r} ({exc.__class__.__name__}). Built-in names: {', '.join(MODEL_NAMES)}; "
+                f"cannot load model {name!r} ({exc.__class__.__name__}). "
+                f"Built-in names: {', '.join(MODEL_NAMES)}; "
                 "otherwise give a Hugging Face id (needs the hub) or a local directory or .gguf file"
             ) from None
     if tokenizer.pad_token_id is None:

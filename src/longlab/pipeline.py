@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import time
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +32,9 @@ _SENTINEL = "\u2063LONGLAB_CONTEXT\u2063"
 MIN_LAST_CHUNK = 64  # the last chunk must cover observation windows (SnapKV's W = 32)
 
 
-def build_prompt(tokenizer: Any, context: str, question: str | None, answer_prefix: str = "") -> tuple[str, str]:
+def build_prompt(
+    tokenizer: Any, context: str, question: str | None, answer_prefix: str = ""
+) -> tuple[str, str]:
     """Split a chat-formatted prompt into (context part, question part).
 
     With a chat template the user turn is ``context + "\\n\\n" + question``; everything after the
@@ -41,7 +44,9 @@ def build_prompt(tokenizer: Any, context: str, question: str | None, answer_pref
         return context, answer_prefix
     if getattr(tokenizer, "chat_template", None):
         rendered = tokenizer.apply_chat_template(
-            [{"role": "user", "content": _SENTINEL + "\n\n" + question}], tokenize=False, add_generation_prompt=True
+            [{"role": "user", "content": _SENTINEL + "\n\n" + question}],
+            tokenize=False,
+            add_generation_prompt=True,
         )
         before, after = rendered.split(_SENTINEL, 1)
         return before + context, after + answer_prefix
@@ -78,6 +83,7 @@ class Stream:
     def __init__(self, model: Any, cache: LonglabCache, batch_size: int) -> None:
         self.model = model
         self.cache = cache
+        cache.model_ref = weakref.ref(model)  # for decode policies that re-run layers (RetroAttention)
         self.device = next(model.parameters()).device
         self.seen_mask = torch.zeros(batch_size, 0, dtype=torch.bool, device=self.device)
         self.next_pos = torch.zeros(batch_size, dtype=torch.long, device=self.device)
@@ -113,8 +119,8 @@ class Stream:
         ids = torch.full((self.batch_size, T), self.pad_id, dtype=torch.long)
         valid = torch.zeros(self.batch_size, T, dtype=torch.bool)
         for b, r in enumerate(rows):
-            ids[b, T - len(r):] = torch.tensor(r, dtype=torch.long)
-            valid[b, T - len(r):] = True
+            ids[b, T - len(r) :] = torch.tensor(r, dtype=torch.long)
+            valid[b, T - len(r) :] = True
         ids, valid = ids.to(self.device), valid.to(self.device)
         chunks = _chunks(T, chunk_size)
         saved = self.cache.compressing
@@ -126,8 +132,12 @@ class Stream:
                 self.seen_mask = torch.cat([self.seen_mask, v], dim=1)
                 pos = (self.next_pos[:, None] + v.long().cumsum(-1) - 1).clamp(min=0)
                 out = self.model(
-                    input_ids=ids[:, sl], attention_mask=self.seen_mask, position_ids=pos,
-                    cache=self.cache, use_cache=True, logits_to_keep=1,
+                    input_ids=ids[:, sl],
+                    attention_mask=self.seen_mask,
+                    position_ids=pos,
+                    cache=self.cache,
+                    use_cache=True,
+                    logits_to_keep=1,
                 )
                 self.next_pos += v.sum(-1)
                 logits = out.logits[:, -1]
@@ -198,7 +208,8 @@ class GenerationResult:
     def summary(self) -> str:
         n = ",".join(str(t) for t in self.context_tokens)
         return (
-            f"[{self.recipe}] context tokens {n} | KV {_mib(self.kv_bytes_before)} -> {_mib(self.kv_bytes_after)} "
+            f"[{self.recipe}] context tokens {n} "
+            f"| KV {_mib(self.kv_bytes_before)} -> {_mib(self.kv_bytes_after)} "
             f"| prefill {self.prefill_s:.2f}s compress {self.compress_s:.2f}s decode {self.decode_s:.2f}s"
         )
 
@@ -288,8 +299,16 @@ def generate(
     decode_s = time.perf_counter() - start
     texts = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens]
     return GenerationResult(
-        texts, tokens, [len(c) for c in ctx_ids], before, after, prefill_s - compress_s, compress_s, decode_s,
-        recipe.name, cache,
+        texts,
+        tokens,
+        [len(c) for c in ctx_ids],
+        before,
+        after,
+        prefill_s - compress_s,
+        compress_s,
+        decode_s,
+        recipe.name,
+        cache,
     )
 
 
@@ -298,7 +317,8 @@ def _check_length(model: Any, lengths: list[int], strict: bool) -> None:
     longest = max(lengths)
     if limit and longest > limit:
         message = (
-            f"prompt + max_new_tokens is {longest} tokens, beyond the model's max_position_embeddings={limit}; "
+            f"prompt + max_new_tokens is {longest} tokens, "
+            f"beyond the model's max_position_embeddings={limit}; "
             "quality will degrade"
         )
         if strict:

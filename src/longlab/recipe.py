@@ -106,7 +106,9 @@ def parse_method(spec: str) -> Method:
         try:
             kwargs["compression_ratio"] = float(ratio)
         except ValueError:
-            raise LonglabError(f"in {spec!r}: compression ratio after '@' must be a number, got {ratio!r}") from None
+            raise LonglabError(
+                f"in {spec!r}: compression ratio after '@' must be a number, got {ratio!r}"
+            ) from None
     if params:
         for item in params.split(","):
             key, eq, value = item.partition("=")
@@ -117,7 +119,8 @@ def parse_method(spec: str) -> Method:
     unknown = set(kwargs) - names
     if unknown:
         raise LonglabError(
-            f"{name} has no parameter {', '.join(sorted(unknown))}; parameters: {', '.join(sorted(names)) or 'none'}"
+            f"{name} has no parameter {', '.join(sorted(unknown))}; "
+            f"parameters: {', '.join(sorted(names)) or 'none'}"
         )
     try:
         return cls(**kwargs)

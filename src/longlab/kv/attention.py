@@ -83,7 +83,9 @@ class SnapKV(ScorerPolicy):
         if self.pooling not in ("avg", "max"):
             raise LonglabError(f"{self.name}: pooling must be 'avg' or 'max', got {self.pooling!r}")
         if self.kernel_size < 1 or self.kernel_size % 2 == 0:
-            raise LonglabError(f"{self.name}: kernel_size must be an odd integer >= 1, got {self.kernel_size!r}")
+            raise LonglabError(
+                f"{self.name}: kernel_size must be an odd integer >= 1, got {self.kernel_size!r}"
+            )
         if self.window_size < 1:
             raise LonglabError(f"{self.name}: window_size must be >= 1, got {self.window_size!r}")
 
@@ -115,7 +117,12 @@ class PyramidKV(SnapKV):
         L = max(ctx.num_layers, 2)
         rest = torch.clamp(C - W, min=0).double()
         k_last = rest / self.beta
-        k_first = torch.minimum(2 * rest - k_last, (ctx.n_real - W).clamp(min=0).double())
+        k_first = 2 * rest - k_last
+        # k_0 can hold at most the n - W non-window tokens; then flatten the pyramid (raise k_last)
+        # so the layers still average C instead of silently keeping less.
+        room = (ctx.n_real - W).clamp(min=0).double()
+        k_last = torch.where(k_first > room, 2 * rest - room, k_last)
+        k_first = torch.minimum(k_first, room)
         step = torch.floor((k_first - k_last) / (L - 1))
         k_layer = k_first - ctx.layer_idx * step
         return torch.clamp(k_layer.long() + W, min=1)
@@ -151,7 +158,9 @@ class AdaKV(SnapKV):
         valid = layer.valid
         if bool((valid.sum(-1) <= C[:, None]).all()):
             return None
-        window = self.protected(ctx, C) & valid  # [B, H_kv, T]
+        # the window never exceeds the budget: it is the most recent min(W, C) tokens
+        recent = torch.minimum(C, torch.full_like(C, self.window_size))
+        window = (ctx.key_index >= (ctx.n_real - recent)[:, None, None]) & valid  # [B, H_kv, T]
         candidates = valid & ~window
         scores = self.score(ctx).masked_fill(~candidates, float("-inf"))
         B, H_kv, T = scores.shape

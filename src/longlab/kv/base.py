@@ -42,7 +42,9 @@ class KVPolicy(Method):
             raise LonglabError(f"{self.name}: compression_ratio must be in [0, 1), got {r!r}")
         if self.budget is not None:
             if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget <= 0:
-                raise LonglabError(f"{self.name}: budget must be a positive integer (tokens kept), got {self.budget!r}")
+                raise LonglabError(
+                    f"{self.name}: budget must be a positive integer (tokens kept), got {self.budget!r}"
+                )
             if r > 0:
                 raise LonglabError(f"{self.name}: set compression_ratio or budget, not both")
 

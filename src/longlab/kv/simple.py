@@ -34,7 +34,9 @@ class RandomPolicy(ScorerPolicy):
     seed: int = 0
 
     def score(self, ctx) -> torch.Tensor:
-        gen = torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + ctx.layer_idx * 7919 + ctx.n_seen)
+        gen = torch.Generator(device="cpu").manual_seed(
+            self.seed * 1_000_003 + ctx.layer_idx * 7919 + ctx.n_seen
+        )
         return torch.rand(ctx.key_index.shape, generator=gen).to(ctx.k.device)
 
 
