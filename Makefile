@@ -19,8 +19,13 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job: the bundled example under several recipes, then the default sweep on SmolLM2
+# (passkey, niah_single_1, niah_multikey_1, vt at 1k and 2k tokens; full + 7 methods at 0.5 and 0.75),
+# which prints the score table and writes runs/default/{results.sqlite,report.md,*.png}.
+RUN_SAMPLES ?= 2
 run: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/longlab example
+	HF_HUB_OFFLINE=1 $(VENV)/bin/longlab eval --model smollm2-135m --samples $(RUN_SAMPLES) --out runs/default
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest
@@ -36,3 +41,23 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info
+
+# NVIDIA kvpress in its own venv (it pins an older transformers), for bench/vs_kvpress.py.
+KVPRESS_VENV ?= .venv-kvpress
+KVPRESS_SPEC ?= kvpress==0.5.5
+KVPRESS_STAMP := $(KVPRESS_VENV)/.kvpress-installed
+
+.PHONY: kvpress-venv vs-kvpress
+
+$(KVPRESS_STAMP):
+	test -x $(KVPRESS_VENV)/bin/python || $(PYTHON) -m venv $(KVPRESS_VENV)
+	echo '*' > $(KVPRESS_VENV)/.gitignore
+	$(KVPRESS_VENV)/bin/python -m pip install -q --upgrade pip
+	$(KVPRESS_VENV)/bin/python -m pip install -q "$(TORCH_SPEC)"
+	$(KVPRESS_VENV)/bin/python -m pip install -q "$(KVPRESS_SPEC)"
+	touch $(KVPRESS_STAMP)
+
+kvpress-venv: $(KVPRESS_STAMP)
+
+vs-kvpress: $(STAMP) $(KVPRESS_STAMP)
+	HF_HUB_OFFLINE=1 $(PY) bench/vs_kvpress.py --kvpress-python $(KVPRESS_VENV)/bin/python

@@ -159,6 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
         add_eval_arguments(ev)
         ev.set_defaults(func=_cmd_eval)
 
+    try:
+        from .quant.calibrate import add_calibrate_arguments, calibrate_main
+    except ImportError:
+        add_calibrate_arguments = None
+    if add_calibrate_arguments is not None:
+        c = sub.add_parser("calibrate", help="offline calibration (PM-KVQ bit allocation)")
+        add_calibrate_arguments(c)
+        c.set_defaults(func=calibrate_main)
+
     r = sub.add_parser("report", help="tables and plots from a results directory")
     r.add_argument("dir")
     r.add_argument("--no-html", action="store_true")

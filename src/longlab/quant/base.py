@@ -1,0 +1,95 @@
+"""Base class of quantization policies (``kind = "quant"``): they convert a layer's storage.
+
+The hook calls :meth:`QuantPolicy.apply` after attention, after every prefill chunk while the cache
+is compressing and after every decode step (recipes list quantization after eviction). The first
+call swaps the layer for a :class:`~longlab.quant.storage.QuantizedLayer`; later calls move entries
+from the full-precision residual into packed storage and may lower bit widths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+from ..recipe import LonglabError, Method
+from .quantizer import SCALE_DTYPES
+from .storage import QuantizedLayer
+
+if TYPE_CHECKING:
+    from ..hook import LayerContext
+
+__all__ = ["QuantPolicy", "FP_DTYPES", "resolve_fp_dtype"]
+
+FP_DTYPES = {
+    "model": None,  # the model's own dtype
+    "16bit": "16bit",  # the model's dtype if it has 16 bits, else float16 (PM-KVQ's 16-bit sink and window)
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float32": torch.float32,
+}
+
+
+def resolve_fp_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype of full-precision sink/residual entries for ``fp_dtype`` ``name`` (None: the model's)."""
+    dtype = FP_DTYPES[name]
+    if dtype == "16bit":
+        return model_dtype if model_dtype.itemsize == 2 else torch.float16
+    return dtype
+
+
+def _check_int(method: Method, name: str, low: int) -> None:
+    value = getattr(method, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise LonglabError(f"{method.name}: {name} must be an integer >= {low}, got {value!r}")
+
+
+@dataclass
+class QuantPolicy(Method):
+    """A storage policy. Subclasses implement :meth:`make_layer` and :meth:`step`.
+
+    ``scale_dtype``: dtype of stored scales and offsets; ``fp_dtype``: dtype of the full-precision
+    sink and residual (``"model"``: the model's own dtype; ``"16bit"``: the model's dtype if 16-bit, else
+    float16)."""
+
+    kind: ClassVar[str] = "quant"
+
+    scale_dtype: str = "float16"
+    fp_dtype: str = "model"
+
+    def validate(self) -> None:
+        if self.scale_dtype not in SCALE_DTYPES:
+            raise LonglabError(
+                f"{self.name}: scale_dtype must be one of {', '.join(SCALE_DTYPES)}, got {self.scale_dtype!r}"
+            )
+        if self.fp_dtype not in FP_DTYPES:
+            raise LonglabError(
+                f"{self.name}: fp_dtype must be one of {', '.join(FP_DTYPES)}, got {self.fp_dtype!r}"
+            )
+
+    def make_layer(self, ctx: LayerContext) -> QuantizedLayer | None:
+        """A QuantizedLayer taking over ``ctx.layer`` (None: not yet, e.g. fewer entries than sinks)."""
+        raise NotImplementedError
+
+    def step(self, ctx: LayerContext, layer: QuantizedLayer) -> bool:
+        """Move entries into packed storage / lower widths; True when something changed."""
+        raise NotImplementedError
+
+    def apply(self, ctx: LayerContext) -> bool:
+        layer = ctx.layer
+        converted = False
+        if not isinstance(layer, QuantizedLayer):
+            layer = self.make_layer(ctx)
+            if layer is None:
+                return False
+            layer.policy_name = self.name
+            ctx.cache.layers[ctx.layer_idx] = layer
+            ctx.layer = layer
+            converted = True
+        elif getattr(layer, "policy_name", self.name) != self.name:
+            raise LonglabError(
+                f"layer {ctx.layer_idx} is already quantized by {layer.policy_name}; "
+                "a recipe holds one quant policy"
+            )
+        return self.step(ctx, layer) or converted

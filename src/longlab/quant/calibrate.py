@@ -1,0 +1,501 @@
+"""``longlab calibrate pmkvq``: PM-KVQ's offline block-wise bit allocation and key smoothing.
+
+PM-KVQ (ICLR 2026; official code ``thu-nics/PM-KVQ``), three offline steps on calibration text:
+
+1. **Positional interpolation.** Short samples of ``T`` tokens are run with strided positions
+   ``position_ids = arange(0, E, E // T)`` (``E`` = the long context to prepare for), so the slow RoPE
+   channels already see long-context angles; used for every statistic below.
+2. **Key smoothing** (optional; SmoothAttention-like). Per layer and KV head, ``m_c = max_t |K_{t,c}|``
+   pooled over the RoPE pair ``(c, c + D/2)``; ``lambda = m^alpha``; keys are quantized as ``K / lambda``
+   and read back times ``lambda`` (the same as ``W_k / lambda``, ``W_q * lambda``). ``alpha`` is grid-searched
+   per layer over {1, 0.95, ..., 0.05} and 0 (no smoothing) to minimise the MSE of the attention block's
+   output (``o_proj`` applied) with RTN-quantized 4-bit keys and values against full precision.
+3. **Sensitivity and integer program.** ``s^K_l(b) = E[mean |(Q_b(K_l) - K_l) * dL/dK_l|]`` (post-RoPE keys,
+   LM cross-entropy ``L``, weights frozen; the same for V) for ``b`` in {16, 8, 4, 2, 1}; then::
+
+       min  sum_{l,b} x_{l,b} (s^K_l(b) + s^V_l(b))
+       s.t. sum_b x_{l,b} = 1,   x in {0, 1},   sum_{l,b} x_{l,b} M_l(b) <= M_total
+
+   solved with :func:`scipy.optimize.milp`. ``M_l(b)`` is the bytes a layer holds at ``T_max`` tokens with
+   main at ``b`` bits, counted exactly as :meth:`QuantizedLayer.nbytes` counts them
+   (:func:`~longlab.quant.pmkvq.layer_bytes`: codes, scales, offsets, full-precision sink and window, index,
+   smoothing vector). Each layer's budget is ``B_l = M_l(b*_l)``.
+
+Deviations, for the CPU budget of this project: samples of 1024 tokens (paper: 512 x 2048 from RedPajama),
+text from longlab's own essay haystack, smoothing searched on activations of the full-precision model
+(not sequentially through already-quantized layers), every layer treated as global causal attention.
+
+The allocation is written as JSON (never pickle) and loaded by the recipe ``pmkvq:allocation=PATH``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..recipe import LonglabError
+from .base import FP_DTYPES, resolve_fp_dtype
+from .pmkvq import ALLOCATION_FORMAT, MIB, layer_bytes
+from .quantizer import SCALE_DTYPES, dequantize_tokens, quantize_tokens
+
+__all__ = [
+    "add_calibrate_arguments",
+    "calibrate_main",
+    "calibrate_pmkvq",
+    "calibration_samples",
+    "solve_allocation",
+    "fake_quant",
+    "SENSITIVITY_BITS",
+]
+
+SENSITIVITY_BITS = (16, 8, 4, 2, 1)
+ALPHA_GRID = tuple(round(1 - 0.05 * i, 2) for i in range(20)) + (0.0,)  # 1, 0.95, ..., 0.05 and 0 (off)
+_CAPTURE = "longlab_calibrate"
+
+
+# --------------------------------------------------------------------------------------------------
+# pieces
+
+
+def fake_quant(
+    x: torch.Tensor,
+    bits: int,
+    group: int,
+    scale_dtype: torch.dtype = torch.float16,
+    lam: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """PM-KVQ's quantizer round trip (per token, groups of ``group`` channels), optionally smoothed:
+    ``lambda * dequant(quant(x / lambda))``. x: [B, H, T, D]; lam: [1, H, 1, D]."""
+    y = x.float() / lam if lam is not None else x.float()
+    codes, scale, offset = quantize_tokens(y, bits, group, scale_dtype)
+    y_hat = dequantize_tokens(codes, scale, offset)
+    return y_hat * lam if lam is not None else y_hat
+
+
+def solve_allocation(cost: np.ndarray, memory: np.ndarray, total: float) -> np.ndarray:
+    """Choose one option per layer minimising ``sum cost`` with ``sum memory <= total`` (a 0/1 program).
+
+    cost, memory: [L, n_options]. Returns the chosen option per layer, ``[L]`` ints. Raises
+    :class:`LonglabError` when even the smallest options do not fit."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    L, n = cost.shape
+    smallest = float(memory.min(1).sum())
+    if smallest > total:
+        raise LonglabError(
+            f"pmkvq: the budget ({total / MIB:.3f} MiB) is below the smallest allocation "
+            f"({smallest / MIB:.3f} MiB with every layer at its lowest width); "
+            "raise --budget-mb or lower --max-tokens"
+        )
+    one_per_layer = np.kron(np.eye(L), np.ones((1, n)))  # [L, L*n]
+    constraints = [
+        LinearConstraint(one_per_layer, 1, 1),
+        LinearConstraint(memory.reshape(1, -1), -np.inf, total),
+    ]
+    scale = max(float(np.abs(cost).max()), 1e-30)  # a well-conditioned objective
+    result = milp(
+        (cost / scale).reshape(-1), constraints=constraints, integrality=np.ones(L * n), bounds=Bounds(0, 1)
+    )
+    if result.x is None:
+        raise LonglabError(f"pmkvq: the integer program failed: {result.message}")
+    return np.round(result.x).reshape(L, n).argmax(1)
+
+
+def calibration_samples(
+    tokenizer: Any, num_samples: int, sample_tokens: int, seed: int = 0
+) -> tuple[str, list]:
+    """``(source label, token-id lists)``: shuffled essay-haystack sentences, ``sample_tokens`` each."""
+    from ..tasks import essay_sentences
+
+    label, sentences = essay_sentences()
+    samples = []
+    for i in range(num_samples):
+        rng = random.Random(seed * 1_000_003 + i)
+        ids: list[int] = []
+        while len(ids) < sample_tokens:
+            order = list(sentences)
+            rng.shuffle(order)
+            ids += tokenizer(" ".join(order), add_special_tokens=False)["input_ids"]
+        samples.append(ids[:sample_tokens])
+    return label, samples
+
+
+class _Capture:
+    """Attention function recording each layer's post-RoPE q, k, v (causal SDPA, like the model's own)."""
+
+    def __init__(self) -> None:
+        self.records: dict[int, tuple] = {}
+        self.keep_grad = False
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        if self.keep_grad:
+            key.retain_grad()
+            value.retain_grad()
+        self.records[module.layer_idx] = (module, query, key, value, scaling)
+        groups = query.shape[1] // key.shape[1]
+        out = F.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scaling, enable_gqa=groups > 1
+        )
+        return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args, **kwargs) -> None:
+    return None
+
+
+def _attention_block(module, q, k, v, scaling) -> torch.Tensor:
+    """``o_proj(softmax(q k^T) v)``; q: [1, H, T, D], k, v: [1, H_kv, T, D] -> [1, T, hidden]."""
+    groups = q.shape[1] // k.shape[1]
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=groups > 1)
+    return module.o_proj(out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1))
+
+
+# --------------------------------------------------------------------------------------------------
+# calibration
+
+
+@torch.no_grad()
+def _smoothing(
+    model,
+    capture: _Capture,
+    samples: list,
+    positions: torch.Tensor,
+    group: int,
+    scale_dtype,
+    smooth_samples: int,
+    log,
+) -> list[tuple[float, torch.Tensor | None]]:
+    """Per layer ``(alpha, lambda [1, H_kv, 1, D] or None)``."""
+    num_layers = model.config.num_hidden_layers
+    kmax: list[torch.Tensor | None] = [None] * num_layers
+    kept: list[list] = [[] for _ in range(num_layers)]
+    for i, ids in enumerate(samples):
+        capture.records.clear()
+        model(input_ids=torch.tensor([ids]), position_ids=positions[None], use_cache=False, logits_to_keep=1)
+        for layer, (module, q, k, v, scaling) in capture.records.items():
+            m = k.abs().amax(dim=(0, 2))  # [H_kv, D]
+            kmax[layer] = m if kmax[layer] is None else torch.maximum(kmax[layer], m)
+            if i < smooth_samples:
+                kept[layer].append((module, q, k, v, scaling))
+    result = []
+    for layer in range(num_layers):
+        m = kmax[layer]
+        D = m.shape[-1]
+        pooled = torch.maximum(m[:, : D // 2], m[:, D // 2 :]).repeat(1, 2)  # RoPE pairs (c, c + D/2)
+        refs = [_attention_block(module, q, k, v, scaling) for module, q, k, v, scaling in kept[layer]]
+        v_hats = [fake_quant(v, 4, group, scale_dtype) for _, _, _, v, _ in kept[layer]]
+        best = (float("inf"), 0.0, None)
+        for alpha in ALPHA_GRID:
+            lam = pooled.clamp_min(1e-5).pow(alpha)[None, :, None, :] if alpha > 0 else None
+            err = 0.0
+            for (module, q, k, _, scaling), ref, v_hat in zip(kept[layer], refs, v_hats):
+                k_hat = fake_quant(k, 4, group, scale_dtype, lam)
+                err += float((_attention_block(module, q, k_hat, v_hat, scaling) - ref).pow(2).mean())
+            if err < best[0]:
+                best = (err, alpha, lam)
+        result.append((best[1], best[2]))
+        log(f"  layer {layer:2d}: smoothing alpha={best[1]:.2f} (4-bit attention-output MSE {best[0]:.3e})")
+    return result
+
+
+def _sensitivities(
+    model, capture: _Capture, samples: list, positions: torch.Tensor, group: int, scale_dtype, lams: list, log
+) -> tuple[np.ndarray, np.ndarray]:
+    """``s^K, s^V``: [L, len(SENSITIVITY_BITS)], averaged over samples."""
+    num_layers = model.config.num_hidden_layers
+    sk = np.zeros((num_layers, len(SENSITIVITY_BITS)))
+    sv = np.zeros_like(sk)
+    embed = model.get_input_embeddings()
+    capture.keep_grad = True
+    try:
+        for i, ids in enumerate(samples):
+            start = time.perf_counter()
+            capture.records.clear()
+            ids_t = torch.tensor([ids])
+            with torch.enable_grad():
+                x = embed(ids_t).detach().requires_grad_(True)  # the graph reaches K, V through x only
+                out = model(inputs_embeds=x, position_ids=positions[None], labels=ids_t, use_cache=False)
+                out.loss.backward()
+            with torch.no_grad():
+                for layer, (_, _, k, v, _) in capture.records.items():
+                    for j, bits in enumerate(SENSITIVITY_BITS):
+                        dk = fake_quant(k.detach(), bits, group, scale_dtype, lams[layer]) - k.detach()
+                        dv = fake_quant(v.detach(), bits, group, scale_dtype) - v.detach()
+                        sk[layer, j] += float((dk * k.grad).abs().mean()) / len(samples)
+                        sv[layer, j] += float((dv * v.grad).abs().mean()) / len(samples)
+            log(
+                f"  sample {i + 1}/{len(samples)}: loss {float(out.loss.detach()):.3f} "
+                f"({time.perf_counter() - start:.1f}s)"
+            )
+            del out, x
+    finally:
+        capture.keep_grad = False
+    return sk, sv
+
+
+def calibrate_pmkvq(
+    model: Any,
+    tokenizer: Any,
+    budget_mb: float,
+    *,
+    bits_choices: Sequence[int] = (16, 8, 4, 2),
+    max_tokens: int = 4096,
+    num_samples: int = 4,
+    sample_tokens: int = 1024,
+    target_tokens: int | None = None,
+    smooth: bool = True,
+    smooth_samples: int = 2,
+    sink: int = 1,
+    window: int = 128,
+    group_size: int = 128,
+    scale_dtype: str = "float16",
+    fp_dtype: str = "16bit",
+    seed: int = 0,
+    model_name: str = "",
+    log=print,
+) -> dict[str, Any]:
+    """Run the three steps of the module docstring; return the allocation (a JSON-ready dict).
+
+    ``budget_mb``: MiB per sequence for the whole cache at ``max_tokens`` tokens; ``target_tokens``
+    (``E``) defaults to ``max_tokens``: samples of ``sample_tokens`` get positions strided by ``E // T``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    if any(b not in (16, 8, 4, 2) for b in bits_choices) or not bits_choices:
+        raise LonglabError(f"pmkvq: bit choices must be among 16, 8, 4, 2, got {list(bits_choices)}")
+    for name, value in (
+        ("max_tokens", max_tokens),
+        ("num_samples", num_samples),
+        ("sample_tokens", sample_tokens),
+    ):
+        if not isinstance(value, int) or value < 1:
+            raise LonglabError(f"pmkvq: {name} must be a positive integer, got {value!r}")
+    if not budget_mb > 0:
+        raise LonglabError(f"pmkvq: budget must be positive, got {budget_mb!r}")
+    E = target_tokens or max_tokens
+    stride = max(1, E // sample_tokens)
+    positions = torch.arange(0, stride * sample_tokens, stride)
+    config = model.config
+    num_layers = config.num_hidden_layers
+    H_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    D = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    group = min(group_size, D)
+    sdtype = SCALE_DTYPES[scale_dtype]
+    if fp_dtype not in FP_DTYPES:
+        raise LonglabError(f"pmkvq: fp_dtype must be one of {', '.join(FP_DTYPES)}, got {fp_dtype!r}")
+    model_dtype = next(model.parameters()).dtype
+    fp_bytes = (resolve_fp_dtype(fp_dtype, model_dtype) or model_dtype).itemsize
+    start = time.perf_counter()
+    label, samples = calibration_samples(tokenizer, num_samples, sample_tokens, seed)
+    log(
+        f"pmkvq calibration: {num_samples} samples x {sample_tokens} tokens from {label}, "
+        f"positions stride {stride} (E = {stride * sample_tokens}); {num_layers} layers, {H_kv} KV heads, "
+        f"head_dim {D}"
+    )
+
+    capture = _Capture()
+    AttentionInterface.register(_CAPTURE, capture)
+    AttentionMaskInterface.register(_CAPTURE, _no_mask)
+    previous = model.config._attn_implementation
+    grads = [p.requires_grad for p in model.parameters()]
+    model.set_attn_implementation(_CAPTURE)
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        if smooth:
+            log("key smoothing: grid search per layer")
+            smoothing = _smoothing(model, capture, samples, positions, group, sdtype, smooth_samples, log)
+        else:
+            smoothing = [(0.0, None)] * num_layers
+        lams = [lam for _, lam in smoothing]
+        log("gradient sensitivity")
+        sk, sv = _sensitivities(model, capture, samples, positions, group, sdtype, lams, log)
+    finally:
+        model.set_attn_implementation(previous)
+        for p, g in zip(model.parameters(), grads):
+            p.requires_grad_(g)
+
+    choices = sorted(set(bits_choices), reverse=True)
+    cols = [SENSITIVITY_BITS.index(b) for b in choices]
+    cost = (sk + sv)[:, cols]
+    memory = np.array(
+        [
+            [
+                layer_bytes(
+                    max_tokens,
+                    b,
+                    H_kv,
+                    D,
+                    sink=sink,
+                    window=window,
+                    group_size=group_size,
+                    fp_bytes=fp_bytes,
+                    scale_bytes=sdtype.itemsize,
+                    smooth=lams[layer] is not None,
+                )
+                for b in choices
+            ]
+            for layer in range(num_layers)
+        ],
+        dtype=np.float64,
+    )
+    total = budget_mb * MIB
+    pick = solve_allocation(cost, memory, total)
+    layers = []
+    for layer in range(num_layers):
+        alpha, lam = smoothing[layer]
+        layers.append(
+            {
+                "layer": layer,
+                "bits": choices[pick[layer]],
+                "budget_bytes": int(memory[layer, pick[layer]]),
+                "sensitivity_k": {str(b): float(sk[layer, j]) for j, b in enumerate(SENSITIVITY_BITS)},
+                "sensitivity_v": {str(b): float(sv[layer, j]) for j, b in enumerate(SENSITIVITY_BITS)},
+                "smooth_alpha": alpha,
+                "smooth_scale": None if lam is None else lam[0, :, 0, :].tolist(),
+            }
+        )
+    used = sum(entry["budget_bytes"] for entry in layers)
+    bits_hist = {str(b): sum(1 for e in layers if e["bits"] == b) for b in choices}
+    log(
+        f"allocation: {bits_hist} layers per width; "
+        f"{used / MIB:.3f} of {budget_mb:g} MiB at {max_tokens} tokens"
+    )
+    return {
+        "format": ALLOCATION_FORMAT,
+        "version": 1,
+        "method": "pmkvq",
+        "paper": "PM-KVQ, ICLR 2026 (thu-nics/PM-KVQ)",
+        "model": model_name,
+        "num_layers": num_layers,
+        "num_kv_heads": H_kv,
+        "head_dim": D,
+        "budget_mb": budget_mb,
+        "used_mb": used / MIB,
+        "max_tokens": max_tokens,
+        "bits_choices": choices,
+        "settings": {
+            "sink": sink,
+            "window": window,
+            "group_size": group_size,
+            "scale_dtype": scale_dtype,
+            "fp_dtype": fp_dtype,
+            "fp_bytes": fp_bytes,
+        },
+        "calibration": {
+            "text": label,
+            "samples": num_samples,
+            "sample_tokens": sample_tokens,
+            "position_stride": stride,
+            "target_tokens": stride * sample_tokens,
+            "seed": seed,
+            "smooth": smooth,
+            "smooth_samples": smooth_samples,
+            "seconds": round(time.perf_counter() - start, 1),
+        },
+        "layers": layers,
+    }
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI: `longlab calibrate pmkvq ...`
+
+
+def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Arguments of ``longlab calibrate``: ``pmkvq --model M --budget-mb X [--out FILE] ...``."""
+    parser.add_argument("method", choices=["pmkvq"], help="method to calibrate")
+    parser.add_argument("--model", default="smollm2-135m", help="model name or path (default: smollm2-135m)")
+    parser.add_argument(
+        "--budget-mb",
+        type=float,
+        required=True,
+        help="KV memory budget in MiB per sequence, whole cache, at --max-tokens tokens",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        default=4096,
+        help="longest context (+ generation) the budget must hold (default 4096)",
+    )
+    parser.add_argument("--out", default=None, help="allocation JSON to write (default pmkvq-MODEL-XMB.json)")
+    parser.add_argument(
+        "--bits", default="16,8,4,2", help="widths the integer program may choose (default 16,8,4,2)"
+    )
+    parser.add_argument("--samples", type=int, default=4, help="calibration samples (default 4)")
+    parser.add_argument("--sample-tokens", type=int, default=1024, help="tokens per sample (default 1024)")
+    parser.add_argument(
+        "--target-tokens",
+        type=int,
+        default=None,
+        help="positional interpolation extent E (default --max-tokens): stride E // sample-tokens",
+    )
+    parser.add_argument("--no-smooth", action="store_true", help="skip the key smoothing search")
+    parser.add_argument("--window", type=int, default=128, help="full-precision window (default 128)")
+    parser.add_argument("--sink", type=int, default=1, help="full-precision sink entries (default 1)")
+    parser.add_argument(
+        "--fp-dtype",
+        default="16bit",
+        choices=list(FP_DTYPES),
+        help="dtype of the sink and window the budgets assume (default 16bit, as in the paper)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def calibrate_main(args: argparse.Namespace) -> int:
+    """Run ``longlab calibrate pmkvq`` from parsed arguments; write the allocation JSON."""
+    from ..models import load_model
+
+    try:
+        bits = [int(b) for b in str(args.bits).split(",") if b.strip()]
+    except ValueError:
+        raise LonglabError(f"--bits must be comma-separated integers, got {args.bits!r}") from None
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model(args.model)
+    if args.sample_tokens > getattr(model.config, "max_position_embeddings", args.sample_tokens):
+        raise LonglabError("--sample-tokens exceeds the model's max_position_embeddings")
+    alloc = calibrate_pmkvq(
+        model,
+        tokenizer,
+        args.budget_mb,
+        bits_choices=bits,
+        max_tokens=args.max_tokens,
+        num_samples=args.samples,
+        sample_tokens=args.sample_tokens,
+        target_tokens=args.target_tokens,
+        smooth=not args.no_smooth,
+        sink=args.sink,
+        window=args.window,
+        fp_dtype=args.fp_dtype,
+        seed=args.seed,
+        model_name=args.model,
+    )
+    out = Path(args.out or f"pmkvq-{Path(args.model).name}-{args.budget_mb:g}MB.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(alloc, indent=1), encoding="utf-8")
+    tmp.replace(out)
+    print(f"wrote {out}; use the recipe pmkvq:allocation={out}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m longlab.quant.calibrate pmkvq ...`` (until the CLI wires ``longlab calibrate``)."""
+    parser = add_calibrate_arguments(argparse.ArgumentParser(prog="longlab calibrate"))
+    try:
+        return calibrate_main(parser.parse_args(argv))
+    except LonglabError as exc:
+        parser.exit(2, f"error: {exc}\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,219 @@
+"""PM-KVQ: progressive mixed-precision KV-cache quantization for long chain-of-thought decoding.
+
+PM-KVQ (ICLR 2026; official code ``thu-nics/PM-KVQ``). Per transformer block ``l`` a memory budget
+``B_l``. The cache has three regions: **sink** (the first ``n_s = 1`` entry) and **window** (up to
+``n_w = 128`` most recent entries) at 16 bits (``fp_dtype="16bit"``: float16 for an fp32 model, the
+model's dtype for a 16-bit one; ``"model"`` keeps them at the model's precision) and **main**,
+per-token asymmetric integers in groups of 128 channels (capped at ``head_dim``) at the block's
+current width ``b_l``, which starts at 16.
+
+After every append (each prefill chunk while compressing, each decode step):
+
+1. when the window holds ``n_w`` entries or more, the oldest whole multiples of ``n_w`` are quantized
+   at 16 bits, lowered to ``b_l`` with the equivalent right shift and appended to main;
+2. while the layer's bytes exceed ``B_l``, main is re-quantized ``b -> b / 2`` (16 -> 8 -> 4 -> 2)
+   with the integer-only equivalent right shift
+   ``q' = ((q (2^(2b') - 2^b' + 1) + 2^(3b'-1) - 2^(2b'-1) + 2^(b'-1)) >> 3b') & (2^b' - 1)``,
+   ``s' = s (2^b' + 1)``, offset unchanged (:func:`~longlab.quant.quantizer.equivalent_right_shift`).
+   If 2 bits still exceed the budget the policy raises (the paper stops there too).
+
+Memory is counted honestly: a layer's ``nbytes()`` (packed codes, scales, offsets, the full-precision
+sink and window, the position index, the smoothing vector) is compared with ``B_l * batch``. It can
+exceed ``B_l`` only transiently, between the append of one token and the check that follows it.
+
+Budgets: ``budget_mb`` (MiB per sequence for the whole cache, split evenly over the layers) or
+``allocation``, a JSON file written by ``longlab calibrate pmkvq`` (block-wise budgets from gradient
+sensitivity and an integer program, plus optional key-smoothing factors); see
+:mod:`longlab.quant.calibrate`. **Key smoothing**: with factors ``lambda [H_kv, D]`` the cache quantizes
+``k / lambda`` and reads back ``lambda * dequant(q)``: the same as the paper's reparameterisation
+``W_k / lambda``, ``W_q * lambda`` (``q . k`` unchanged) without touching the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from ..recipe import LonglabError, register
+from .base import QuantPolicy, _check_int, resolve_fp_dtype
+from .storage import QuantizedLayer, TokenGroupStore
+
+__all__ = ["PMKVQ", "ALLOCATION_FORMAT", "layer_bytes", "load_allocation"]
+
+ALLOCATION_FORMAT = "longlab.pmkvq.allocation"
+MIB = 2**20
+
+
+def layer_bytes(
+    tokens: int,
+    bits: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    sink: int = 1,
+    window: int = 128,
+    group_size: int = 128,
+    fp_bytes: int = 2,
+    scale_bytes: int = 2,
+    smooth: bool = False,
+    window_tokens: int | None = None,
+) -> int:
+    """Bytes one PM-KVQ layer holds for one sequence of ``tokens`` entries with main at ``bits``.
+
+    ``window_tokens`` defaults to the worst case after a flush, ``min(window - 1, tokens - sink)``.
+    Matches :meth:`QuantizedLayer.nbytes` exactly (tested)."""
+    H, D = num_kv_heads, head_dim
+    group = min(group_size, D)
+    s = min(sink, tokens)
+    w = min(window - 1, tokens - s) if window_tokens is None else window_tokens
+    main = tokens - s - w
+    per_main = 2 * H * (D * bits // 8 + 2 * (D // group) * scale_bytes)  # K and V codes + scales + offsets
+    return tokens * H * 4 + 2 * (s + w) * H * D * fp_bytes + main * per_main + (H * D * 4 if smooth else 0)
+
+
+def load_allocation(path: str | Path) -> dict[str, Any]:
+    """Read and check an allocation file (JSON, never pickle)."""
+    p = Path(path)
+    if not p.is_file():
+        raise LonglabError(f"pmkvq: allocation file not found: {path}")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise LonglabError(f"pmkvq: allocation file {path} is not JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != ALLOCATION_FORMAT:
+        raise LonglabError(f"pmkvq: {path} is not a PM-KVQ allocation (format {ALLOCATION_FORMAT!r})")
+    layers = data.get("layers")
+    if not isinstance(layers, list) or not layers:
+        raise LonglabError(f"pmkvq: {path} has no layers")
+    for i, entry in enumerate(layers):
+        budget = entry.get("budget_bytes") if isinstance(entry, dict) else None
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+            raise LonglabError(
+                f"pmkvq: {path} layer {i}: budget_bytes must be a positive number, got {budget!r}"
+            )
+    return data
+
+
+@register("pmkvq")
+@dataclass
+class PMKVQ(QuantPolicy):
+    """PM-KVQ (ICLR 2026): per-block budgets, progressive 16 -> 8 -> 4 -> 2 bits, 16-bit sink and window.
+
+    Set ``budget_mb`` (MiB per sequence, whole cache, split evenly over layers) or ``allocation`` (path
+    of a ``longlab calibrate pmkvq`` JSON file). ``smooth`` applies the file's key-smoothing factors."""
+
+    paper: ClassVar[str] = "PM-KVQ, ICLR 2026 (thu-nics/PM-KVQ)"
+
+    budget_mb: float | None = None
+    allocation: str | None = None
+    sink: int = 1
+    window: int = 128
+    group_size: int = 128
+    init_bits: int = 16
+    smooth: bool = True
+    fp_dtype: str = "16bit"
+    chunk_tokens: int = 4096
+    _alloc: dict | None = field(default=None, init=False, repr=False, compare=False)
+
+    def validate(self) -> None:
+        super().validate()
+        if (self.budget_mb is None) == (self.allocation is None):
+            raise LonglabError(
+                "pmkvq: set exactly one of budget_mb (MiB per sequence) or allocation (a JSON file)"
+            )
+        if self.budget_mb is not None:
+            b = self.budget_mb
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0 or not math.isfinite(b):
+                raise LonglabError(f"pmkvq: budget_mb must be a positive number, got {b!r}")
+        _check_int(self, "sink", 0)
+        _check_int(self, "window", 1)
+        _check_int(self, "group_size", 1)
+        _check_int(self, "chunk_tokens", 16)
+        if self.init_bits not in (2, 4, 8, 16) or isinstance(self.init_bits, bool):
+            raise LonglabError(f"pmkvq: init_bits must be 16, 8, 4 or 2, got {self.init_bits!r}")
+        if not isinstance(self.smooth, bool):
+            raise LonglabError(f"pmkvq: smooth must be true or false, got {self.smooth!r}")
+        if self.allocation is not None:
+            self._alloc = load_allocation(self.allocation)
+            settings = self._alloc.get("settings") or {}
+            differ = [
+                f"{key}={settings[key]}"
+                for key in ("sink", "window", "group_size", "scale_dtype", "fp_dtype")
+                if key in settings and settings[key] != getattr(self, key)
+            ]
+            if differ:
+                raise LonglabError(
+                    f"pmkvq: {self.allocation} was calibrated with {', '.join(differ)}; "
+                    "add them to the recipe (its budgets assume those settings)"
+                )
+
+    # --- budgets ---------------------------------------------------------------------------------
+    def _entry(self, ctx) -> dict | None:
+        if self._alloc is None:
+            return None
+        layers = self._alloc["layers"]
+        if len(layers) != ctx.num_layers:
+            raise LonglabError(
+                f"pmkvq: allocation {self.allocation} has {len(layers)} layers, "
+                f"the model has {ctx.num_layers}"
+            )
+        return layers[ctx.layer_idx]
+
+    def layer_budget(self, ctx) -> float:
+        """``B_l`` in bytes for one sequence."""
+        entry = self._entry(ctx)
+        if entry is not None:
+            return float(entry["budget_bytes"])
+        return self.budget_mb * MIB / ctx.num_layers
+
+    def _smoothing(self, ctx, H_kv: int, D: int) -> torch.Tensor | None:
+        entry = self._entry(ctx)
+        if not self.smooth or entry is None or entry.get("smooth_scale") is None:
+            return None
+        lam = torch.tensor(entry["smooth_scale"], dtype=torch.float32, device=ctx.layer.index.device)
+        if lam.shape != (H_kv, D) or not bool((lam > 0).all()):
+            raise LonglabError(f"pmkvq: smooth_scale of layer {ctx.layer_idx} must be positive [{H_kv}, {D}]")
+        return lam[None, :, None, :]  # [1, H_kv, 1, D]
+
+    # --- policy ----------------------------------------------------------------------------------
+    def make_layer(self, ctx) -> QuantizedLayer | None:
+        if ctx.layer.index.shape[-1] <= self.sink:
+            return None
+        _, H_kv, _, D = ctx.layer.keys.shape
+        group = min(self.group_size, D)
+        if D % group:
+            raise LonglabError(f"pmkvq: head_dim {D} is not a multiple of group_size {group}")
+        keys = TokenGroupStore(self.init_bits, group, self.scale_dtype, 16, self._smoothing(ctx, H_kv, D))
+        values = TokenGroupStore(self.init_bits, group, self.scale_dtype, 16)
+        return QuantizedLayer.from_layer(
+            ctx.layer,
+            keys,
+            values,
+            sink=self.sink,
+            fp_dtype=resolve_fp_dtype(self.fp_dtype, ctx.layer.keys.dtype),
+            chunk_tokens=self.chunk_tokens,
+        )
+
+    def step(self, ctx, layer: QuantizedLayer) -> bool:
+        W = self.window
+        n_flush = layer.keys.shape[-2] // W * W  # whole windows move into main (16 bits, then shifted)
+        layer.quantize_keys(n_flush)
+        layer.quantize_values(n_flush)
+        budget = self.layer_budget(ctx) * layer.index.shape[0]
+        shrunk = False
+        while layer.nbytes() > budget:
+            if layer.key_store.bits <= 2:
+                raise LonglabError(
+                    f"pmkvq: layer {ctx.layer_idx} needs {layer.nbytes()} B for "
+                    f"{int(layer.lengths().max())} entries at 2 bits, over its budget of {int(budget)} B; "
+                    "raise budget_mb (or shorten the context)"
+                )
+            layer.key_store.shrink()
+            layer.value_store.shrink()
+            shrunk = True
+        return bool(n_flush) or shrunk
