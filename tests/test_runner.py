@@ -1,0 +1,267 @@
+"""Tests for ``longlab eval`` (longlab.eval.runner and the Ray backend), on tiny random models."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from longlab.cli import main as cli_main
+from longlab.eval.runner import EvalConfig, SampleRunner, run_eval, tail_start
+from longlab.eval.store import DB_NAME, ResultStore
+from longlab.pipeline import generate
+from longlab.tasks import Sample, save_jsonl
+from longlab.tasks import generate as generate_task
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+FAST = ["--model", "tiny-llama", "--max-new-tokens", "4", "--no-progress"]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models gain nothing from threads, and on a busy 2-core machine 2 threads are ~10x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+EQUIV_RECIPES = [
+    "full", "snapkv@0.5", "h2o@0.5", "h2o@0.75", "h2o@0.5:recent_fraction=0.25", "tova@0.5",
+    "streaming@0.5", "adakv@0.5", "pyramidkv@0.75", "knorm@0.5", "h2o-stream:budget=400",
+]
+
+
+def _rows(out: Path) -> dict[str, tuple]:
+    with ResultStore(out) as store:
+        rows = store.rows()
+    fields = ("recipe", "task", "sample_id", "prediction", "score")
+    keyed = {r["run_key"]: tuple(r[f] for f in fields) for r in rows}
+    assert len(keyed) == len(rows), "duplicate run keys"
+    return keyed
+
+
+def _sample(n_items: int = 24) -> Sample:
+    context = " ".join(f"Item {i} is stored in box {i * 7 % 13}." for i in range(n_items))
+    return Sample(context, "Where is item 7 stored?", answer_prefix="Box", answers=["10"], max_new_tokens=5,
+                  task="toy", sample_id="toy-0")
+
+
+def test_tail_start_is_generates_last_chunk() -> None:
+    # 1118 tokens in chunks of 128: generate's last chunk starts at 1024 (94 tokens >= 64)
+    assert tail_start(1118, 10, 128, query_aware=False, need=64) == 1024
+    # a 30-token last piece merges into the previous chunk (generate never compresses < 64 tokens)
+    assert tail_start(1054, 10, 128, query_aware=False, need=64) == 896
+    # query-aware: chunks of context + question; the prefix stays inside the context
+    assert tail_start(1000, 30, 128, query_aware=True, need=64) == 896
+    assert tail_start(1000, 200, 128, query_aware=True, need=64) == 1000
+    # a large observation window moves the tail start earlier; a short context has no shared prefix
+    assert tail_start(1118, 10, 128, query_aware=False, need=200) == 918
+    assert tail_start(100, 10, 128, query_aware=False, need=64) == 0
+
+
+@pytest.mark.parametrize(
+    "model_name,query_aware,recipes",
+    [
+        ("tiny-llama", False, EQUIV_RECIPES),
+        ("tiny-llama", True, ["full", "snapkv@0.5", "h2o@0.5", "tova@0.5"]),
+        ("tiny-gemma3", False, ["full", "snapkv@0.5", "h2o@0.75", "streaming@0.5"]),
+    ],
+    ids=["llama", "llama-query-aware", "gemma3-sliding"],
+)
+def test_prefill_once_equals_independent_runs(tiny_models, tokenizer, model_name, query_aware, recipes):
+    model = tiny_models[model_name][0]
+    sample = _sample()
+    config = EvalConfig(out="unused", model=model_name, chunk_size=128, query_aware=query_aware)
+    rows = list(SampleRunner(model, tokenizer, config, "test").run(sample, recipes))
+    assert sorted(r["recipe"] for r in rows) == sorted(recipes)
+    shared = {r["recipe"]: r["extra"] for r in rows}
+    # 666 tokens in chunks of 128: the 26-token last piece merges, the tail starts at 512
+    assert {e["shared_prefill_tokens"] for e in shared.values()} == {512}
+    if "h2o-stream:budget=400" in shared:
+        # H2O, H2O with another recent_fraction and streaming H2O all write H2O's accumulator: each
+        # configuration needs its own shared prefix; the rest share one
+        assert shared["full"]["shared_by"] == len(recipes) - 4
+        assert shared["h2o@0.5"]["shared_by"] == 2 and shared["h2o-stream:budget=400"]["shared_by"] == 1
+    else:
+        assert shared["full"]["shared_by"] == len(recipes)
+    for row in rows:
+        ref = generate(
+            model, tokenizer, sample.context, sample.question, row["recipe"], chunk_size=128,
+            max_new_tokens=sample.max_new_tokens, query_aware=query_aware, compress="end",
+            answer_prefix=sample.answer_prefix,
+        )
+        assert row["prediction"] == ref.text, row["recipe"]
+        assert row["extra"]["generated_tokens"] == len(ref.token_ids[0])
+        # the same bytes: the fork holds exactly what an independent run holds (no foreign H2O state)
+        assert (row["kv_bytes_before"], row["kv_bytes_after"]) == (ref.kv_bytes_before, ref.kv_bytes_after)
+        assert row["context_tokens"] == ref.context_tokens[0]
+
+
+@pytest.mark.parametrize(
+    "model_name,query_aware", [("tiny-llama", False), ("tiny-llama", True), ("tiny-gemma3", False)]
+)
+def test_batch_decode_equals_one_stream_per_recipe(tiny_models, tokenizer, model_name, query_aware):
+    model = tiny_models[model_name][0]
+    sample = _sample()
+    recipes = ["full", "snapkv@0.5", "h2o@0.75", "adakv@0.5", "streaming@0.5"]
+    rows = {}
+    for batch_decode in (False, True):
+        config = EvalConfig(out="unused", model=model_name, chunk_size=128, query_aware=query_aware,
+                            max_new_tokens=12, batch_decode=batch_decode)
+        runner = SampleRunner(model, tokenizer, config, "t")
+        rows[batch_decode] = {r["recipe"]: r for r in runner.run(sample, recipes)}
+    for recipe in recipes:
+        one, batched = rows[False][recipe], rows[True][recipe]
+        assert batched["extra"]["decode_batch"] == len(recipes) and one["extra"]["decode_batch"] == 1
+        assert batched["prediction"] == one["prediction"], recipe
+        assert batched["kv_bytes_after"] == one["kv_bytes_after"]
+
+
+def test_cli_end_to_end_then_rerun_skips(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "x"
+    argv = ["eval", *FAST, "--recipes", "full,snapkv@0.5", "--tasks", "niah_single_1,vt",
+            "--lengths", "512,1100", "--samples", "2", "--out", str(out)]
+    assert cli_main(argv) == 0
+    printed = capsys.readouterr().out
+    rows = _rows(out)
+    # vt needs >= 1066 byte tokens: it runs at 1100 only (512 is skipped with a warning)
+    assert len(rows) == 2 * 2 * 2 + 1 * 2 * 2
+    assert {r[1] for r in rows.values()} == {"niah_single_1", "vt"}
+    assert (out / "report.md").is_file() and str(out / "report.md") in printed
+    with ResultStore(out) as store:
+        row = store.rows(recipe="snapkv@0.5")[0]
+    assert row["method"] == "snapkv" and row["compression_ratio"] == 0.5 and row["config_hash"]
+    assert row["kv_bytes_after"] < row["kv_bytes_before"] and row["peak_rss_mb"] > 0
+    assert row["prefill_s"] >= row["extra"]["shared_prefill_s"] > 0
+    assert "SnapKV(" in row["recipe_repr"] and row["package_version"]
+    with ResultStore(out) as store:
+        stamps = {r["run_key"]: r["created_at"] for r in store.rows()}
+
+    summary = run_eval(EvalConfig(
+        out=str(out), model="tiny-llama", recipes=["full", "snapkv@0.5"], tasks=["niah_single_1", "vt"],
+        lengths=[512, 1100], samples=2, max_new_tokens=4, report=False, progress=False,
+    ))
+    assert (summary.written, summary.skipped, summary.total) == (0, 12, 12)
+    with ResultStore(out) as store:
+        assert {r["run_key"]: r["created_at"] for r in store.rows()} == stamps
+
+
+def test_new_recipe_adds_rows_only_for_it(tmp_path: Path) -> None:
+    base = dict(out=str(tmp_path), model="tiny-llama", tasks=["niah_single_1"], lengths=[512], samples=2,
+                max_new_tokens=4, report=False, progress=False)
+    run_eval(EvalConfig(recipes=["full"], **base))
+    summary = run_eval(EvalConfig(recipes=["full", "streaming@0.5"], **base))
+    assert (summary.written, summary.skipped) == (2, 2)
+    assert len(_rows(tmp_path)) == 4
+
+
+def test_killed_run_resumes_to_the_same_rows(tmp_path: Path) -> None:
+    args = ["--recipes", "full,snapkv@0.5,h2o@0.5", "--tasks", "niah_single_1", "--lengths", "512",
+            "--samples", "4", "--max-new-tokens", "16", "--no-report", "--no-progress",
+            "--model", "tiny-llama"]
+    killed, ref = tmp_path / "killed", tmp_path / "ref"
+    env = {**os.environ, "PYTHONPATH": str(SRC), "HF_HUB_OFFLINE": "1",
+           "OMP_NUM_THREADS": str(torch.get_num_threads())}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "longlab.cli", "eval", *args, "--out", str(killed)], env=env,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    n_at_kill = 0
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                with sqlite3.connect(killed / DB_NAME, timeout=1) as conn:
+                    n_at_kill = conn.execute("SELECT COUNT(*) FROM results").fetchone()[0]
+            except sqlite3.Error:
+                n_at_kill = 0
+            if n_at_kill >= 2:
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.read().decode()
+    assert 0 < n_at_kill < 12
+    assert cli_main(["eval", *args, "--out", str(killed)]) == 0  # resume
+    assert cli_main(["eval", *args, "--out", str(ref)]) == 0  # uninterrupted reference
+    assert _rows(killed) == _rows(ref) and len(_rows(ref)) == 12
+
+
+def test_jsonl(tmp_path: Path, tokenizer) -> None:
+    path = tmp_path / "mine.jsonl"
+    samples = generate_task("niah_single_1", tokenizer, 512, 2, seed=3)
+    samples.append(_sample(30))
+    samples[-1].task = ""  # no task: named after the file
+    save_jsonl(samples, path)
+    out = tmp_path / "out"
+    assert cli_main(["eval", *FAST, "--jsonl", str(path), "--recipes", "full,knorm@0.5", "--out", str(out),
+                     "--no-report"]) == 0
+    rows = _rows(out)
+    assert len(rows) == 3 * 2
+    assert {r[1] for r in rows.values()} == {"niah_single_1", "mine"}
+    assert {r[2] for r in rows.values()} == {s.sample_id for s in samples}
+    assert cli_main(["eval", *FAST, "--jsonl", str(path), "--recipes", "full", "--limit", "1",
+                     "--out", str(tmp_path / "one"), "--no-report"]) == 0
+    assert len(_rows(tmp_path / "one")) == 1
+
+
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--tasks", "no_such_task"], "unknown task 'no_such_task'"),
+        (["--recipes", "full,nosuch@0.5"], "unknown method 'nosuch'"),
+        (["--recipes", "snapkv@1.5"], "compression_ratio"),
+        (["--model", "no-such-model"], "unknown model 'no-such-model'"),
+        (["--lengths", "0"], "--lengths must be positive"),
+        (["--lengths", "512,-3"], "--lengths must be positive"),
+        (["--samples", "0"], "--samples must be >= 1"),
+        (["--jsonl", "/no/such/file.jsonl"], "no such file"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_clear_message(tmp_path: Path, capsys, extra: list[str], needle: str):
+    argv = ["eval", "--model", "tiny-llama", "--tasks", "niah_single_1", "--lengths", "512",
+            "--out", str(tmp_path / "x"), *extra]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err
+    assert not (tmp_path / "x" / DB_NAME).exists()  # failed before touching the store
+
+
+def test_bad_list_argument_is_an_argparse_error(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["eval", "--lengths", "1k", "--out", "x"])
+    assert exc.value.code == 2 and "--lengths" in capsys.readouterr().err
+
+
+def test_ray_missing_names_the_extra(monkeypatch) -> None:
+    from longlab.eval import ray_backend
+    from longlab.recipe import LonglabError
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(LonglabError, match=r"pip install 'longlab\[ray\]'"):
+        ray_backend.require_ray()
+
+
+@pytest.mark.slow
+def test_ray_backend_rows_equal_serial(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    base = dict(model="tiny-llama", recipes=["full", "snapkv@0.5", "h2o@0.5"], tasks=["niah_single_1"],
+                lengths=[512], samples=3, max_new_tokens=8, report=False, progress=False)
+    serial = run_eval(EvalConfig(out=str(tmp_path / "serial"), **base))
+    ray_run = run_eval(EvalConfig(out=str(tmp_path / "ray"), backend="ray", workers=2, **base))
+    assert serial.written == ray_run.written == 9
+    assert _rows(tmp_path / "ray") == _rows(tmp_path / "serial")
+    with ResultStore(tmp_path / "ray") as store:
+        extras = [r["extra"] for r in store.rows()]
+    assert {e["backend"] for e in extras} == {"ray"} and len({e["worker_pid"] for e in extras}) == 2
