@@ -25,7 +25,7 @@ venv: $(STAMP)
 RUN_SAMPLES ?= 2
 run: $(STAMP)
 	HF_HUB_OFFLINE=1 $(VENV)/bin/longlab example
-	HF_HUB_OFFLINE=1 $(VENV)/bin/longlab eval --model smollm2-135m --samples $(RUN_SAMPLES) --out runs/default
+	HF_HUB_OFFLINE=1 $(VENV)/bin/longlab eval --model smollm2-135m --samples $(RUN_SAMPLES) --batch-decode --out runs/default
 
 test: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest

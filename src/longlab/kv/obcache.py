@@ -20,7 +20,8 @@ isolates the score) with the OBCache score in place of accumulated attention:
 
 - ``h2o-obc*``: scores of every query seen (prefill and decode) add up per slot (the ``_fullhist``
   variant of the paper code; longlab's ``h2o`` also accumulates over every query);
-- ``tova-obc*``: the last query only, per KV head (the paper evicts per head), no recent window;
+- ``tova-obc*``: the last query only, no recent window, heads of a layer sharing one token set as in
+  TOVA (``share_heads=false`` evicts per KV head);
 - ``snapkv-obc*``: the last ``window_size`` queries, then 1-D pooling; ``pooling=max,kernel_size=7``
   gives the paper's ``obc*+maxpool`` preset.
 """
@@ -43,11 +44,14 @@ SCORE_TYPES = ("v", "k", "vk")
 
 
 def probs_and_logits(ctx, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention ``A`` and logits ``z`` (0 where masked) of the selected queries, fp32: ``[B, H, t, T]``."""
+    """Attention ``A`` and logits ``z`` (0 where masked) of the selected queries, fp32: ``[B, H, t, T]``.
+
+    Query heads of a KV head are stacked as rows of one product, so keys are never repeated."""
     q = ctx.q[:, :, rows].float()  # [B, H, t, D]
-    k = ctx.k.float().repeat_interleave(ctx.groups, dim=1)  # [B, H, T, D]
-    z = torch.matmul(q, k.transpose(-1, -2)) * ctx.scaling  # [B, H, t, T]
-    m = ctx.mask(rows)
+    B, H, t, D = q.shape
+    k = ctx.k.float()  # [B, H_kv, T, D]
+    z = (q.reshape(B, k.shape[1], -1, D) @ k.transpose(-1, -2)).reshape(B, H, t, -1) * ctx.scaling
+    m = ctx.mask(rows)  # [B, H_kv | 1, t, T]
     if m.shape[1] > 1:
         m = m.repeat_interleave(ctx.groups, dim=1)
     A = torch.nan_to_num(torch.softmax(z.masked_fill(~m, float("-inf")), dim=-1), nan=0.0)
@@ -55,31 +59,57 @@ def probs_and_logits(ctx, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def obc_scores(
-    A: torch.Tensor, z: torch.Tensor, v: torch.Tensor, score_type: str = "vk", p: int = 2, cross: bool = True
+    A: torch.Tensor,
+    z: torch.Tensor,
+    v: torch.Tensor,
+    score_type: str = "vk",
+    p: int = 2,
+    cross: bool = True,
+    o: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """OBCache saliency of every key, summed over the query rows.
+    """OBCache saliency of every key, summed over the query rows and the query heads of each KV head.
 
-    A, z: [B, H, t, T] attention and logits (0 where masked); v: [B, H, T, D] values (repeated to the
-    query heads). Returns [B, H, T]. ``o_i = sum_j A_ij v_j`` is recomputed from ``A`` and ``v``.
+    A, z: [B, H, t, T] attention and logits (0 where masked); v: [B, H_kv, T, D] values (query head h
+    reads KV head h // (H / H_kv); pass H_kv = H for per-head scores); o: [B, H, t, D] the queries'
+    attention outputs if already computed (else ``A v``). Returns [B, H_kv, T].
+
+    The key and joint scores are sums over i of a squared first-order output change. Joint pruning
+    changes ``o_i`` by ``-A_ij ((1 + z_ij) v_j - z_ij o_i)``, so with ``x.y`` dot products
+    ``S^VK_j = sum_i A_ij^2 [alpha ||v_j||^2 + z_ij^2 ||o_i||^2 - 2 beta v_j.o_i]``, where
+    ``(alpha, beta) = ((1+z)^2, z(1+z))``; dropping the cross term gives ``(1 + z^2, z^2)`` and the key
+    score alone ``(z^2, z^2)``. Expanded this way, ``sum_i beta_ij v_j.o_i`` is one [T, g*t] x [g*t, D]
+    product per KV head and no [t, T] dot-product matrix is formed.
     """
     A, z, v = A.float(), z.float(), v.float()
+    B, H, t, T = A.shape
+    H_kv = v.shape[1]
+    g = H // H_kv
+
+    def per_kv(x: torch.Tensor) -> torch.Tensor:  # [B, H, T] -> [B, H_kv, T]
+        return x.reshape(B, H_kv, g, T).sum(2)
+
     if score_type == "v":
         if p == 1:
-            return A.sum(2) * v.abs().sum(-1)
-        return (A * A).sum(2) * (v * v).sum(-1)
-    o = torch.matmul(A, v)  # [B, H, t, D]
-    vn = (v * v).sum(-1)[:, :, None, :]  # [B, H, 1, T]  ||v_j||^2
-    vo = torch.matmul(o, v.transpose(-1, -2))  # [B, H, t, T]  v_j . o_i
-    on = (o * o).sum(-1)[..., None]  # [B, H, t, 1]  ||o_i||^2
-    az = A * z
-    s_k = (az * az * (vn + on - 2 * vo)).sum(2)  # [B, H, T]
-    if score_type == "k":
-        return s_k
+            return per_kv(A.sum(2)) * v.abs().sum(-1)
+        return per_kv((A * A).sum(2)) * (v * v).sum(-1)
+    if o is None:
+        o = (A.reshape(B, H_kv, g * t, T) @ v).reshape(B, H, t, -1)  # [B, H, t, D]
+    o = o.float()
     A2 = A * A
-    s = A2.sum(2) * vn[:, :, 0] + s_k
-    if cross:
-        s = s + (2 * A2 * z * (vn - vo)).sum(2)
-    return s
+    z2 = z * z
+    if score_type == "k":
+        alpha = beta = A2 * z2
+    elif cross:
+        one_z = 1 + z
+        alpha, beta = A2 * one_z * one_z, A2 * z * one_z
+    else:
+        beta = A2 * z2
+        alpha = A2 + beta
+    on = (o * o).sum(-1)  # [B, H, t]  ||o_i||^2
+    c_v = per_kv(alpha.sum(2)) * (v * v).sum(-1)  # [B, H_kv, T]
+    c_o = per_kv((A2 * z2 * on[..., None]).sum(2))
+    m = beta.reshape(B, H_kv, g * t, T).transpose(-1, -2) @ o.reshape(B, H_kv, g * t, -1)  # [B, H_kv, T, D]
+    return c_v + c_o - 2 * (m * v).sum(-1)
 
 
 @dataclass
@@ -104,10 +134,9 @@ class OBCScore:
     def obc_block(self, ctx, rows: slice) -> torch.Tensor:
         """Summed OBCache score of the query rows ``rows`` of this forward: [B, H_kv, T]."""
         A, z = probs_and_logits(ctx, rows)  # [B, H, t, T]
-        v = ctx.v.float().repeat_interleave(ctx.groups, dim=1)  # [B, H, T, D]
-        s = obc_scores(A, z, v, self.score_type, self.p, self.cross)  # [B, H, T]
-        B, H, T = s.shape
-        return s.reshape(B, H // ctx.groups, ctx.groups, T).sum(2)  # [B, H_kv, T]
+        out = ctx.attn_output  # after attention (select), the rows' outputs o_i are already there
+        o = out[:, :, rows] if out is not None and out.shape[-2] == ctx.q.shape[-2] else None
+        return obc_scores(A, z, ctx.v, self.score_type, self.p, self.cross, o)  # [B, H_kv, T]
 
 
 @dataclass
@@ -122,34 +151,44 @@ class H2OOBC(OBCScore, H2O):
         super().validate()
         self._validate_obc()
 
+    @property
+    def state_key(self) -> str:
+        """``layer.extras`` key of the accumulated score, one per variant (they never share state)."""
+        return f"{_OBC_STATE}.{self.name}"
+
     def observe(self, ctx) -> None:
         layer = ctx.layer
-        acc = layer.extras.get(_OBC_STATE)
+        acc = layer.extras.get(self.state_key)
         if acc is None:
             acc = torch.zeros(layer.index.shape, dtype=torch.float32, device=layer.index.device)
         for rows in ctx.query_blocks():
             acc = acc + self.obc_block(ctx, rows)
-        layer.extras[_OBC_STATE] = acc  # [B, H_kv, T]
+        layer.extras[self.state_key] = acc  # [B, H_kv, T]
 
     def score(self, ctx) -> torch.Tensor:
-        return ctx.layer.extras[_OBC_STATE]
+        return ctx.layer.extras[self.state_key]
 
 
 @dataclass
 class TOVAOBC(OBCScore, TOVA):
-    """TOVA pipeline with OBCache scores (arXiv:2510.07651): ``s_j = S_tj`` for the
-    last query ``t`` only, per KV head, no recent window."""
+    """TOVA pipeline with OBCache scores (arXiv:2510.07651): ``s_j = S_tj`` for the last query ``t``
+    only, no recent window; summed over all heads so the heads of a layer keep the same tokens, as in
+    TOVA (``share_heads=false``: each KV head keeps its own)."""
 
     paper = "arXiv:2510.07651"
     pipeline: ClassVar[str] = "tova"
+    share_heads: bool = True
 
     def validate(self) -> None:
         super().validate()
         self._validate_obc()
+        if not isinstance(self.share_heads, bool):
+            raise LonglabError(f"{self.name}: share_heads must be true or false, got {self.share_heads!r}")
 
     def score(self, ctx) -> torch.Tensor:
         T_q = ctx.q.shape[-2]
-        return self.obc_block(ctx, slice(T_q - 1, T_q))  # [B, H_kv, T]
+        s = self.obc_block(ctx, slice(T_q - 1, T_q))  # [B, H_kv, T]
+        return s.sum(1, keepdim=True).expand_as(s) if self.share_heads else s
 
 
 @dataclass

@@ -47,24 +47,34 @@ def ema_weights(n: int, alpha: float, device=None) -> torch.Tensor:
 def wo_gram(o_proj_weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     """``G_h = W_o^hT W_o^h`` for each head: o_proj weight [hidden, H*D] -> [H, D, D] (fp32)."""
     hidden = o_proj_weight.shape[0]
-    W = o_proj_weight.float().reshape(hidden, num_heads, -1).permute(1, 0, 2)  # [H, hidden, D]
+    W = o_proj_weight.detach().float().reshape(hidden, num_heads, -1).permute(1, 0, 2)  # [H, hidden, D]
     return W.transpose(1, 2) @ W
 
 
 def reconstruction_scores(
     a: torch.Tensor, v: torch.Tensor, o_bar: torch.Tensor, gram: torch.Tensor | None = None, tau: float = 1.0
 ) -> torch.Tensor:
-    """``s_j = a_j/(1-a_j) * ||W_o^h (o_bar - v_j)||^tau``.
+    """``s_j = a_j/(1-a_j) * ||W_o^h (o_bar - v_j)||^tau`` per query head.
 
-    a: [B, H, T] attention; v: [B, H, T, D] values (repeated to query heads); o_bar: [B, H, D];
-    gram: [H, D, D] or None (norm in value space). Returns [B, H, T] (fp32 or fp64).
+    a: [B, H, T] attention; v: [B, H_kv, T, D] values (query head h reads KV head h // (H/H_kv));
+    o_bar: [B, H, D]; gram: [H, D, D] or None (norm in value space). Returns [B, H, T] (fp32, or fp64
+    when given fp64). The squared norm is expanded as ``o.Go - 2 (Go).v + v.Gv`` so no [B, H, T, D]
+    difference tensor is formed: ``v.Gv`` is one [T, D] x [D, g*D] product per KV head.
     """
-    dt = torch.promote_types(v.dtype, torch.float32)  # fp32, or fp64 when given fp64
-    u = o_bar.to(dt)[:, :, None, :] - v.to(dt)  # [B, H, T, D]
+    dt = torch.promote_types(v.dtype, torch.float32)
+    B, H, T = a.shape
+    H_kv, D = v.shape[1], v.shape[-1]
+    g = H // H_kv
+    v, o_bar = v.to(dt), o_bar.to(dt)
     if gram is None:
-        sq = (u * u).sum(-1)
-    else:
-        sq = (torch.matmul(u, gram.to(dt)[None]) * u).sum(-1)  # u^T G u: [B, H, T]
+        gram = torch.eye(D, dtype=dt, device=v.device).expand(H, D, D)
+    gram = gram.to(dt)
+    g_cat = gram.reshape(H_kv, g, D, D).permute(0, 2, 1, 3).reshape(H_kv, D, g * D)  # [H_kv, D, g*D]
+    vgv = ((v @ g_cat).reshape(B, H_kv, T, g, D) * v[:, :, :, None, :]).sum(-1)  # [B, H_kv, T, g]
+    go = torch.einsum("hde,bhe->bhd", gram, o_bar)  # [B, H, D]  G o_bar
+    cross = v @ go.reshape(B, H_kv, g, D).transpose(-1, -2)  # [B, H_kv, T, g]  (G o_bar).v
+    ogo = (go * o_bar).sum(-1).reshape(B, H_kv, 1, g)  # o_bar.G o_bar
+    sq = (ogo - 2 * cross + vgv).permute(0, 1, 3, 2).reshape(B, H, T)
     norm = sq.clamp(min=0).sqrt()
     if tau != 1.0:
         norm = norm**tau
@@ -78,26 +88,29 @@ def adaptive_pool(
     """ReST-KV's adaptive window smoothing of ``scores`` [B, H, T] along T.
 
     probs: [H, W, T] window attention of batch row 0 (drift statistic); n_top: C - W positions compared.
-    Each head gets its own kernel and shift; the pool is an average with replicate padding."""
+    The drift ``t_h = mean_{i, r}(P1_{i,r} - P2_{i,r})`` of rank-aligned top positions equals the
+    difference of the mean top-``n_top`` position of the first- and second-half rows, so one unsorted
+    top-k serves every head. Each head gets its kernel and shift; the pool is a replicate-padded
+    average (heads sharing a kernel and shift are pooled together)."""
     B, H, T = scores.shape
-    W = probs.shape[1]
-    half = W // 2
-    out = torch.empty_like(scores)
+    half = probs.shape[1] // 2
     n_top = max(1, min(n_top, T))
-    for h in range(H):
-        k, shift = kernel_size, 0
-        if half >= 1 and T > 1:
-            p1 = probs[h, :half].topk(n_top, dim=-1).indices.float()  # [half, n_top], rank-aligned
-            p2 = probs[h, half : 2 * half].topk(n_top, dim=-1).indices.float()
-            drift = float((p1 - p2).mean())  # t_h, in tokens
-            k = max(kernel_size, 2 * int(abs(drift) // scale) + 1)
-            shift = int(drift // scale) if drift > 0 else int(drift // scale) + 1
-        left, right = max(0, k // 2 - shift), max(0, k // 2 + shift)
-        x = F.pad(scores[:, h : h + 1], (left, right), mode="replicate")  # [B, 1, T + left + right]
-        y = F.avg_pool1d(x, k, stride=1)
+    k = torch.full((H,), kernel_size, dtype=torch.long)
+    shift = torch.zeros(H, dtype=torch.long)
+    if half >= 1 and T > 1:
+        top = probs[:, : 2 * half].topk(n_top, dim=-1, sorted=False).indices.double().mean(-1)  # [H, 2*half]
+        drift = (top[:, :half] - top[:, half:]).mean(-1).cpu()  # t_h, in tokens
+        k = torch.clamp(2 * torch.floor(drift.abs() / scale).long() + 1, min=kernel_size)
+        shift = torch.where(drift > 0, torch.floor(drift / scale), torch.floor(drift / scale) + 1).long()
+    out = torch.empty_like(scores)
+    for kh, sh in sorted({(int(a), int(b)) for a, b in zip(k, shift)}):
+        heads = [h for h in range(H) if int(k[h]) == kh and int(shift[h]) == sh]
+        left, right = max(0, kh // 2 - sh), max(0, kh // 2 + sh)
+        x = F.pad(scores[:, heads].reshape(B * len(heads), 1, T), (left, right), mode="replicate")
+        y = F.avg_pool1d(x, kh, stride=1)  # [B*h, 1, T + left + right - kh + 1]
         if y.shape[-1] < T:
             y = F.pad(y, (0, T - y.shape[-1]), mode="replicate")
-        out[:, h] = y[:, 0, :T]
+        out[:, heads] = y[:, 0, :T].reshape(B, len(heads), T)
     return out
 
 
@@ -158,9 +171,10 @@ class RestKV(ScorerPolicy):
         w = ema_weights(probs.shape[2], self.alpha, probs.device)
         a = torch.einsum("bhwt,w->bht", probs, w)  # [B, H, T] EMA-smoothed attention
         cand = candidates.repeat_interleave(g, dim=1)  # [B, H, T]
-        v = ctx.v.float().repeat_interleave(g, dim=1)  # [B, H, T, D]
-        o_bar = torch.einsum("bht,bhtd->bhd", a * cand, v)  # window tokens excluded
-        gram = wo_gram(ctx.module.o_proj.weight, ctx.q.shape[1]) if self.use_wo else None
+        v = ctx.v.float()  # [B, H_kv, T, D]
+        B, H, T = a.shape
+        o_bar = ((a * cand).reshape(B, H // g, g, T) @ v).reshape(B, H, -1)  # [B, H, D], window excluded
+        gram = wo_gram(ctx.module.o_proj.weight, H) if self.use_wo else None
         s = reconstruction_scores(a, v, o_bar, gram, self.tau)
         return s.masked_fill(~cand, 0.0)
 

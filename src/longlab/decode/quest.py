@@ -1,0 +1,197 @@
+"""Quest: query-aware page selection at decode time.
+
+Tang et al. 2024, "Quest: Query-Aware Sparsity for Efficient Long-Context LLM Inference",
+arXiv:2406.10774. The KV cache is kept in full; each decode step reads only a subset of it. The held
+slots are cut into pages of ``P`` tokens; each page keeps the per-channel minimum ``m_p`` and maximum
+``M_p`` of its keys. For a query ``q`` (per query head) the page's upper bound on any key's logit is
+
+    ``U_p = sum_c max(q_c m_{p,c}, q_c M_{p,c}) = q.(M_p + m_p)/2 + |q|.(M_p - m_p)/2``
+
+and attention runs over the top ``K - 1`` pages by ``U_p`` plus the last (current) page, with
+``K = max(min_pages, budget // P)``. Layers ``< dense_layers`` (0 and 1), sliding-window layers, prefill
+and contexts that fit in the budget use dense attention (exact). Page summaries are computed once per
+complete page and reused across steps (recomputed if an eviction repacks the layer).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..hook import dense_attention
+from ..recipe import LonglabError, Method, register
+
+__all__ = ["Quest", "PageSummary", "page_summary", "page_scores", "attend_slots", "page_slots"]
+
+
+@dataclass
+class PageSummary:
+    """Per complete page: ``center = (M + m)/2``, ``radius = (M - m)/2`` [B, H_kv, n, D]; ``ok`` [B, H_kv, n]
+    (page holds a real token); ``marks`` [B, H_kv, n, 2] positions of each page's first and last slot,
+    to detect repacking."""
+
+    center: torch.Tensor
+    radius: torch.Tensor
+    ok: torch.Tensor
+    marks: torch.Tensor
+
+    @property
+    def n(self) -> int:
+        return self.center.shape[2]
+
+
+_SUMMARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # LonglabLayer -> PageSummary
+
+
+def _summarise(keys: torch.Tensor, index: torch.Tensor, page_size: int) -> PageSummary:
+    # keys: [B, H_kv, n*P, D]; index: [B, H_kv, n*P] -> summaries of the n pages
+    B, H_kv, T, D = keys.shape
+    n = T // page_size
+    k = keys.float().reshape(B, H_kv, n, page_size, D)
+    valid = (index >= 0).reshape(B, H_kv, n, page_size, 1)
+    hi = k.masked_fill(~valid, float("-inf")).amax(3)  # [B, H_kv, n, D]
+    lo = k.masked_fill(~valid, float("inf")).amin(3)
+    ok = valid.any(3)[..., 0]  # [B, H_kv, n]
+    hi = torch.where(ok[..., None], hi, 0.0)
+    lo = torch.where(ok[..., None], lo, 0.0)
+    idx = index.reshape(B, H_kv, n, page_size)
+    marks = torch.stack([idx[..., 0], idx[..., -1]], dim=-1)
+    return PageSummary((hi + lo) / 2, (hi - lo) / 2, ok, marks)
+
+
+def page_summary(layer, page_size: int, n_pages: int) -> PageSummary:
+    """Summaries of the first ``n_pages`` complete pages of a cache layer, updated incrementally."""
+    keys, index = layer.keys, layer.index  # [B, H_kv, T, D], [B, H_kv, T]
+    old = _SUMMARIES.get(layer)
+    if old is not None and old.n <= n_pages and old.center.shape[:2] == keys.shape[:2]:
+        idx = index[..., : old.n * page_size].reshape(*index.shape[:2], old.n, page_size)
+        marks = torch.stack([idx[..., 0], idx[..., -1]], dim=-1)
+        if not torch.equal(marks, old.marks):
+            old = None
+    else:
+        old = None
+    start = 0 if old is None else old.n
+    if start == n_pages and old is not None:
+        return old
+    lo, hi = start * page_size, n_pages * page_size
+    new = _summarise(keys[:, :, lo:hi], index[:, :, lo:hi], page_size)
+    if old is not None and start > 0:
+        parts = zip((old.center, old.radius, old.ok, old.marks), (new.center, new.radius, new.ok, new.marks))
+        new = PageSummary(*(torch.cat([a, b], dim=2) for a, b in parts))
+    _SUMMARIES[layer] = new
+    return new
+
+
+def page_scores(q: torch.Tensor, summary: PageSummary) -> torch.Tensor:
+    """Quest's upper bound ``U_p`` per query head: q [B, H, D] -> [B, H, n] (-inf for empty pages)."""
+    B, H, D = q.shape
+    H_kv = summary.center.shape[1]
+    qg = q.float().reshape(B, H_kv, H // H_kv, D)  # [B, H_kv, g, D]
+    u = qg @ summary.center.transpose(-1, -2) + qg.abs() @ summary.radius.transpose(-1, -2)  # [B, H_kv, g, n]
+    u = u.masked_fill(~summary.ok[:, :, None, :], float("-inf"))
+    return u.reshape(B, H, -1)
+
+
+def page_slots(pages: torch.Tensor, page_size: int, T: int) -> torch.Tensor:
+    """Slots of the selected pages [B, H, k] plus the last page: [B, H, k*P + tail]."""
+    B, H, k = pages.shape
+    last = (T - 1) // page_size
+    offs = torch.arange(page_size, device=pages.device)
+    sel = (pages[..., None] * page_size + offs).reshape(B, H, k * page_size)
+    tail = torch.arange(last * page_size, T, device=pages.device).expand(B, H, -1)
+    return torch.cat([sel, tail], dim=-1)
+
+
+def attend_slots(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    key_index: torch.Tensor,
+    query_pos: torch.Tensor,
+    scaling: float,
+    slots: torch.Tensor | None = None,
+    allowed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of ``q`` over the held keys (``slots=None``) or a per-query-head subset of slots.
+
+    q: [B, H, t, D]; k, v: [B, H_kv, T, D]; key_index: [B, H_kv, T]; query_pos: [B, t];
+    slots: [B, H, S] slot ids; allowed: optional extra mask [B, H, t, S or T].
+    Returns ``(out [B, H, t, D], lse [B, H, t])``; rows with no visible key give out 0 and lse -inf.
+    """
+    B, H, t, D = q.shape
+    H_kv = k.shape[1]
+    g = H // H_kv
+    if slots is None:
+        qg = q.float().reshape(B, H_kv, g * t, D)
+        logits = (qg @ k.float().transpose(-1, -2)).reshape(B, H, t, -1) * scaling  # [B, H, t, T]
+        kpos = key_index.repeat_interleave(g, dim=1)[:, :, None, :]  # [B, H, 1, T]
+        vals = v.float().repeat_interleave(g, dim=1)  # [B, H, T, D]
+    else:
+        b = torch.arange(B, device=q.device)[:, None, None]
+        h = (torch.arange(H, device=q.device) // g)[None, :, None]
+        ks, vals = k[b, h, slots].float(), v[b, h, slots].float()  # [B, H, S, D]
+        logits = (q.float() @ ks.transpose(-1, -2)) * scaling  # [B, H, t, S]
+        kpos = key_index[b, h, slots][:, :, None, :]  # [B, H, 1, S]
+    vis = (kpos >= 0) & (kpos <= query_pos[:, None, :, None])
+    if allowed is not None:
+        vis = vis & allowed
+    logits = logits.masked_fill(~vis, float("-inf"))
+    lse = torch.logsumexp(logits, dim=-1)  # [B, H, t]
+    probs = torch.exp(logits - lse.masked_fill(torch.isinf(lse), 0.0)[..., None])
+    out = probs @ vals  # [B, H, t, D]
+    return out, lse
+
+
+@register("quest")
+@dataclass
+class Quest(Method):
+    """Quest (Tang et al. 2024, arXiv:2406.10774): per query head, attend over the top pages by
+    ``U_p = sum_c max(q_c m_pc, q_c M_pc)`` plus the last page; ``budget`` tokens, pages of ``page_size``."""
+
+    kind: ClassVar[str] = "decode"
+    paper = "arXiv:2406.10774"
+    budget: int = 1024
+    page_size: int = 16
+    min_pages: int = 3
+    dense_layers: int = 2
+
+    def validate(self) -> None:
+        for name, low in (("budget", 1), ("page_size", 1), ("min_pages", 2), ("dense_layers", 0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise LonglabError(f"{self.name}: {name} must be an integer >= {low}, got {value!r}")
+
+    @property
+    def n_pages(self) -> int:
+        """Pages read per step, the last page included: ``K = max(min_pages, budget // page_size)``."""
+        return max(self.min_pages, self.budget // self.page_size)
+
+    def is_sparse_layer(self, ctx) -> bool:
+        return ctx.layer is not None and ctx.layer_idx >= self.dense_layers and ctx.sliding_window is None
+
+    def select(self, ctx) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """``(slots [B, H, S], pages [B, H, K-1])`` for this decode query, or ``(None, None)`` when the
+        candidate pages fit in the budget (dense)."""
+        T = ctx.k.shape[-2]
+        n_cand = (T - 1) // self.page_size  # complete pages before the last one
+        k = self.n_pages - 1
+        if n_cand <= k:
+            return None, None
+        summary = page_summary(ctx.layer, self.page_size, n_cand)
+        u = page_scores(ctx.q[:, :, -1], summary)  # [B, H, n_cand]
+        pages = u.topk(k, dim=-1).indices.sort(dim=-1).values  # [B, H, k]
+        return page_slots(pages, self.page_size, T), pages
+
+    def attend_lse(self, ctx) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """``(out [B, H, 1, D], lse [B, H, 1], slots, pages)``; slots/pages None when dense."""
+        slots, pages = self.select(ctx)
+        out, lse = attend_slots(ctx.q, ctx.k, ctx.v, ctx.key_index, ctx.query_index, ctx.scaling, slots)
+        return out.to(ctx.q.dtype), lse, slots, pages
+
+    def attend(self, ctx) -> torch.Tensor:  # [B, H, T_q, D]
+        if not self.is_sparse_layer(ctx) or ctx.q.shape[-2] != 1:
+            return dense_attention(ctx.q, ctx.k, ctx.v, ctx.mask(), ctx.scaling)
+        return self.attend_lse(ctx)[0]
