@@ -24,7 +24,7 @@ def smollm2():
     return load_model("smollm2-135m")
 
 
-@pytest.mark.parametrize("recipe, query_aware", [("full", False), ("snapkv@0.5", True), ("adakv@0.5", True)])
+@pytest.mark.parametrize("recipe, query_aware", [("full", False), ("snapkv@0.5", True)])
 def test_access_code_found_in_1k_context(smollm2, recipe, query_aware):
     model, tokenizer = smollm2
     result = generate(
