@@ -3,3 +3,4 @@
 from .decode import quest, retro  # noqa: F401
 from .kv import attention, decoding, obcache, restkv, simple  # noqa: F401
 from .quant import kivi, pmkvq  # noqa: F401
+from .sparse import prefill  # noqa: F401
