@@ -39,7 +39,9 @@ class SparsePrefill:
 
     def validate(self) -> None:
         if self.backend not in ("auto", "flex", "gather", "dense"):
-            raise LonglabError(f"{self.name}: backend must be auto, flex, gather or dense, got {self.backend!r}")
+            raise LonglabError(
+                f"{self.name}: backend must be auto, flex, gather or dense, got {self.backend!r}"
+            )
 
     def attend(self, ctx) -> torch.Tensor:
         """ctx.q: [B, H, T_q, D]; held k, v: [B, H_kv, T, D] -> out [B, H, T_q, D]."""
