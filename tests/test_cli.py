@@ -84,3 +84,19 @@ def test_cli_entry_point_has_no_traceback_for_user_errors():
     assert out.returncode == 2
     assert "longlab: error: h2o: compression_ratio must be in [0, 1)" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_recipe_lists_keep_multi_parameter_methods_together():
+    from longlab.recipe import LonglabError, split_recipes
+
+    assert split_recipes("full, streaming:budget=512,sinks=4 ,snapkv@0.5") == [
+        "full",
+        "streaming:budget=512,sinks=4",
+        "snapkv@0.5",
+    ]
+    assert split_recipes("prism+streaming:budget=64,sinks=2,knorm@0.5") == [
+        "prism+streaming:budget=64,sinks=2",
+        "knorm@0.5",
+    ]
+    with pytest.raises(LonglabError, match="sinks=4"):
+        split_recipes("snapkv@0.5,sinks=4")

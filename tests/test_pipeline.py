@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from longlab.cache import LonglabCache
-from longlab.pipeline import generate
+from longlab.pipeline import build_prompt, generate
 from longlab.recipe import LonglabError
 
 POLICIES = ["snapkv", "streaming", "h2o", "tova", "pyramidkv", "adakv", "knorm", "random"]
@@ -45,7 +45,8 @@ def test_chunked_compression_keeps_cache_within_budget_while_streaming(tiny_mode
     result = generate(
         model, tokenizer, text * 3, "Where is item 3?", "snapkv:budget=200", chunk_size=128, max_new_tokens=8
     )
-    n_question = len(tokenizer("\n\nWhere is item 3?\n")["input_ids"])
+    _, question_text = build_prompt(tokenizer, text * 3, "Where is item 3?")
+    n_question = len(tokenizer(question_text, add_special_tokens=False)["input_ids"])
     for lengths in result.cache.lengths():  # budget + question + decoded tokens fed back (all but the last)
         assert int(lengths.max()) == 200 + n_question + len(result.token_ids[0]) - 1
     assert result.kv_bytes_after < result.kv_bytes_before / 4
@@ -57,7 +58,8 @@ def test_query_aware_mode_compresses_with_the_question(tiny_models, tokenizer, t
     aware = generate(
         model, tokenizer, text, "Where is item 3?", "snapkv@0.5", max_new_tokens=4, query_aware=True
     )
-    n_question = len(tokenizer("\n\nWhere is item 3?\n")["input_ids"])
+    _, question_text = build_prompt(tokenizer, text * 3, "Where is item 3?")
+    n_question = len(tokenizer(question_text, add_special_tokens=False)["input_ids"])
     ctx = agnostic.context_tokens[0]
     # query-agnostic: half the context survives, then the whole question is appended
     assert int(agnostic.cache.lengths()[0].max()) == -(-ctx // 2) + n_question + 3

@@ -42,24 +42,34 @@ def test_access_code_found_in_1k_context(smollm2, recipe, query_aware):
         assert result.kv_bytes_after < 0.55 * result.kv_bytes_before
 
 
-def test_passkey_at_1k_tokens_with_full_cache(smollm2):
+@pytest.mark.parametrize(
+    ("recipe", "query_aware", "at_least"),
+    [("full", False, 5), ("snapkv@0.5", True, 1)],
+)
+def test_passkey_at_1k_tokens(smollm2, recipe, query_aware, at_least):
+    """Classic pass key (completion prompt, as the task's metadata asks). Measured here: full 6/6;
+    query-aware snapkv@0.5 2/6, the other four answers being the key with digits dropped."""
     from longlab.tasks import generate as make_samples
     from longlab.tasks import score
 
     model, tokenizer = smollm2
-    hits = 0
-    for sample in make_samples("passkey", tokenizer, 1024, 6, 0):
-        result = generate(
-            model,
-            tokenizer,
-            sample.context,
-            sample.question,
-            "full",
-            max_new_tokens=12,
-            answer_prefix=sample.answer_prefix,
-        )
-        hits += score("passkey", result.text, sample.answers)
-    assert hits >= 2, f"full cache found {hits}/6 pass keys"
+    samples = make_samples("passkey", tokenizer, 1024, 6, 0)
+    assert all(s.metadata["prompt"] == "plain" for s in samples)
+    result = generate(
+        model,
+        tokenizer,
+        [s.context for s in samples],
+        [s.question for s in samples],
+        recipe,
+        max_new_tokens=10,
+        answer_prefix=[s.answer_prefix for s in samples],
+        query_aware=query_aware,
+        chat_template=False,
+    )
+    hits = sum(score("passkey", text, s.answers) for text, s in zip(result.texts, samples))
+    assert hits >= at_least, f"{recipe} found {hits}/6 pass keys: {result.texts}"
+    if recipe != "full":
+        assert result.kv_bytes_after < 0.55 * result.kv_bytes_before
 
 
 def test_hook_matches_sdpa_on_the_real_model(smollm2):

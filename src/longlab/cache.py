@@ -55,6 +55,7 @@ class LonglabLayer(CacheLayerMixin):
         super().__init__()
         self.index: torch.Tensor | None = None  # [B, H_kv, T] int32; -1 = empty slot
         self.extras: dict[str, torch.Tensor] = {}  # per-slot method state, each [B, H_kv, T]
+        self.state: dict[str, torch.Tensor] = {}  # per-layer method state, each [B, ...] (e.g. a memory)
         self.n_seen = 0  # tokens written so far, padding included (the stream length)
         self.n_real: torch.Tensor | None = None  # [B] non-padding tokens seen per row
         self.sliding_window: int | None = None  # set by the hook for sliding-window layers
@@ -99,6 +100,7 @@ class LonglabLayer(CacheLayerMixin):
     def reset(self) -> None:
         self.keys = self.values = self.index = self.n_real = None
         self.extras = {}
+        self.state = {}
         self.n_seen = 0
         self.is_initialized = False
 
@@ -112,6 +114,7 @@ class LonglabLayer(CacheLayerMixin):
             fn, (self.keys, self.values, self.index, self.n_real)
         )
         self.extras = {k: fn(v) for k, v in self.extras.items()}
+        self.state = {k: fn(v) for k, v in self.state.items()}
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._select_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -184,7 +187,7 @@ class LonglabLayer(CacheLayerMixin):
     def nbytes(self) -> int:
         if not self.is_initialized:
             return 0
-        tensors = [self.keys, self.values, self.index, *self.extras.values()]
+        tensors = [self.keys, self.values, self.index, *self.extras.values(), *self.state.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 

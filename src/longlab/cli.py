@@ -11,7 +11,7 @@ import sys
 from importlib import resources
 from pathlib import Path
 
-from .recipe import LonglabError
+from .recipe import LonglabError, split_recipes
 
 EXAMPLE_QUESTION = "What is the access code for the archive room?"
 EXAMPLE_RECIPES = ("full", "snapkv@0.5", "streaming@0.5", "h2o@0.5", "adakv@0.75")
@@ -91,7 +91,7 @@ def _cmd_example(args: argparse.Namespace) -> int:
     print(f"question: {EXAMPLE_QUESTION}  (expected answer: 7316)")
     context = example_context()
     modes = {"query-agnostic": False, "query-aware": True}
-    for recipe in args.recipes.split(","):
+    for recipe in split_recipes(args.recipes):
         for mode, query_aware in modes.items():
             if recipe == "full" and query_aware:
                 continue  # nothing is compressed: both modes are the same run

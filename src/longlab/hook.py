@@ -249,6 +249,8 @@ def longlab_attention(
         out = recipe.prefill.attend(ctx)
     elif recipe is not None and ctx.phase == "decode" and recipe.decode is not None:
         out = recipe.decode.attend(ctx)
+    elif recipe is not None and (reader := _kv_reader(recipe)) is not None:
+        out = reader.attend(ctx)  # a KV policy that also reads what it evicted (e.g. a latent memory)
     elif ctx.layer is not None and hasattr(ctx.layer, "attend"):
         out = ctx.layer.attend(ctx)  # storage with its own attention (e.g. quantized, dequantised in chunks)
     else:
@@ -258,6 +260,14 @@ def longlab_attention(
     if recipe is not None:
         _after_attention(ctx, recipe)
     return out.transpose(1, 2).contiguous(), None
+
+
+def _kv_reader(recipe) -> Any:
+    """The first KV policy that computes attention itself (defines ``attend(ctx)``), or None."""
+    for policy in recipe.kv:
+        if getattr(policy, "reads_attention", False):
+            return policy
+    return None
 
 
 def _after_attention(ctx: LayerContext, recipe) -> None:

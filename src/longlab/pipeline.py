@@ -33,16 +33,18 @@ MIN_LAST_CHUNK = 64  # the last chunk must cover observation windows (SnapKV's W
 
 
 def build_prompt(
-    tokenizer: Any, context: str, question: str | None, answer_prefix: str = ""
+    tokenizer: Any, context: str, question: str | None, answer_prefix: str = "", chat_template: bool = True
 ) -> tuple[str, str]:
-    """Split a chat-formatted prompt into (context part, question part).
+    """Split a prompt into (context part, question part).
 
-    With a chat template the user turn is ``context + "\\n\\n" + question``; everything after the
-    context (the question, the assistant header, ``answer_prefix``) is the question part.
+    With a chat template (and ``chat_template=True``) the user turn is ``context + "\\n\\n" + question``;
+    everything after the context (the question, the assistant header, ``answer_prefix``) is the
+    question part. Otherwise the prompt is plain completion text: ``context``, a newline, ``question``,
+    then ``answer_prefix`` (completion-style tasks such as the classic pass key use this form).
     Without a question the context is a plain prompt to continue."""
     if question is None:
         return context, answer_prefix
-    if getattr(tokenizer, "chat_template", None):
+    if chat_template and getattr(tokenizer, "chat_template", None):
         rendered = tokenizer.apply_chat_template(
             [{"role": "user", "content": _SENTINEL + "\n\n" + question}],
             tokenize=False,
@@ -50,17 +52,24 @@ def build_prompt(
         )
         before, after = rendered.split(_SENTINEL, 1)
         return before + context, after + answer_prefix
-    return context, "\n\n" + question + "\n" + answer_prefix
+    if answer_prefix and not answer_prefix[0].isspace():
+        answer_prefix = " " + answer_prefix
+    return context, "\n" + question + answer_prefix
 
 
 def encode_prompts(
-    tokenizer: Any, contexts: list[str], questions: list[str | None], answer_prefixes: list[str]
+    tokenizer: Any,
+    contexts: list[str],
+    questions: list[str | None],
+    answer_prefixes: list[str],
+    chat_template: bool | list[bool] = True,
 ) -> tuple[list[list[int]], list[list[int]]]:
     """Token ids of the context parts and question parts, one list per batch row."""
     ctx_ids, q_ids = [], []
-    for context, question, prefix in zip(contexts, questions, answer_prefixes):
-        ctx_text, q_text = build_prompt(tokenizer, context, question, prefix)
-        templated = question is not None and bool(getattr(tokenizer, "chat_template", None))
+    flags = chat_template if isinstance(chat_template, list) else [chat_template] * len(contexts)
+    for context, question, prefix, chat in zip(contexts, questions, answer_prefixes, flags):
+        ctx_text, q_text = build_prompt(tokenizer, context, question, prefix, chat)
+        templated = chat and question is not None and bool(getattr(tokenizer, "chat_template", None))
         ids = tokenizer(ctx_text, add_special_tokens=not templated)["input_ids"]
         ctx_ids.append(list(ids))
         q_ids.append(list(tokenizer(q_text, add_special_tokens=False)["input_ids"]) if q_text else [])
@@ -252,11 +261,13 @@ def generate(
     top_p: float = 1.0,
     seed: int = 0,
     strict: bool = False,
+    chat_template: bool = True,
 ) -> GenerationResult:
     """Answer ``question`` about ``context`` with the KV cache managed by ``recipe``.
 
     ``compress="chunk"`` compresses after every prefill chunk (bounded memory while the context
-    streams in); ``"end"`` compresses once after the whole context."""
+    streams in); ``"end"`` compresses once after the whole context. ``chat_template=False`` writes the
+    prompt as plain completion text even when the tokenizer has a chat template."""
     contexts = [context] if isinstance(context, str) else list(context)
     if not contexts:
         raise LonglabError("context is empty: give at least one context string")
@@ -275,7 +286,7 @@ def generate(
     recipe = parse_recipe(recipe)
     questions = _as_list(question, len(contexts), "question")
     prefixes = _as_list(answer_prefix, len(contexts), "answer_prefix")
-    ctx_ids, q_ids = encode_prompts(tokenizer, contexts, questions, prefixes)
+    ctx_ids, q_ids = encode_prompts(tokenizer, contexts, questions, prefixes, chat_template)
     _check_length(model, [len(c) + len(q) + max_new_tokens for c, q in zip(ctx_ids, q_ids)], strict)
 
     cache = LonglabCache(recipe)

@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 __all__ = [
+    "split_recipes",
     "LonglabError",
     "Method",
     "Recipe",
@@ -126,6 +128,32 @@ def parse_method(spec: str) -> Method:
         return cls(**kwargs)
     except TypeError as exc:
         raise LonglabError(f"{spec!r}: {exc}") from None
+
+
+_PARAM_ITEM = re.compile(r"^[A-Za-z_]\w*\s*=")
+
+
+def split_recipes(text: str) -> list[str]:
+    """Split a comma-separated list of recipes, keeping each method's ``key=value`` parameters together.
+
+    ``"full,streaming:budget=512,sinks=4,snapkv@0.5"`` -> ``["full", "streaming:budget=512,sinks=4",
+    "snapkv@0.5"]``: an item of the form ``key=value`` continues the parameter list of the recipe before it,
+    which must end in a method with parameters (``name:...``)."""
+    recipes: list[str] = []
+    for raw in text.split(","):
+        item = raw.strip()
+        if not item:
+            continue
+        if _PARAM_ITEM.match(item) and "@" not in item and ":" not in item:
+            if not recipes or ":" not in recipes[-1].rsplit("+", 1)[-1]:
+                raise LonglabError(
+                    f"in {text!r}: parameter {item!r} does not follow a method with parameters "
+                    "(write name:key=value,key2=value2)"
+                )
+            recipes[-1] += "," + item
+        else:
+            recipes.append(item)
+    return recipes
 
 
 def format_method(method: Method) -> str:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..recipe import LonglabError, Method, Recipe, parse_recipe
+from ..recipe import LonglabError, Method, Recipe, parse_recipe, split_recipes
 
 __all__ = [
     "DEFAULT_LENGTHS",
@@ -366,7 +366,10 @@ class SampleRunner:
         ``batch_decode``)."""
         from ..pipeline import encode_prompts
 
-        prompt = encode_prompts(self.tokenizer, [sample.context], [sample.question], [sample.answer_prefix])
+        chat = sample.metadata.get("prompt", "chat") != "plain"  # completion-style tasks opt out
+        prompt = encode_prompts(
+            self.tokenizer, [sample.context], [sample.question], [sample.answer_prefix], chat
+        )
         (ctx,), (q,) = prompt  # token ids of the context part and of the question part
         pending = list(recipes)
         while pending:
@@ -698,6 +701,16 @@ def _csv(kind: Callable[[str], Any], what: str) -> Callable[[str], list[Any]]:
     return parse
 
 
+def _recipe_list(text: str) -> list[str]:
+    try:
+        recipes = split_recipes(text)
+    except LonglabError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not recipes:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of recipes")
+    return recipes
+
+
 def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``longlab eval`` options."""
     parser.description = (
@@ -706,7 +719,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", default="smollm2-135m", help="built-in name, local path or HF id")
     parser.add_argument(
-        "--recipes", type=_csv(str, "recipes"), default=list(DEFAULT_RECIPES),
+        "--recipes", type=_recipe_list, default=list(DEFAULT_RECIPES),
         help="comma-separated recipes, e.g. full,snapkv@0.5 (default: the 15-recipe default sweep)",
     )
     parser.add_argument(

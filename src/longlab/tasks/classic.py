@@ -62,7 +62,11 @@ def passkey(
             answer_prefix=" The pass key is",
             answers=[str(key)],
             lo=1,
-            metadata={"haystack": "noise", "haystack_source": "noise", "needle_depths": [d]},
+            # The protocol is a completion prompt ("... What is the pass key? The pass key is"), not a chat
+            # turn: SmolLM2-135M finds 6/6 keys at 1k tokens this way and 2/6 inside its chat template.
+            metadata={
+                "haystack": "noise", "haystack_source": "noise", "needle_depths": [d], "prompt": "plain"
+            },
         )
 
     return run("passkey", tokenizer, length, num_samples, seed, plan, max_new_tokens)
