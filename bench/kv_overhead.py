@@ -35,17 +35,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import os
-import platform
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
+from common import hardware, write_json
 
 from longlab.cache import LonglabCache
 from longlab.hook import LayerContext, dense_attention
@@ -58,23 +53,6 @@ COMPRESS_METHODS = (
     "snapkv-obcv", "snapkv-obck", "snapkv-obcvk", "tova-obcvk",
 )
 DECODE_RECIPES = ("full", "quest:budget={budget}", "retro:budget={budget}")
-
-
-def hardware() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=False).stdout.strip()
-    except OSError:
-        commit = ""
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
-    return {"torch": torch.__version__, "python": sys.version.split()[0], "cpu": cpu, "cores": os.cpu_count(),
-            "threads": torch.get_num_threads(), "load_avg_1m": load, "git_commit": commit}
 
 
 class _LastQueries(KVPolicy):
@@ -275,10 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in lengths if "compression" in parts else ():
             row = bench_compression(model, tokenizer, n, args.chunk_size, args.repeats)
             result["compression"].append(row)
-    path = Path(args.out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=2))
-    print(f"wrote {path}")
+    print(f"wrote {write_json(args.out, result)}")
     return 0
 
 

@@ -24,54 +24,25 @@ shared, wall times are noisy) and prints tables.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
+from common import ROOT, best_of, hardware, write_json
 
 from longlab.cache import LonglabCache, LonglabLayer
 from longlab.hook import LayerContext, dense_attention
 
-ROOT = Path(__file__).resolve().parents[1]
+
+def best_time(fn, repeats: int) -> float:
+    """Best of ``repeats`` timed calls after one warm-up call."""
+    return best_of(fn, repeats, warmup=True)[0]
+
+
 H, H_KV, D = 9, 3, 64  # SmolLM2-135M heads
 # PM-KVQ's budget never binds here: the layer is shifted 16 -> 8 -> 4 -> 2 by hand (its widest cost).
 RECIPES = ("kivi2", "kivi4", "pmkvq:budget_mb=1000000")
-
-
-def _hardware() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, cwd=ROOT
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return {
-        "torch": torch.__version__, "python": sys.version.split()[0], "cpu": cpu,
-        "threads": torch.get_num_threads(), "cores": os.cpu_count(), "git_commit": commit,
-        "loadavg": os.getloadavg(), "date": time.strftime("%Y-%m-%d %H:%M:%S"),
-    }  # fmt: skip
-
-
-def _best(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times)
 
 
 def _fp_layer(T: int, seed: int = 0) -> LonglabLayer:
@@ -100,7 +71,7 @@ def quantize_cost(lengths: list[int], repeats: int) -> list[dict[str, Any]]:
     rows = []
     for T in lengths:
         for recipe in RECIPES:
-            convert_s = _best(lambda recipe=recipe, T=T: _quantize(recipe, T), repeats)
+            convert_s = best_time(lambda recipe=recipe, T=T: _quantize(recipe, T), repeats)
             cache, ctx = _quantize(recipe, T)
             policy, layer = cache.recipe.kv[-1], ctx.layer
             steps = 128  # one key block flush for KIVI, one window flush for PM-KVQ
@@ -134,7 +105,7 @@ def decode_attention(lengths: list[int], repeats: int) -> list[dict[str, Any]]:
         q = torch.randn(1, H, 1, D)
         qidx = torch.tensor([[T - 1]], dtype=torch.int32)
         ctx = LayerContext(0, 1, None, "decode", q, D**-0.5, qidx, None, layer)
-        full_s = _best(
+        full_s = best_time(
             lambda ctx=ctx, layer=layer: dense_attention(
                 ctx.q, layer.keys, layer.values, ctx.mask(), ctx.scaling
             ),
@@ -145,7 +116,7 @@ def decode_attention(lengths: list[int], repeats: int) -> list[dict[str, Any]]:
             _, qctx = _quantize(recipe, T)
             qctx.q, qctx.query_index = q, qidx
             name = recipe.split(":")[0]
-            row[f"{name}_ms"] = 1e3 * _best(lambda qctx=qctx: qctx.layer.attend(qctx), repeats)
+            row[f"{name}_ms"] = 1e3 * best_time(lambda qctx=qctx: qctx.layer.attend(qctx), repeats)
             row[f"{name}_bytes_per_token"] = qctx.layer.nbytes() / T
         rows.append(row)
         names = ["full"] + [r.split(":")[0] for r in RECIPES]
@@ -215,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     lengths = [1024, 4096] if args.quick else [int(x) for x in args.lengths.split(",")]
     result: dict[str, Any] = {
-        "hardware": _hardware(),
+        "hardware": hardware(),
         "shapes": {"H": H, "H_kv": H_KV, "D": D},
         "args": vars(args),
     }
@@ -226,10 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             e2e = [int(x) for x in args.e2e_lengths.split(",") if x]
             result["end_to_end"] = end_to_end(args.model, e2e, args.steps, args.budget_fraction)
     result["hardware"]["loadavg_end"] = os.getloadavg()
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
-    print(f"wrote {out}")
+    print(f"wrote {write_json(args.out, result)}")
     return 0
 
 

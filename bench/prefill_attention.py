@@ -26,17 +26,14 @@ import argparse
 import functools
 import json
 import math
-import os
-import platform
-import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from common import best_of, hardware, write_json
 
 from longlab.sparse import block_sparse_attention, make_selector, quality_metrics
 from longlab.sparse.synthetic import synthetic_qkv
@@ -64,15 +61,6 @@ SWEEP: dict[str, list[dict[str, Any]]] = {
 }
 
 
-def _best_of(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
-    best, out = math.inf, None
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
-
-
 def _load_qkv(path: str) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor, float | None]]:
     from safetensors import safe_open
 
@@ -93,23 +81,6 @@ def _load_qkv(path: str) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Te
     if not out:
         raise SystemExit(f"{path}: no complete q/k/v group found (keys 'q','k','v' or '<prefix>.q' ...)")
     return out
-
-
-def _hardware() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
-    return {"torch": torch.__version__, "python": sys.version.split()[0], "cpu": cpu,
-            "threads": torch.get_num_threads(), "cores": os.cpu_count(), "git_commit": commit,
-            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
 
 
 def _parse_set(items: list[str]) -> dict[str, dict[str, Any]]:
@@ -156,19 +127,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
             dense = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True, scale=scaling,
                                       enable_gqa=H != H_kv)
-            dense_s, _ = _best_of(dense, args.repeats)
+            dense_s, _ = best_of(dense, args.repeats)
             rows.append({**base, "method": "dense-sdpa", "config": "sdpa(is_causal=True)", "density": 1.0,
                          "recall": 1.0, "min_head_recall": 1.0, "rel_error": 0.0, "select_s": 0.0,
                          "exec_s": dense_s, "total_s": dense_s, "dense_s": dense_s, "speedup": 1.0})
             print(f"[{shape} T={T}] dense sdpa {dense_s * 1e3:.0f} ms", file=sys.stderr, flush=True)
             for name, kw in configs:
                 sel = make_selector(name, **kw)
-                select_s, mask = _best_of(functools.partial(sel.select, q, k, scaling), args.repeats)
+                select_s, mask = best_of(functools.partial(sel.select, q, k, scaling), args.repeats)
                 execute = functools.partial(block_sparse_attention, q, k, v, mask, scaling, backend="flex")
                 t0 = time.perf_counter()
                 execute()  # warm-up: compiles on the first call for this shape
                 warm_s = time.perf_counter() - t0
-                exec_s, out = _best_of(execute, args.repeats)
+                exec_s, out = best_of(execute, args.repeats)
                 qm = quality_metrics(q, k, v, mask, scaling, n_sample_rows=args.rows, out=out)
                 total = select_s + exec_s
                 row = {**base, "method": name, "config": repr(sel), **qm, "select_s": select_s,
@@ -179,7 +150,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                       f"recall {qm['recall']:.4f} select {select_s * 1e3:.0f} ms exec {exec_s * 1e3:.0f} ms "
                       f"speedup {row['speedup']:.2f}x", file=sys.stderr, flush=True)
     source = f"captured:{args.qkv}" if args.qkv else f"synthetic(seed={args.seed})"
-    return {"meta": {**_hardware(), "source": source, "block": args.block, "repeats": args.repeats,
+    return {"meta": {**hardware(), "source": source, "block": args.block, "repeats": args.repeats,
                      "rows_sampled": args.rows, "lengths": lengths},
             "rows": rows}
 
@@ -260,9 +231,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.quick:
         args.lengths = "2048,4096"
     result = run(args)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out = write_json(args.out, result)
     plot(result, Path(args.png) if args.png else out.with_suffix(".png"))
     print_table(result)
     print(f"\nwrote {out} and {Path(args.png) if args.png else out.with_suffix('.png')}")
