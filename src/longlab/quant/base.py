@@ -72,6 +72,26 @@ class QuantPolicy(Method):
         """A QuantizedLayer taking over ``ctx.layer`` (None: not yet, e.g. fewer entries than sinks)."""
         raise NotImplementedError
 
+    def token_group(self, ctx: LayerContext, group_size: int) -> int:
+        """Channels per per-token group: ``min(group_size, D)``, which must divide the head dim ``D``."""
+        D = ctx.layer.values.shape[-1]
+        group = min(group_size, D)
+        if D % group:
+            raise LonglabError(f"{self.name}: head_dim {D} is not a multiple of group_size {group}")
+        return group
+
+    def layer_from(self, ctx: LayerContext, key_store, value_store) -> QuantizedLayer:
+        """``ctx.layer`` moved into the two stores, keeping this policy's ``sink`` entries and
+        ``chunk_tokens`` dequantisation chunk."""
+        return QuantizedLayer.from_layer(
+            ctx.layer,
+            key_store,
+            value_store,
+            sink=self.sink,
+            fp_dtype=resolve_fp_dtype(self.fp_dtype, ctx.layer.keys.dtype),
+            chunk_tokens=self.chunk_tokens,
+        )
+
     def step(self, ctx: LayerContext, layer: QuantizedLayer) -> bool:
         """Move entries into packed storage / lower widths; True when something changed."""
         raise NotImplementedError

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..recipe import LonglabError, register
-from .base import QuantPolicy, _check_int, resolve_fp_dtype
+from .base import QuantPolicy, _check_int
 from .storage import ChannelGroupStore, QuantizedLayer, TokenGroupStore
 
 __all__ = ["KIVI", "KIVI2", "KIVI4"]
@@ -58,20 +58,9 @@ class KIVI(QuantPolicy):
     def make_layer(self, ctx) -> QuantizedLayer | None:
         if ctx.layer.index.shape[-1] <= self.sink:
             return None
-        D = ctx.layer.values.shape[-1]
-        value_group = min(self.group_size, D)
-        if D % value_group:
-            raise LonglabError(f"{self.name}: head_dim {D} is not a multiple of group_size {value_group}")
         keys = ChannelGroupStore(self.bits, self.group_size, self.scale_dtype)
-        values = TokenGroupStore(self.bits, value_group, self.scale_dtype)
-        return QuantizedLayer.from_layer(
-            ctx.layer,
-            keys,
-            values,
-            sink=self.sink,
-            fp_dtype=resolve_fp_dtype(self.fp_dtype, ctx.layer.keys.dtype),
-            chunk_tokens=self.chunk_tokens,
-        )
+        values = TokenGroupStore(self.bits, self.token_group(ctx, self.group_size), self.scale_dtype)
+        return self.layer_from(ctx, keys, values)
 
     def step(self, ctx, layer: QuantizedLayer) -> bool:
         R = self.residual

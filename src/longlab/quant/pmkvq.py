@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..recipe import LonglabError, register
-from .base import QuantPolicy, _check_int, resolve_fp_dtype
+from .base import QuantPolicy, _check_int
 from .storage import QuantizedLayer, TokenGroupStore
 
 __all__ = ["PMKVQ", "ALLOCATION_FORMAT", "layer_bytes", "load_allocation"]
@@ -185,19 +185,10 @@ class PMKVQ(QuantPolicy):
         if ctx.layer.index.shape[-1] <= self.sink:
             return None
         _, H_kv, _, D = ctx.layer.keys.shape
-        group = min(self.group_size, D)
-        if D % group:
-            raise LonglabError(f"pmkvq: head_dim {D} is not a multiple of group_size {group}")
+        group = self.token_group(ctx, self.group_size)
         keys = TokenGroupStore(self.init_bits, group, self.scale_dtype, 16, self._smoothing(ctx, H_kv, D))
         values = TokenGroupStore(self.init_bits, group, self.scale_dtype, 16)
-        return QuantizedLayer.from_layer(
-            ctx.layer,
-            keys,
-            values,
-            sink=self.sink,
-            fp_dtype=resolve_fp_dtype(self.fp_dtype, ctx.layer.keys.dtype),
-            chunk_tokens=self.chunk_tokens,
-        )
+        return self.layer_from(ctx, keys, values)
 
     def step(self, ctx, layer: QuantizedLayer) -> bool:
         W = self.window

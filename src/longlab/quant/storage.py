@@ -55,7 +55,38 @@ def _gather_slots(t: torch.Tensor, order: torch.Tensor) -> torch.Tensor:
     return t.gather(2, order[..., None].expand(-1, -1, -1, t.shape[-1]))
 
 
-class TokenGroupStore:
+class _GroupStore:
+    """What both stores share: packed ``codes uint8 [B, H_kv, T, D * bits / 8]`` (one row per token)
+    and per-group ``scale, offset`` (their layout is the subclass's), batch mapping and byte listing."""
+
+    def __init__(self, bits: int, group: int, scale_dtype: str = "float16") -> None:
+        self.bits = bits
+        self.group = group
+        self.scale_dtype = scale_dtype
+        self.codes: torch.Tensor | None = None
+        self.scale: torch.Tensor | None = None
+        self.offset: torch.Tensor | None = None
+        self.head_dim = 0
+
+    @property
+    def n(self) -> int:
+        return 0 if self.codes is None else self.codes.shape[-2]
+
+    def _alloc(self, B: int, H: int, D: int, scale_width: int, device: torch.device) -> None:
+        self.head_dim = D
+        self.codes = torch.empty(B, H, 0, D * self.bits // 8, dtype=torch.uint8, device=device)
+        self.scale = torch.empty(B, H, 0, scale_width, dtype=SCALE_DTYPES[self.scale_dtype], device=device)
+        self.offset = torch.empty_like(self.scale)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.codes, self.scale, self.offset) if t is not None]
+
+    def map(self, fn) -> None:
+        """Apply a batch-axis function (beam reorder) to every per-row tensor."""
+        self.codes, self.scale, self.offset = (fn(t) for t in (self.codes, self.scale, self.offset))
+
+
+class TokenGroupStore(_GroupStore):
     """Per-token quantization in groups of ``group`` channels (KIVI values; PM-KVQ keys and values).
 
     Holds ``codes uint8 [B, H_kv, T, D * bits / 8]`` and ``scale, offset [B, H_kv, T, D / group]``.
@@ -73,29 +104,14 @@ class TokenGroupStore:
         entry_bits: int | None = None,
         channel_scale: torch.Tensor | None = None,
     ) -> None:
-        self.bits = bits
-        self.group = group
-        self.scale_dtype = scale_dtype
+        super().__init__(bits, group, scale_dtype)
         self.entry_bits = entry_bits if entry_bits is not None else bits
         self.channel_scale = channel_scale
-        self.codes: torch.Tensor | None = None
-        self.scale: torch.Tensor | None = None
-        self.offset: torch.Tensor | None = None
-        self.head_dim = 0
-
-    @property
-    def n(self) -> int:
-        return 0 if self.codes is None else self.codes.shape[-2]
 
     def init_empty(self, B: int, H: int, D: int, device: torch.device) -> None:
         if D % self.group:
             raise ValueError(f"head_dim {D} is not a multiple of the quantization group {self.group}")
-        self.head_dim = D
-        self.codes = torch.empty(B, H, 0, D * self.bits // 8, dtype=torch.uint8, device=device)
-        self.scale = torch.empty(
-            B, H, 0, D // self.group, dtype=SCALE_DTYPES[self.scale_dtype], device=device
-        )
-        self.offset = torch.empty_like(self.scale)
+        self._alloc(B, H, D, D // self.group, device)
 
     def append(self, x: torch.Tensor, valid: torch.Tensor) -> None:
         """Quantize ``x [B, H, t, D]`` and append it (``valid`` is unused: per-token groups never mix)."""
@@ -135,12 +151,7 @@ class TokenGroupStore:
         )
 
     def tensors(self) -> list[torch.Tensor]:
-        held = [self.codes, self.scale, self.offset, self.channel_scale]
-        return [t for t in held if t is not None]
-
-    def map(self, fn) -> None:
-        """Apply a batch-axis function (beam reorder) to every per-row tensor."""
-        self.codes, self.scale, self.offset = (fn(t) for t in (self.codes, self.scale, self.offset))
+        return super().tensors() + ([self.channel_scale] if self.channel_scale is not None else [])
 
 
 def _widen(scale: torch.Tensor, bits: int) -> torch.Tensor:
@@ -148,7 +159,7 @@ def _widen(scale: torch.Tensor, bits: int) -> torch.Tensor:
     return (scale.float() * ((1 << (bits // 2)) + 1)).to(scale.dtype)
 
 
-class ChannelGroupStore:
+class ChannelGroupStore(_GroupStore):
     """Per-channel quantization over groups of ``group`` consecutive tokens (KIVI keys).
 
     Holds ``codes uint8 [B, H_kv, T, D * bits / 8]`` (one packed row per token) and
@@ -157,26 +168,10 @@ class ChannelGroupStore:
     ``group``. Empty slots are left out of every min/max.
     """
 
-    def __init__(self, bits: int, group: int, scale_dtype: str = "float16") -> None:
-        self.bits = bits
-        self.group = group
-        self.scale_dtype = scale_dtype
-        self.codes: torch.Tensor | None = None
-        self.scale: torch.Tensor | None = None
-        self.offset: torch.Tensor | None = None
-        self.head_dim = 0
-
-    @property
-    def n(self) -> int:
-        return 0 if self.codes is None else self.codes.shape[-2]
-
     def init_empty(self, B: int, H: int, D: int, device: torch.device) -> None:
         if (D * self.bits) % 8:
             raise ValueError(f"head_dim {D} cannot be packed at {self.bits} bits")
-        self.head_dim = D
-        self.codes = torch.empty(B, H, 0, D * self.bits // 8, dtype=torch.uint8, device=device)
-        self.scale = torch.empty(B, H, 0, D, dtype=SCALE_DTYPES[self.scale_dtype], device=device)
-        self.offset = torch.empty_like(self.scale)
+        self._alloc(B, H, D, D, device)
 
     def _set(self, x: torch.Tensor, valid: torch.Tensor, start_group: int) -> None:
         """(Re)quantize ``x`` = tokens from ``start_group * group`` to the end."""
@@ -215,12 +210,6 @@ class ChannelGroupStore:
         )
         if x.shape[-2]:
             self._set(x, ok, 0)
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.codes, self.scale, self.offset) if t is not None]
-
-    def map(self, fn) -> None:
-        self.codes, self.scale, self.offset = (fn(t) for t in (self.codes, self.scale, self.offset))
 
 
 def chunked_attention(
