@@ -26,7 +26,7 @@ import torch
 from .cache import LonglabCache
 from .recipe import LonglabError, Recipe, parse_recipe
 
-__all__ = ["generate", "GenerationResult", "Stream", "build_prompt", "encode_prompts"]
+__all__ = ["generate", "GenerationResult", "Stream", "build_prompt", "encode_prompts", "chunk_slices"]
 
 _SENTINEL = "\u2063LONGLAB_CONTEXT\u2063"
 MIN_LAST_CHUNK = 64  # the last chunk must cover observation windows (SnapKV's W = 32)
@@ -76,7 +76,9 @@ def encode_prompts(
     return ctx_ids, q_ids
 
 
-def _chunks(length: int, chunk_size: int) -> list[slice]:
+def chunk_slices(length: int, chunk_size: int) -> list[slice]:
+    """Prefill chunks of ``chunk_size`` tokens over ``length``; a tail shorter than ``MIN_LAST_CHUNK``
+    joins the chunk before it (so the last chunk, where query-aware scores come from, is never tiny)."""
     bounds = list(range(0, length, chunk_size)) + [length]
     if len(bounds) > 2 and bounds[-1] - bounds[-2] < MIN_LAST_CHUNK:
         bounds.pop(-2)  # merge a short tail into the previous chunk
@@ -131,7 +133,7 @@ class Stream:
             ids[b, T - len(r) :] = torch.tensor(r, dtype=torch.long)
             valid[b, T - len(r) :] = True
         ids, valid = ids.to(self.device), valid.to(self.device)
-        chunks = _chunks(T, chunk_size)
+        chunks = chunk_slices(T, chunk_size)
         saved = self.cache.compressing
         logits = None
         try:

@@ -246,10 +246,10 @@ def _need(recipe: Recipe) -> int:
 def tail_start(n_ctx: int, n_q: int, chunk_size: int, query_aware: bool, need: int) -> int:
     """Context tokens before the tail: the start of ``generate``'s last prefill chunk, moved earlier
     when that chunk would hold fewer than ``need`` tokens."""
-    from ..pipeline import _chunks
+    from ..pipeline import chunk_slices
 
     total = n_ctx + (n_q if query_aware and n_q else 0)
-    start = _chunks(total, chunk_size)[-1].start
+    start = chunk_slices(total, chunk_size)[-1].start
     # query-agnostic: the tail needs >= 1 context token; query-aware: the question can be the tail
     last_ok = n_ctx if query_aware and n_q else n_ctx - 1
     return max(0, min(start, total - need, last_ok))
