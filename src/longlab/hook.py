@@ -24,7 +24,15 @@ import torch.nn.functional as F
 
 from .cache import LonglabCache, LonglabLayer, active_layer
 
-__all__ = ["LayerContext", "longlab_attention", "register_attention", "dense_attention", "ATTN_NAME"]
+__all__ = [
+    "LayerContext",
+    "longlab_attention",
+    "register_attention",
+    "dense_attention",
+    "ATTN_NAME",
+    "ChunkRecorder",
+    "replay_compression",
+]
 
 ATTN_NAME = "longlab"
 _MAX_SCORE_BYTES = 256 * 2**20  # bound on one [B, H, t_q, T] float block of attention scores
@@ -291,6 +299,66 @@ def _after_attention(ctx: LayerContext, recipe) -> None:
     if acted:
         cache.stats["compress_s"] += time.perf_counter() - start
         cache.stats["compress_calls"] += 1
+
+
+class ChunkRecorder:
+    """Stand-in KV policy that records, per layer, what the compression step of a prefill chunk sees
+    (post-RoPE queries, attention output, positions, module) and keeps every entry.
+
+    With :func:`replay_compression` this makes compression a pure function of the uncompressed cache
+    plus the last chunk's record: the harness prefills a context once, forks the cache per recipe and
+    replays only the compression, which gives the same cache as prefilling with that recipe and
+    ``compress="end"``. (Attention of a chunk runs before that layer evicts, so the chunk's outputs and
+    the next layers' inputs do not depend on the recipe's choice.)"""
+
+    kind = "kv"
+    needs_observe = False
+
+    def __init__(self) -> None:
+        self.records: dict[int, LayerContext] = {}
+
+    def select(self, ctx: LayerContext) -> None:
+        self.records[ctx.layer_idx] = LayerContext(
+            ctx.layer_idx,
+            ctx.num_layers,
+            ctx.module,
+            ctx.phase,
+            ctx.q,
+            ctx.scaling,
+            ctx.query_index.clone(),
+            ctx.sliding_window,
+            attn_output=ctx.attn_output,
+        )
+        return None
+
+    def select_decode(self, ctx: LayerContext) -> None:
+        return None
+
+
+def replay_compression(cache: LonglabCache, records: dict[int, LayerContext]) -> None:
+    """Run ``cache.recipe``'s compression step on every recorded layer of ``cache``, as the hook would
+    have run it after the recorded chunk's attention (see :class:`ChunkRecorder`)."""
+    saved = cache.compressing
+    cache.compressing = True
+    try:
+        for layer_idx in sorted(records):
+            rec = records[layer_idx]
+            ctx = LayerContext(
+                rec.layer_idx,
+                rec.num_layers,
+                rec.module,
+                rec.phase,
+                rec.q,
+                rec.scaling,
+                rec.query_index,
+                rec.sliding_window,
+                cache.layers[layer_idx],
+                cache,
+                attn_output=rec.attn_output,
+            )
+            _after_attention(ctx, cache.recipe)
+    finally:
+        cache.compressing = saved
 
 
 def _longlab_mask(
