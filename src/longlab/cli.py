@@ -1,4 +1,4 @@
-"""``longlab`` command line: generate | methods | example | eval | report.
+"""``longlab`` command line: generate | methods | example | eval | calibrate | train | report.
 
 User errors (bad arguments, unknown names, missing files) print one line and exit 2, no traceback.
 """
@@ -167,6 +167,12 @@ def build_parser() -> argparse.ArgumentParser:
         c = sub.add_parser("calibrate", help="offline calibration (PM-KVQ bit allocation)")
         add_calibrate_arguments(c)
         c.set_defaults(func=calibrate_main)
+
+    from .kv.indexmem_train import add_train_arguments, train_main
+
+    t = sub.add_parser("train", help="train a learned method's weights (IndexMem)")
+    add_train_arguments(t)
+    t.set_defaults(func=train_main)
 
     r = sub.add_parser("report", help="tables and plots from a results directory")
     r.add_argument("dir")

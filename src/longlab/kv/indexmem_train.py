@@ -1,0 +1,403 @@
+"""``longlab train indexmem``: train IndexMem's indexer and feature maps with the backbone frozen.
+
+Each step runs the frozen model once on a training text, recording every layer's post-RoPE
+``q [1, H, T, D]``, ``k, v [1, H_kv, T, D]`` (an attention function registered for the run, causal
+SDPA like the model's own), then takes ``inner_steps`` Adam steps on, summed over layers:
+
+- **indexer**: ``KL(p_bar_t || softmax_j I(t, j))`` for the last 32 queries and 32 random ones, ``p_bar``
+  the true causal attention averaged over the layer's query heads;
+- **memory**: the last 64 queries read a cache from which a random fraction (0.5 to 0.95) of the
+  earlier tokens (sinks excluded) was evicted into the memory; the loss is the squared error of the
+  residual readout against full attention, divided by the squared error of kept-only attention
+  (``mse_ratio``: 1 = the memory recovers nothing, 0 = exact). It trains the feature maps and gate.
+
+Text, all shipped or generated offline: longlab's essay haystack (shuffled sentences) and RULER-style
+prompts with their answers from generators *not* in the standard sweep (``niah_single_2``,
+``niah_multivalue``, ``niah_multiquery``), seeds from 10 000. Tensors go to safetensors (never pickle)
+with a JSON manifest, by default under ``<longlab cache>/indexmem/<model key>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..recipe import LonglabError
+from .indexmem import (
+    D_FEATURE,
+    D_INDEX,
+    FORMAT,
+    LAYER_TENSORS,
+    N_INDEX,
+    default_weights_path,
+    indexer_logits,
+    init_layer,
+    log_features,
+    manifest_path,
+    memory_write,
+    model_key,
+    residual_attention,
+)
+
+__all__ = ["train_indexmem", "training_texts", "add_train_arguments", "train_main"]
+
+_CAPTURE = "longlab_indexmem_capture"
+RULER_TRAIN_TASKS = ("niah_single_2", "niah_multivalue", "niah_multiquery")
+SINKS, WINDOW, QUERIES = 4, 32, 64
+
+
+class _Capture:
+    """Attention function recording each layer's post-RoPE q, k, v; returns causal SDPA."""
+
+    def __init__(self) -> None:
+        self.records: dict[int, tuple] = {}
+
+    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+        scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
+        self.records[module.layer_idx] = (query, key, value, float(scaling))
+        groups = query.shape[1] // key.shape[1]
+        out = F.scaled_dot_product_attention(
+            query, key, value, is_causal=True, scale=scaling, enable_gqa=groups > 1
+        )
+        return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def training_texts(tokenizer: Any, seq_len: int, seed: int = 0) -> Iterator[tuple[str, list[int]]]:
+    """Endless ``(source, token ids)`` of at most ``seq_len`` tokens: essay haystack and RULER prompts
+    (context + question + answer prefix + answer) from tasks outside the standard sweep."""
+    from ..tasks import essay_sentences, generate
+
+    label, sentences = essay_sentences()
+    rng = random.Random(seed)
+    i = 0
+    while True:
+        i += 1
+        kind = i % (len(RULER_TRAIN_TASKS) + 1)
+        if kind < len(RULER_TRAIN_TASKS):
+            task = RULER_TRAIN_TASKS[kind]
+            try:
+                (s,) = generate(task, tokenizer, max(16, seq_len - 48), 1, 10_000 + seed * 1000 + i)
+                text = s.context + s.question + s.answer_prefix + " " + (s.answers[0] if s.answers else "")
+                ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+                yield task, ids[-seq_len:]
+                continue
+            except ValueError:  # too short for the task's template (tiny test runs): use the essay
+                pass
+        ids: list[int] = []
+        while len(ids) < seq_len:
+            order = list(sentences)
+            rng.shuffle(order)
+            ids += tokenizer(" ".join(order), add_special_tokens=False)["input_ids"]
+        yield f"essay:{label}", ids[:seq_len]
+
+
+def _layer_losses(
+    p: dict[str, torch.Tensor],
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    scaling: float,
+    gen: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(indexer KL, memory mse_ratio) of one layer. q: [1, H, T, D]; k, v: [1, H_kv, T, D]."""
+    T = q.shape[2]
+    H, H_kv = q.shape[1], k.shape[1]
+    pos = torch.arange(T)
+    # indexer: the last WINDOW queries and WINDOW random ones
+    lo = min(T // 8, T - WINDOW - 1)
+    rand = torch.randint(max(lo, 1), max(T - WINDOW, lo + 2), (WINDOW,), generator=gen)
+    rows = torch.cat([rand, pos[-WINDOW:]]).clamp(max=T - 1)
+    causal = pos[None, :] <= rows[:, None]  # [R, T]
+    with torch.no_grad():
+        kf = k.float().repeat_interleave(H // H_kv, dim=1)
+        logits = (q[:, :, rows].float() @ kf.transpose(-1, -2)) * scaling  # [1, H, R, T]
+        p_bar = torch.softmax(logits.masked_fill(~causal, float("-inf")), -1).mean(1)  # [1, R, T]
+    index = indexer_logits(q[:, :, rows], k, p["wq"], p["wk"], p["ww"], p["wb"])  # [1, R, T]
+    log_q = torch.log_softmax(index.masked_fill(~causal, float("-inf")), -1)
+    kl = (p_bar * (torch.log(p_bar.clamp(min=1e-12)) - log_q.masked_fill(~causal, 0.0))).sum(-1).mean()
+
+    # memory: the last QUERIES rows read a cache with a random part of the earlier tokens evicted
+    Q = min(QUERIES, T // 2)
+    P = T - Q
+    frac = 0.5 + 0.45 * torch.rand((), generator=gen).item()
+    evict = (torch.rand(P, generator=gen) < frac) & (pos[:P] >= SINKS)
+    evict = torch.cat([evict, torch.zeros(Q, dtype=torch.bool)])  # [T]
+    qr = q[:, :, P:]  # [1, H, Q, D]
+    full_mask = (pos[None, :] <= pos[P:, None])[None, None]  # [1, 1, Q, T]
+    kept_mask = full_mask & ~evict[None, None, None, :]
+    with torch.no_grad():
+        target = residual_attention(qr, k, v, full_mask, scaling)  # [1, H, Q, D]
+        o_kept = residual_attention(qr, k, v, kept_mask, scaling)
+        base = ((o_kept - target) ** 2).sum().clamp(min=1e-12)
+    D = q.shape[-1]
+    M0 = torch.zeros(1, H_kv, D_FEATURE, D)
+    n0 = torch.zeros(1, H_kv, D_FEATURE)
+    c0 = torch.full((1, H_kv), float("-inf"))
+    logf_k = log_features(k, p["fk_w"], p["fk_b"], p["fk_a"])  # [1, H_kv, T, d_f]
+    memory = memory_write(M0, n0, c0, logf_k, v, evict[None, None, :].expand(1, H_kv, T))
+    logf_q = log_features(qr, p["fq_w"], p["fq_b"], p["fq_a"])  # [1, H, Q, d_f]
+    gate = (qr.float() * p["gate_w"][None, :, None, :]).sum(-1) + p["gate_b"][None, :, None]
+    out = residual_attention(qr, k, v, kept_mask, scaling, logf_q, memory, gate)
+    mse_ratio = ((out - target) ** 2).sum() / base
+    return kl, mse_ratio
+
+
+def train_indexmem(
+    model: Any,
+    tokenizer: Any,
+    *,
+    model_name: str,
+    minutes: float = 15.0,
+    max_steps: int | None = None,
+    seq_len: int = 1024,
+    inner_steps: int = 4,
+    lr: float = 1e-4,
+    lr_memory: float = 2e-3,
+    seed: int = 0,
+    out: str | Path | None = None,
+    progress: bool = True,
+) -> Path:
+    """Train for ``minutes`` (or ``max_steps`` model forwards); write safetensors + manifest; return
+    the weights path."""
+    from safetensors.torch import save_file
+    from tqdm.auto import tqdm
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from .. import __version__
+
+    for name, value, low in (
+        ("minutes", minutes, 0),
+        ("seq_len", seq_len, 2 * QUERIES),
+        ("inner_steps", inner_steps, 1),
+    ):
+        if (
+            not isinstance(value, (int, float))
+            or isinstance(value, bool)
+            or value < low
+            or (name == "minutes" and value <= 0)
+        ):
+            raise LonglabError(
+                f"train indexmem: {name} must be {'> 0' if name == 'minutes' else f'>= {low}'}, got {value!r}"
+            )
+    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
+        raise LonglabError(f"train indexmem: max_steps must be a positive integer, got {max_steps!r}")
+    config = model.config
+    L, H = config.num_hidden_layers, config.num_attention_heads
+    H_kv = getattr(config, "num_key_value_heads", None) or H
+    D = getattr(config, "head_dim", None) or config.hidden_size // H
+    key = model_key(config)
+    path = Path(out) if out else default_weights_path(key)
+    if path.suffix != ".safetensors":
+        path = path / f"{key}.safetensors" if not path.suffix else path.with_suffix(".safetensors")
+
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    capture = _Capture()
+    AttentionInterface.register(_CAPTURE, capture)
+    AttentionMaskInterface.register(_CAPTURE, _no_mask)
+    params: list[dict[str, torch.Tensor]] = []
+    with torch.no_grad():
+        dummy = torch.tensor([[tokenizer.eos_token_id or 0] * 4])
+        previous = config._attn_implementation
+        model.set_attn_implementation(_CAPTURE)
+        try:
+            model(input_ids=dummy, use_cache=False)
+        finally:
+            model.set_attn_implementation(previous)
+    for i in range(L):
+        scaling = capture.records[i][3]
+        params.append({n: t.requires_grad_(True) for n, t in init_layer(H, H_kv, D, scaling, gen).items()})
+    indexer = ("wq", "wk", "ww", "wb")  # starts at the backbone's attention: small steps keep that start
+    opt = torch.optim.Adam(
+        [
+            {"params": [p[n] for p in params for n in indexer], "lr": lr},
+            {"params": [t for p in params for n, t in p.items() if n not in indexer], "lr": lr_memory},
+        ]
+    )
+
+    texts = training_texts(tokenizer, seq_len, seed)
+    budget = minutes * 60.0
+    start = time.perf_counter()
+    history: list[tuple[float, float]] = []
+    sources: dict[str, int] = {}
+    forwards = 0
+    bar = tqdm(
+        total=max_steps if max_steps else round(budget),
+        unit="step" if max_steps else "s",
+        disable=not progress,
+        desc="train indexmem",
+        file=sys.stderr,
+    )
+    grads = [p.requires_grad for p in model.parameters()]
+    previous = config._attn_implementation
+    model.set_attn_implementation(_CAPTURE)
+    try:
+        for p in model.parameters():
+            p.requires_grad_(False)
+        while True:
+            elapsed = time.perf_counter() - start
+            if (max_steps and forwards >= max_steps) or (not max_steps and elapsed >= budget):
+                break
+            source, ids = next(texts)
+            sources[source.split(":")[0]] = sources.get(source.split(":")[0], 0) + 1
+            capture.records.clear()
+            with torch.no_grad():
+                model(input_ids=torch.tensor([ids]), use_cache=False)
+            records = [
+                tuple(t.detach() if torch.is_tensor(t) else t for t in capture.records[i]) for i in range(L)
+            ]
+            for _ in range(inner_steps):
+                kl_sum, mse_sum = 0.0, 0.0
+                loss = 0.0
+                for i in range(L):
+                    q, k, v, scaling = records[i]
+                    kl, mse = _layer_losses(params[i], q, k, v, scaling, gen)
+                    loss = loss + kl + mse
+                    kl_sum, mse_sum = kl_sum + kl.item(), mse_sum + mse.item()
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_([t for p in params for t in p.values()], 10.0)
+                opt.step()
+                history.append((kl_sum / L, mse_sum / L))
+            forwards += 1
+            kl_avg, mse_avg = history[-1]
+            bar.set_postfix(step=forwards, kl=f"{kl_avg:.3f}", mse_ratio=f"{mse_avg:.3f}")
+            bar.update(1 if max_steps else round(time.perf_counter() - start) - bar.n)
+    finally:
+        bar.close()
+        model.set_attn_implementation(previous)
+        for p, g in zip(model.parameters(), grads):
+            p.requires_grad_(g)
+    seconds = time.perf_counter() - start
+    if not history:
+        raise LonglabError("train indexmem: no training step fitted in the time limit")
+
+    def summary(col: int) -> dict[str, float]:
+        xs = [h[col] for h in history]
+        tenth = max(1, len(xs) // 10)
+        return {
+            "first": round(xs[0], 4),
+            "first_10pct": round(sum(xs[:tenth]) / tenth, 4),
+            "last_10pct": round(sum(xs[-tenth:]) / tenth, 4),
+            "last": round(xs[-1], 4),
+        }
+
+    tensors = {f"layers.{i}.{n}": params[i][n].detach().contiguous() for i in range(L) for n in LAYER_TENSORS}
+    manifest = {
+        "format": FORMAT,
+        "model": model_name,
+        "model_key": key,
+        "model_type": config.model_type,
+        "num_layers": L,
+        "num_heads": H,
+        "num_kv_heads": H_kv,
+        "head_dim": D,
+        "config": {
+            "n_index": N_INDEX,
+            "d_index": D_INDEX,
+            "d_feature": D_FEATURE,
+            "seq_len": seq_len,
+            "inner_steps": inner_steps,
+            "lr": lr,
+            "lr_memory": lr_memory,
+            "seed": seed,
+            "window": WINDOW,
+            "sinks": SINKS,
+            "memory_queries": QUERIES,
+        },
+        "training": {
+            "forwards": forwards,
+            "optimizer_steps": len(history),
+            "seconds": round(seconds, 1),
+            "texts": sources,
+        },
+        "loss": {"indexer_kl": summary(0), "memory_mse_ratio": summary(1)},
+        "longlab_version": __version__,
+        "torch_version": torch.__version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": FORMAT, "model_key": key})
+    man_tmp = path.with_name(path.name + ".json.tmp")
+    man_tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    tmp.replace(path)
+    man_tmp.replace(manifest_path(path))
+    return path
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI: `longlab train indexmem ...`
+
+
+def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Arguments of ``longlab train``: ``indexmem --model M [--minutes 15] [--out PATH] ...``."""
+    parser.add_argument("method", choices=["indexmem"], help="method to train")
+    parser.add_argument("--model", default="smollm2-135m", help="model name or path (default: smollm2-135m)")
+    parser.add_argument("--minutes", type=float, default=15.0, help="wall-clock training budget (default 15)")
+    parser.add_argument(
+        "--max-steps", type=int, default=None, help="stop after this many texts (overrides --minutes)"
+    )
+    parser.add_argument("--seq-len", type=int, default=1024, help="tokens per training text (default 1024)")
+    parser.add_argument(
+        "--inner-steps", type=int, default=4, help="optimizer steps per model forward (default 4)"
+    )
+    parser.add_argument("--lr", type=float, default=1e-4, help="indexer learning rate (default 1e-4)")
+    parser.add_argument(
+        "--lr-memory", type=float, default=2e-3, help="feature map and gate learning rate (default 2e-3)"
+    )
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--out", default=None, help="weights file .safetensors (default: the longlab cache)")
+    return parser
+
+
+def train_main(args: argparse.Namespace) -> int:
+    """Run ``longlab train indexmem`` from parsed arguments."""
+    from ..models import load_model
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise LonglabError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model)
+    if args.seq_len > getattr(model.config, "max_position_embeddings", args.seq_len):
+        raise LonglabError("--seq-len exceeds the model's max_position_embeddings")
+    path = train_indexmem(
+        model,
+        tokenizer,
+        model_name=args.model,
+        minutes=args.minutes,
+        max_steps=args.max_steps,
+        seq_len=args.seq_len,
+        inner_steps=args.inner_steps,
+        lr=args.lr,
+        lr_memory=args.lr_memory,
+        seed=args.seed,
+        out=args.out,
+    )
+    man = json.loads(manifest_path(path).read_text(encoding="utf-8"))
+    loss = man["loss"]
+    print(
+        f"wrote {path} and {manifest_path(path).name}: {man['training']['forwards']} texts, "
+        f"{man['training']['optimizer_steps']} steps in {man['training']['seconds']:.0f}s; "
+        f"indexer KL {loss['indexer_kl']['first_10pct']:.3f} -> {loss['indexer_kl']['last_10pct']:.3f}, "
+        f"memory mse_ratio {loss['memory_mse_ratio']['first_10pct']:.3f} -> "
+        f"{loss['memory_mse_ratio']['last_10pct']:.3f}"
+    )
+    print(f"use the recipe indexmem@0.9{':weights=' + str(path) if args.out else ''}")
+    return 0
