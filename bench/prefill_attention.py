@@ -108,6 +108,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             configs.append((name, kw))
     captured = _load_qkv(args.qkv) if args.qkv else None
     shapes = list(captured) if captured else args.models.split(",")
+    if captured and args.groups:
+        wanted = args.groups.split(",")
+        shapes = [name for name in shapes if any(w in name for w in wanted)]
+        if not shapes:
+            raise SystemExit(f"--groups {args.groups}: none of {', '.join(captured)} matches")
     rows: list[dict[str, Any]] = []
     for shape in shapes:
         for T in lengths:
@@ -222,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="override a selector field (JSON value), e.g. --set xattention.tau=0.95")
     p.add_argument("--block", default="128", help="block size for every selector, or 'paper'")
     p.add_argument("--qkv", default=None, help="safetensors file of captured post-RoPE q, k, v")
+    p.add_argument("--groups", default=None, help="with --qkv: groups whose name contains one of these")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--rows", type=int, default=64, help="sampled query rows for recall / error")
     p.add_argument("--seed", type=int, default=0)
