@@ -186,3 +186,28 @@ def test_write_report_empty_store(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert "no results" in capsys.readouterr().out
     assert main(tmp_path / "missing") == 2
     assert "not found" in capsys.readouterr().out
+
+
+def test_prefill_table_hand_computed_means() -> None:
+    from longlab.eval.report import prefill_table
+
+    rows = [
+        _r("full", "a", 1.0, i=0, run_key="f0", prefill_s=2.0),
+        _r("full", "a", 0.0, i=1, run_key="f1", prefill_s=4.0),
+        _r("prism", "a", 1.0, i=0, run_key="p0", prefill_s=6.0),
+        _r("prism", "a", 1.0, i=1, run_key="p1", prefill_s=3.0),
+        _r("snapkv@0.5", "a", 0.0, i=0, run_key="s0", prefill_s=1.0),  # no prefill policy: not listed
+    ]
+    metrics = {
+        "p0": {"density": 0.2, "recall": 0.9, "rel_error": 0.1, "fallback": 0.0},
+        "p1": {"density": 0.4, "recall": 0.7, "rel_error": 0.3, "fallback": 0.5},
+    }
+    t = _tables(prefill_table(rows, metrics))
+    (title,) = t
+    table = t[title]
+    assert table["recipe"] == ["recipe", "score", "prefill s", "vs full", "density", "recall", "rel_error",
+                               "fallback", "n"]
+    assert table["full"] == ["full", "50.0", "3.00", "1.00×", "-", "-", "-", "-", "2"]
+    assert table["prism"] == ["prism", "100.0", "4.50", "1.50×", "0.300", "0.800", "0.200", "0.250", "2"]
+    assert "snapkv@0.5" not in table
+    assert prefill_table(rows, {}) == ""

@@ -85,6 +85,8 @@ def test_prefill_once_equals_independent_runs(tiny_models, tokenizer, model_name
     shared = {r["recipe"]: r["extra"] for r in rows}
     # 666 tokens in chunks of 128: the 26-token last piece merges, the tail starts at 512
     assert {e["shared_prefill_tokens"] for e in shared.values()} == {512}
+    # every recipe here is replayable: the tail was fed once per shared prefix, only compression per recipe
+    assert all(e["replayed"] for e in shared.values())
     if "h2o-stream:budget=400" in shared:
         # H2O, H2O with another recent_fraction and streaming H2O all write H2O's accumulator: each
         # configuration needs its own shared prefix; the rest share one

@@ -6,6 +6,11 @@ relative table subtracts the ``full`` recipe's cell of the same model, task and 
 lengths it averages those per-length differences, so recipes measured at different lengths are
 still compared like for like.
 
+Recipes with a sparse prefill policy run with ``--prefill-metrics`` get one more table per model and
+length: mean score, prefill seconds (and their ratio to ``full``'s), and the mean over samples of
+the whole-model density, attention recall, relative output error and dense-fallback fraction stored
+in the ``metrics`` table (``layer = head = -1``).
+
 Plots use matplotlib's object API with the Agg canvas (no pyplot, no global backend change).
 """
 
@@ -25,12 +30,14 @@ from .store import DB_NAME, ResultStore
 __all__ = [
     "FULL",
     "family_of",
+    "load_metrics",
     "load_rows",
     "main",
     "method_of",
     "plot_depth_length_heatmap",
     "plot_pareto",
     "plot_score_vs_ratio",
+    "prefill_table",
     "ratio_of",
     "summary_table",
     "write_report",
@@ -225,6 +232,56 @@ def _scope_tables(
         rel_title = f"{model} · {scope} · score − full (×100, same model/task/length)"
         out.append((rel_title, ["recipe", *[str(t) for t in tasks], "avg"], rel_body))
     return out
+
+
+PREFILL_METRICS = ("density", "recall", "rel_error", "fallback")
+
+
+def _prefill_tables(rows: Sequence[Row], metrics: Mapping[str, Mapping[str, float]]) -> list[Table]:
+    """Per model and length: score, prefill seconds and mean sparse-prefill quality per recipe.
+
+    Only when some row has metrics; lists those recipes and ``full`` (the dense reference)."""
+    with_metrics = {str(r.get("recipe")) for r in rows if r.get("run_key") in metrics}
+    if not with_metrics:
+        return []
+    tables: list[Table] = []
+    models = sorted({r.get("model") for r in rows}, key=lambda m: _sort_key(None if m is None else str(m)))
+    for model in models:
+        mrows = [r for r in rows if r.get("model") == model]
+        for length in sorted({r.get("length") for r in mrows}, key=_sort_key):
+            lrows = [r for r in mrows if r.get("length") == length]
+            recipes = [n for n in _recipe_order(lrows) if n in with_metrics or _is_full(n)]
+            if not any(n in with_metrics for n in recipes):
+                continue
+            by_recipe: dict[str, list[Row]] = defaultdict(list)
+            for r in lrows:
+                by_recipe[str(r.get("recipe"))].append(r)
+            full_s = _mean(r.get("prefill_s") for r in by_recipe.get(FULL, []))
+            header = ["recipe", "score", "prefill s", "vs full", *PREFILL_METRICS, "n"]
+            body: list[list[str]] = []
+            for recipe in recipes:
+                rr = by_recipe[recipe]
+                score = _mean(r.get("score") for r in rr)
+                pre = _mean(r.get("prefill_s") for r in rr)
+                ratio = f"{pre / full_s:.2f}×" if pre is not None and full_s else "-"
+                cells = []
+                for name in PREFILL_METRICS:
+                    value = _mean(metrics.get(str(r.get("run_key")), {}).get(name) for r in rr)
+                    cells.append("-" if value is None else f"{value:.3f}")
+                body.append([
+                    recipe, _fmt(None if score is None else 100.0 * score),
+                    "-" if pre is None else f"{pre:.2f}", ratio, *cells, str(len(_scored(rr))),
+                ])
+            title = f"{model} · length {_fmt_length(length)} · sparse prefill (means over samples)"
+            tables.append((title, header, body))
+    return tables
+
+
+def prefill_table(rows: Sequence[Row], metrics: Mapping[str, Mapping[str, float]]) -> str:
+    """Markdown tables of :func:`_prefill_tables` (empty string when no row has prefill metrics).
+
+    ``metrics``: run_key -> {name: whole-model value} (:func:`load_metrics`)."""
+    return "\n\n".join(_table_md(t) for t in _prefill_tables(rows, metrics))
 
 
 def _md_escape(text: str) -> str:
@@ -444,6 +501,18 @@ def load_rows(out_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
         return store.rows()
 
 
+def load_metrics(out_dir: str | os.PathLike[str]) -> dict[str, dict[str, float]]:
+    """Whole-model metrics (``layer = head = -1``) of ``DIR/results.sqlite``: run_key -> {name: value}."""
+    if not (Path(out_dir) / DB_NAME).is_file():
+        return {}
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    with ResultStore(out_dir) as store:
+        for m in store.metrics(layer=-1, head=-1):
+            if m["value"] is not None:
+                out[m["run_key"]][m["name"]] = float(m["value"])
+    return dict(out)
+
+
 _PLOTS = (
     ("score_vs_ratio", "Score vs compression ratio", plot_score_vs_ratio),
     ("pareto", "Quality vs KV memory", plot_pareto),
@@ -489,6 +558,12 @@ def write_report(out_dir: str | os.PathLike[str], *, html: bool = True) -> dict[
         tables = _summary_tables(rows)
         md.append("\n\n".join(_table_md(t) for t in tables))
         html_parts.extend(_table_html(t) for t in tables)
+        prefill = _prefill_tables(rows, load_metrics(out))
+        if prefill:
+            md += ["", "## Sparse prefill", ""]
+            html_parts.append("<h2>Sparse prefill</h2>")
+            md.append("\n\n".join(_table_md(t) for t in prefill))
+            html_parts.extend(_table_html(t) for t in prefill)
         figures: list[tuple[str, Path]] = []
         for key, title, fn in _PLOTS:
             written = fn(rows, out / f"{key}.png")

@@ -7,9 +7,14 @@ the expensive part, the prefill of its context, is shared by every recipe:
 2. every context token before the *tail* is fed once, uncompressed (``compress="none"``), into a
    :class:`~longlab.pipeline.Stream` whose recipe holds each observing KV policy of the grid
    (``needs_observe``, e.g. H2O's accumulated attention), so their state covers the shared prefix;
-3. each recipe gets a fork of that stream (:meth:`Stream.fork`), keeps only the observer state it
-   owns, and feeds the tail with ``compress="end"`` (query-aware: tail + question), then the question
-   (query-agnostic), then decodes greedily.
+3. the tail is fed once too, with ``compress="end"`` (query-aware: tail + question), while a
+   :class:`~longlab.hook.ChunkRecorder` keeps what each layer's compression step sees (the last
+   chunk's queries and attention output);
+4. each recipe gets a fork of that stream (:meth:`Stream.fork`), keeps only the observer state it
+   owns, and replays the compression step alone (:func:`~longlab.hook.replay_compression`), then
+   feeds the question (query-agnostic) and decodes greedily. A recipe whose KV policy computes
+   attention itself while the tail is prefilled (``reads_attention``, e.g. a latent memory) instead
+   forks before the tail and feeds it with its own recipe.
 
 The tail is the last prefill chunk of the prompt as :func:`longlab.pipeline.generate` would chunk it
 (at least 64 tokens and at least every policy's observation window), so a row equals an independent
@@ -18,6 +23,11 @@ compression point. Rows already in the store are skipped, so a killed run resume
 
 Recipes whose observers collide (two configurations of one observing class, e.g. two H2O settings
 other than the ratio) or that differ in prefill policy or tail start get separate shared prefixes.
+With ``prefill_metrics`` (``--prefill-metrics``) a recipe with a sparse prefill policy also records the
+density, attention recall and output error of every prefill chunk per layer and head
+(:class:`~longlab.sparse.prefill.PrefillMetrics`: the shared prefix's, copied into each branch, plus the
+branch's own tail and question); they go to the store's ``metrics`` table under the row's ``run_key``, and
+the time spent measuring is left out of ``prefill_s``.
 With ``batch_decode`` the branches of a sample whose recipes have no decode-time behaviour are
 stacked as batch rows of one cache (padded with empty slots) and ask the question and decode
 together: the same computation up to float rounding of batched matmuls, several times cheaper.
@@ -28,14 +38,18 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import itertools
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..recipe import LonglabError, Method, Recipe, parse_recipe, split_recipes
+
+if TYPE_CHECKING:
+    from ..sparse.prefill import PrefillMetrics
 
 __all__ = [
     "DEFAULT_LENGTHS",
@@ -54,10 +68,11 @@ DEFAULT_METHODS: tuple[str, ...] = ("streaming", "h2o", "tova", "snapkv", "pyram
 DEFAULT_RECIPES: tuple[str, ...] = ("full",) + tuple(f"{m}@{r}" for m in DEFAULT_METHODS for r in (0.5, 0.75))
 DEFAULT_TASKS: tuple[str, ...] = ("passkey", "niah_single_1", "niah_multikey_1", "vt")
 DEFAULT_LENGTHS: tuple[int, ...] = (1024, 2048)
-DEFAULT_CHUNK_SIZE = 128  # the tail (last chunk) is what each recipe re-runs: keep it short
+DEFAULT_CHUNK_SIZE = 128  # prefill chunk; the last one is what compression sees (as in generate)
 GRID_TASK = "niah_grid"  # the depth x length grid (uses --depths)
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 HARNESS_VERSION = 1  # bump when a change alters what a row measures (part of the config hash)
+METRICS_KEY = "metrics"  # a yielded row's metric items (popped before the row is stored)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -85,6 +100,8 @@ class EvalConfig:
     workers: int = 2
     threads: int | None = None  # torch threads (serial backend); None: torch's default
     batch_decode: bool = False  # decode the recipes of a sample as one batch (see SampleRunner)
+    prefill_metrics: bool = False  # record sparse-prefill density / recall / error per layer and head
+    metric_rows: int = 32  # sampled query rows per chunk for recall and output error
     report: bool = True
     progress: bool = True
 
@@ -113,7 +130,7 @@ class EvalConfig:
         for name, value, low in (
             ("--samples", self.samples, 1), ("--chunk-size", self.chunk_size, 1), ("--limit", self.limit, 1),
             ("--max-new-tokens", self.max_new_tokens, 1), ("--workers", self.workers, 1),
-            ("--threads", self.threads, 1),
+            ("--threads", self.threads, 1), ("--metric-rows", self.metric_rows, 1),
         ):
             if value is not None and value < low:
                 raise LonglabError(f"{name} must be >= {low}, got {value}")
@@ -218,6 +235,12 @@ class _Observer:
         before = dict(ctx.layer.extras)
         self.policy.observe(ctx)
         self.state_keys.update(k for k, v in ctx.layer.extras.items() if before.get(k) is not v)
+
+    def select(self, ctx: Any) -> None:
+        return None  # the shared prefix keeps every entry; each branch compresses for itself
+
+    def select_decode(self, ctx: Any) -> None:
+        return None
 
 
 def _observer_key(policy: Method) -> str:
@@ -401,15 +424,18 @@ class SampleRunner:
         members spoilt by an observer collision are appended to ``rerun`` instead."""
         from ..cache import LonglabCache
         from ..pipeline import Stream
+        from ..sparse.prefill import collect_prefill_metrics
 
         cfg = self.config
         observer = Recipe(prefill=group.prefill, kv=list(group.observers.values()))  # type: ignore[list-item]
         shared = Stream(self.model, LonglabCache(observer), 1)
         shared.pad_id = self.pad_id
+        metrics = self._new_metrics(group.prefill)
         t0 = time.perf_counter()
         if group.start > 0:
-            shared.feed([ctx[: group.start]], cfg.chunk_size, compress="none")
-        shared_s = time.perf_counter() - t0
+            with collect_prefill_metrics(metrics):
+                shared.feed([ctx[: group.start]], cfg.chunk_size, compress="none")
+        shared_s = time.perf_counter() - t0 - (metrics.seconds if metrics is not None else 0.0)
         group.learn()
         spoilt = group.unsafe()
         rerun.extend(name for name, _ in group.recipes if name in spoilt)
@@ -420,25 +446,95 @@ class SampleRunner:
             "question_tokens": len(q), "chunk_size": cfg.chunk_size, "backend": self.backend,
         }
         batch: list[_Branch] = []
-        for name, recipe in members:
-            branch = self._branch(shared, group, name, recipe, ctx, q, common)
+        direct = [(name, recipe) for name, recipe in members if not _replayable(recipe)]
+        replayed = [(name, recipe) for name, recipe in members if _replayable(recipe)]
+        # direct members fork before the shared stream takes the tail (a chain consumes them first)
+        branches = (self._branch(shared, group, n, r, ctx, q, common, metrics) for n, r in direct)
+        if replayed:
+            branches = itertools.chain(
+                branches, self._replay_branches(shared, group, replayed, ctx, q, common, metrics)
+            )
+        for branch in branches:
+            recipe = branch.recipe
             if cfg.batch_decode and _batchable(recipe):
                 batch.append(branch)
                 continue
             if not (cfg.query_aware and q) and q:
+                measured = branch.metrics.seconds if branch.metrics is not None else 0.0
                 t0 = time.perf_counter()
-                branch.logits = branch.stream.feed([q], cfg.chunk_size, compress="none")
+                with collect_prefill_metrics(branch.metrics):
+                    branch.logits = branch.stream.feed([q], cfg.chunk_size, compress="none")
                 branch.prefill_s += time.perf_counter() - t0
+                if branch.metrics is not None:
+                    branch.prefill_s -= branch.metrics.seconds - measured
             yield from self._decode(sample, [branch])
         if batch:
             yield from self._decode_batch(sample, batch, q)
 
+    def _replay_branches(
+        self, shared: Any, group: _PrefixGroup, members: list[tuple[str, Recipe]], ctx: list[int],
+        q: list[int], common: dict[str, Any], shared_metrics: PrefillMetrics | None,
+    ) -> Iterator[_Branch]:
+        """Feed the tail once into the shared stream, recording what its last chunk's compression step
+        sees, then fork per recipe and replay only the compression
+        (:func:`longlab.hook.replay_compression`): the same cache as feeding the tail per recipe."""
+        from ..hook import ChunkRecorder, replay_compression
+        from ..sparse.prefill import collect_prefill_metrics
+
+        cfg = self.config
+        observers = shared.cache.recipe
+        recorder = ChunkRecorder()
+        shared.cache.recipe = Recipe(prefill=observers.prefill, kv=[*observers.kv, recorder])
+        measured = shared_metrics.seconds if shared_metrics is not None else 0.0
+        tail = ctx[group.start:]
+        rows = [tail + q] if cfg.query_aware and q else [tail]
+        t0 = time.perf_counter()
+        try:
+            with collect_prefill_metrics(shared_metrics):
+                logits = shared.feed(rows, cfg.chunk_size, compress="end")  # [1, V], for every recipe
+        finally:
+            shared.cache.recipe = observers  # the records stay out of every fork
+        tail_s = time.perf_counter() - t0
+        if shared_metrics is not None:
+            tail_s -= shared_metrics.seconds - measured
+        for name, recipe in members:
+            t0 = time.perf_counter()
+            stream = shared.fork(recipe)
+            keep = group.owned_state(recipe)
+            for layer in stream.cache.layers:
+                layer.extras = {k: v for k, v in layer.extras.items() if k in keep}
+            fork_s = time.perf_counter() - t0
+            replay_compression(stream.cache, recorder.records)
+            before, after = stream.cache.full_nbytes(), stream.cache.nbytes()
+            compress_s = float(stream.cache.stats["compress_s"])
+            extra = {**common, "fork_s": fork_s, "shared_tail_s": tail_s, "replayed": True}
+            metrics = shared_metrics.copy() if shared_metrics is not None else None
+            if metrics is not None:
+                extra["metrics_s"] = metrics.seconds
+            # prefix and tail were paid once for the group; each row counts them in full
+            prefill_s = common["shared_prefill_s"] + tail_s + fork_s
+            yield _Branch(
+                name, recipe, stream, logits, len(ctx), before, after, prefill_s, compress_s, extra, metrics
+            )
+
+    def _new_metrics(self, prefill: Method | None) -> PrefillMetrics | None:
+        """A quality collector for a sparse prefill policy when ``prefill_metrics`` is on, else None."""
+        from ..sparse.prefill import PrefillMetrics, SparsePrefill
+
+        if not self.config.prefill_metrics or not isinstance(prefill, SparsePrefill):
+            return None
+        return PrefillMetrics(self.config.metric_rows)
+
     def _branch(
         self, shared: Any, group: _PrefixGroup, name: str, recipe: Recipe, ctx: list[int], q: list[int],
-        common: dict[str, Any],
+        common: dict[str, Any], shared_metrics: PrefillMetrics | None = None,
     ) -> _Branch:
         """Fork the shared prefix into ``recipe`` and feed the tail (compressing once, at its end)."""
+        from ..sparse.prefill import collect_prefill_metrics
+
         cfg = self.config
+        metrics = shared_metrics.copy() if shared_metrics is not None else self._new_metrics(recipe.prefill)
+        measured = metrics.seconds if metrics is not None else 0.0
         t0 = time.perf_counter()
         stream = shared.fork(recipe)
         keep = group.owned_state(recipe)
@@ -448,15 +544,20 @@ class SampleRunner:
         tail = ctx[group.start:]
         t0 = time.perf_counter()
         rows = [tail + q] if cfg.query_aware and q else [tail]
-        logits = stream.feed(rows, cfg.chunk_size, compress="end")  # [1, V]
+        with collect_prefill_metrics(metrics):
+            logits = stream.feed(rows, cfg.chunk_size, compress="end")  # [1, V]
         before, after = stream.cache.full_nbytes(), stream.cache.nbytes()
-        tail_s = time.perf_counter() - t0
+        tail_s = time.perf_counter() - t0 - (metrics.seconds - measured if metrics is not None else 0.0)
         compress_s = float(stream.cache.stats["compress_s"])
         extra = {**common, "fork_s": fork_s}
+        if metrics is not None:
+            extra["metrics_s"] = metrics.seconds  # measuring time, not in prefill_s (question added later)
         # the shared prefix counts in full for every row (what this row cost on its own);
         # extra.shared_prefill_s says how much of it was paid once for shared_by rows
         prefill_s = common["shared_prefill_s"] + fork_s + tail_s - compress_s
-        return _Branch(name, recipe, stream, logits, len(ctx), before, after, prefill_s, compress_s, extra)
+        return _Branch(
+            name, recipe, stream, logits, len(ctx), before, after, prefill_s, compress_s, extra, metrics
+        )
 
     def _decode(self, sample: Any, branches: list[_Branch], stream: Any = None) -> Iterator[dict[str, Any]]:
         """Decode greedily (one stream per branch, or ``stream`` holding them all as batch rows)."""
@@ -492,6 +593,9 @@ class SampleRunner:
                 },
             }
             row["run_key"] = run_key_of(row)
+            if branch.metrics is not None:
+                row["extra"]["metrics_s"] = branch.metrics.seconds
+                row[METRICS_KEY] = branch.metrics.items()
             yield row
 
     def _decode_batch(self, sample: Any, batch: list[_Branch], q: list[int]) -> Iterator[dict[str, Any]]:
@@ -539,15 +643,26 @@ class _Branch:
     prefill_s: float
     compress_s: float
     extra: dict[str, Any]
+    metrics: PrefillMetrics | None = None  # sparse-prefill quality (with ``prefill_metrics``)
+
+
+def _replayable(recipe: Recipe) -> bool:
+    """Whether the recipe's tail can come from the shared stream, its compression replayed on a fork:
+    true unless a KV policy computes attention itself while the tail is prefilled (``reads_attention``)."""
+    return not any(getattr(p, "reads_attention", False) for p in recipe.kv)
 
 
 def _batchable(recipe: Recipe) -> bool:
     """Whether decoding ``recipe`` is plain attention over its cache (no decode policy, no quantized
-    storage, no decode-time eviction), so its branch can decode in a batch under the empty recipe."""
+    storage, no decode-time eviction), so its branch can decode in a batch under the empty recipe.
+    A recipe with a prefill policy is not: the batched question would bypass it."""
     from ..kv.base import KVPolicy
 
-    return recipe.decode is None and all(
-        p.kind == "kv" and type(p).select_decode is KVPolicy.select_decode for p in recipe.kv
+    return recipe.decode is None and recipe.prefill is None and all(
+        p.kind == "kv"
+        and type(p).select_decode is KVPolicy.select_decode
+        and not getattr(p, "reads_attention", False)
+        for p in recipe.kv
     )
 
 
@@ -647,7 +762,8 @@ def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) ->
 
         def write(row: dict[str, Any]) -> None:
             nonlocal written
-            written += store.add(row)  # one transaction per row
+            metrics = row.pop(METRICS_KEY, None)
+            written += store.add(row, metrics=metrics)  # one transaction per row (and its metrics)
             bar.update(1)
 
         try:
@@ -754,6 +870,15 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "--batch-decode", action="store_true",
         help="decode the recipes of a sample as one batch (faster; as separate runs up to float rounding)",
     )
+    parser.add_argument(
+        "--prefill-metrics", action="store_true",
+        help="sparse prefill policies record density, attention recall and output error vs dense per layer "
+             "and head (metrics table; off by default: normal runs pay nothing)",
+    )
+    parser.add_argument(
+        "--metric-rows", type=int, default=32,
+        help="query rows sampled per chunk for recall and output error (default: 32)",
+    )
     parser.add_argument("--no-report", action="store_true", help="do not write report.md and the plots")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -765,6 +890,7 @@ def main(args: argparse.Namespace) -> int:
         samples=args.samples, seed=args.seed, query_aware=args.query_aware, chunk_size=args.chunk_size,
         max_new_tokens=args.max_new_tokens, limit=args.limit, jsonl=args.jsonl, depths=list(args.depths),
         backend=args.backend, workers=args.workers, threads=args.threads, batch_decode=args.batch_decode,
+        prefill_metrics=args.prefill_metrics, metric_rows=args.metric_rows,
         report=not args.no_report,
         progress=not args.no_progress,
     )
@@ -774,10 +900,14 @@ def main(args: argparse.Namespace) -> int:
         f"{summary.seconds:.1f}s"
     )
     if summary.report:
-        from .report import load_rows, summary_table
+        from .report import load_metrics, load_rows, prefill_table, summary_table
 
+        rows = load_rows(config.out)
         print()
-        print(summary_table(load_rows(config.out)))
+        print(summary_table(rows))
+        prefill = prefill_table(rows, load_metrics(config.out))
+        if prefill:
+            print(prefill + "\n")
         for key, path in summary.report.items():
             print(f"{key:>22}: {path}")
     else:
