@@ -86,3 +86,8 @@ def test_sliding_window_layers_hold_only_the_window(tiny_models):
     lengths = [int(n) for n in (layer.lengths().max() for layer in stream.cache.layers)]
     assert lengths[3] == 200
     assert all(n <= 32 + 64 for n in lengths[:3])  # window + trimming slack
+    # the uncompressed reference holds a sliding layer's window too (as transformers' sliding cache)
+    full = stream.cache.full_nbytes()
+    layer = stream.cache.layers[0]
+    per_token = 2 * layer.keys.shape[1] * layer.keys.shape[-1] * layer.keys.element_size()
+    assert full == per_token * (200 + 3 * 32)

@@ -219,13 +219,15 @@ class LonglabCache(Cache):
         return sum(layer.nbytes() for layer in self.layers)
 
     def full_nbytes(self) -> int:
-        """Bytes an uncompressed cache would hold for the same tokens (keys and values only)."""
+        """Bytes an uncompressed cache would hold for the same tokens (keys and values only); a
+        sliding-window layer holds at most its window, as transformers' own sliding cache does."""
         total = 0
         for layer in self.layers:
             if layer.is_initialized:
                 B, H_kv, _, D = layer.keys.shape
                 elem = getattr(layer, "full_element_size", layer.keys.element_size())  # quantized layers
-                total += 2 * B * H_kv * layer.n_seen * D * elem
+                held = layer.n_seen if not layer.sliding_window else min(layer.n_seen, layer.sliding_window)
+                total += 2 * B * H_kv * held * D * elem
         return total
 
     def lengths(self) -> list[torch.Tensor]:
