@@ -498,12 +498,7 @@ class SampleRunner:
         if shared_metrics is not None:
             tail_s -= shared_metrics.seconds - measured
         for name, recipe in members:
-            t0 = time.perf_counter()
-            stream = shared.fork(recipe)
-            keep = group.owned_state(recipe)
-            for layer in stream.cache.layers:
-                layer.extras = {k: v for k, v in layer.extras.items() if k in keep}
-            fork_s = time.perf_counter() - t0
+            stream, fork_s = _fork(shared, group, recipe)
             replay_compression(stream.cache, recorder.records)
             before, after = stream.cache.full_nbytes(), stream.cache.nbytes()
             compress_s = float(stream.cache.stats["compress_s"])
@@ -535,12 +530,7 @@ class SampleRunner:
         cfg = self.config
         metrics = shared_metrics.copy() if shared_metrics is not None else self._new_metrics(recipe.prefill)
         measured = metrics.seconds if metrics is not None else 0.0
-        t0 = time.perf_counter()
-        stream = shared.fork(recipe)
-        keep = group.owned_state(recipe)
-        for layer in stream.cache.layers:
-            layer.extras = {k: v for k, v in layer.extras.items() if k in keep}
-        fork_s = time.perf_counter() - t0
+        stream, fork_s = _fork(shared, group, recipe)
         tail = ctx[group.start:]
         t0 = time.perf_counter()
         rows = [tail + q] if cfg.query_aware and q else [tail]
@@ -644,6 +634,17 @@ class _Branch:
     compress_s: float
     extra: dict[str, Any]
     metrics: PrefillMetrics | None = None  # sparse-prefill quality (with ``prefill_metrics``)
+
+
+def _fork(shared: Any, group: _PrefixGroup, recipe: Recipe) -> tuple[Any, float]:
+    """A copy of the shared stream under ``recipe`` keeping only the observer state the recipe owns,
+    and the seconds the copy took."""
+    t0 = time.perf_counter()
+    stream = shared.fork(recipe)
+    keep = group.owned_state(recipe)
+    for layer in stream.cache.layers:
+        layer.extras = {k: v for k, v in layer.extras.items() if k in keep}
+    return stream, time.perf_counter() - t0
 
 
 def _replayable(recipe: Recipe) -> bool:
