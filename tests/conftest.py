@@ -36,3 +36,12 @@ def llama(tiny_models):
 @pytest.fixture
 def text():
     return " ".join(f"Item {i} is stored in box {i * 7 % 13}." for i in range(60))
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from threads; on a busy 2-core machine 2 threads run ~10x slower."""
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(saved)

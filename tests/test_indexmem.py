@@ -28,13 +28,7 @@ from longlab.kv.indexmem import (
 from longlab.pipeline import Stream, generate
 from longlab.recipe import LonglabError, parse_recipe
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run on one thread
 
 
 def _full_attention(q, k, v, scaling):

@@ -20,14 +20,7 @@ from longlab.models import build_tiny_model
 from longlab.pipeline import Stream, generate
 from longlab.recipe import LonglabError, parse_recipe
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    # Tiny tensors: one intra-op thread avoids barrier waits when the cores are shared (10x faster).
-    saved = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(saved)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run on one thread
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,7 @@ SPARSE = "ashape:bq=64,bk=64,n_sink=64,n_local=128,backend=gather"
 QUALITY = ("density", "recall", "rel_error")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run on one thread
 
 
 def _ids(n: int) -> list[list[int]]:

@@ -24,13 +24,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 FAST = ["--model", "tiny-llama", "--max-new-tokens", "4", "--no-progress"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models gain nothing from threads, and on a busy 2-core machine 2 threads are ~10x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run on one thread
 
 
 EQUIV_RECIPES = [
