@@ -63,7 +63,8 @@ def passkey(
             answers=[str(key)],
             lo=1,
             # The protocol is a completion prompt ("... What is the pass key? The pass key is"), not a chat
-            # turn: SmolLM2-135M finds 6/6 keys at 1k tokens this way and 2/6 inside its chat template.
+            # turn: SmolLM2-135M finds 6/6 keys at 1k tokens this way and 2/6 inside its chat template
+            # (passkey(tok, 1024, 6, 0) through generate(..., "full", chat_template=False / True)).
             metadata={
                 "haystack": "noise", "haystack_source": "noise", "needle_depths": [d], "prompt": "plain"
             },
