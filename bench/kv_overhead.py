@@ -42,8 +42,8 @@ from typing import Any
 import torch
 from common import hardware, write_json
 
+from longlab.attention import LayerContext, dense_attention
 from longlab.cache import LonglabCache
-from longlab.hook import LayerContext, dense_attention
 from longlab.kv.base import KVPolicy
 from longlab.pipeline import Stream
 from longlab.recipe import Recipe, parse_method

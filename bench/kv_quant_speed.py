@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from common import ROOT, best_of, hardware, write_json
 
+from longlab.attention import LayerContext, dense_attention
 from longlab.cache import LonglabCache, LonglabLayer
-from longlab.hook import LayerContext, dense_attention
 
 
 def best_time(fn, repeats: int) -> float:

@@ -11,9 +11,9 @@ import dataclasses
 import pytest
 import torch
 
+from longlab.attention import LayerContext
 from longlab.cache import LonglabLayer
 from longlab.cli import main as cli_main
-from longlab.hook import LayerContext
 from longlab.kv.indexmem import (
     IndexMem,
     indexer_logits,

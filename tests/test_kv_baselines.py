@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
+from longlab.attention import LayerContext
 from longlab.cache import LonglabLayer
-from longlab.hook import LayerContext
 from longlab.recipe import REGISTRY, LonglabError, get_method_class, parse_method, parse_recipe
 
 D = 8

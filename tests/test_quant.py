@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from longlab.attention import LayerContext, dense_attention
 from longlab.cache import LonglabCache, LonglabLayer
-from longlab.hook import LayerContext, dense_attention
 from longlab.pipeline import Stream, generate
 from longlab.quant import PMKVQ, ChannelGroupStore, QuantizedLayer, TokenGroupStore, layer_bytes
 from longlab.quant.quantizer import (

@@ -3,8 +3,11 @@
 from longlab import load_model, generate, LonglabCache
 """
 
+from . import methods  # noqa: F401  (registers every built-in method family)
 from .cache import LonglabCache
+from .hook import use_longlab_attention
 from .models import load_model
+from .paths import __version__
 from .pipeline import GenerationResult, generate
 from .recipe import LonglabError, Recipe, parse_recipe
 
@@ -16,5 +19,6 @@ __all__ = [
     "LonglabError",
     "Recipe",
     "parse_recipe",
+    "use_longlab_attention",
+    "__version__",
 ]
-__version__ = "0.1.0"

@@ -15,33 +15,19 @@ held, so transformers gives the next token the RoPE position it would have had w
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
-from .recipe import Recipe, parse_recipe
+from .recipe import LonglabError, Recipe, parse_recipe
 
-__all__ = ["LonglabCache", "LonglabLayer", "active_layer"]
+__all__ = ["LonglabCache", "LonglabLayer", "CACHE_KWARG"]
 
-_ACTIVE = threading.local()
-
-
-def active_layer(key_states: torch.Tensor) -> tuple[LonglabCache, int] | None:
-    """The (cache, layer index) whose ``update`` just returned ``key_states``, if it was a LonglabCache.
-
-    The attention hook calls this to find the cache: transformers calls ``cache.update`` right
-    before the attention function in every layer, in the same thread.
-    """
-    cache = getattr(_ACTIVE, "cache", None)
-    if cache is None:
-        return None
-    layer_idx = _ACTIVE.layer_idx
-    layer = cache.layers[layer_idx]
-    if layer.keys is None or layer.keys.data_ptr() != key_states.data_ptr():
-        return None
-    return cache, layer_idx
+# transformers' attention layers call ``cache.update(k, v, layer_idx, kwargs=kwargs)`` and then pass the
+# same ``kwargs`` to the attention function: the cache adds itself there, so the hook receives
+# ``longlab_cache=(cache, layer_idx)`` directly, without a global or thread-local lookup.
+CACHE_KWARG = "longlab_cache"
 
 
 class LonglabLayer(CacheLayerMixin):
@@ -200,19 +186,34 @@ class LonglabCache(Cache):
     """
 
     def __init__(self, recipe: str | Recipe | None = None, *, compressing: bool = True) -> None:
-        from .hook import register_attention
-
-        register_attention()
         super().__init__(layer_class_to_replicate=LonglabLayer)
         self.recipe = parse_recipe(recipe)
         self.compressing = compressing
         self.stats: dict[str, float] = {"compress_s": 0.0, "compress_calls": 0}
         self.model_ref: Any = None  # weakref.ref to the model (set by pipeline.Stream; RetroAttention)
+        self.hook_calls = 0  # forwards of layer 0 that reached the longlab attention hook
+        self._updates_of_layer0 = 0
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        # key_states: [B, H_kv, T_new, D] -> the whole layer [B, H_kv, T, D]
+        if layer_idx == 0:
+            self._check_hook()
+            self._updates_of_layer0 += 1
         keys, values = super().update(key_states, value_states, layer_idx, *args, **kwargs)
-        _ACTIVE.cache, _ACTIVE.layer_idx = self, layer_idx
+        forwarded = kwargs.get("kwargs")  # the dict transformers passes on to the attention function
+        if isinstance(forwarded, dict):
+            forwarded[CACHE_KWARG] = (self, layer_idx)
         return keys, values
+
+    def _check_hook(self) -> None:
+        """A recipe acts only through the longlab attention hook: refuse to silently do nothing when the
+        model runs another attention implementation (checked at the second forward of layer 0)."""
+        if self._updates_of_layer0 and not self.hook_calls and not self.recipe.is_empty:
+            raise LonglabError(
+                f"LonglabCache({self.recipe.name!r}) was used by a model whose attention is not 'longlab', "
+                "so the recipe would compress nothing. Load the model with longlab.load_model(...), or wrap "
+                "your own model: `with longlab.use_longlab_attention(model): ...`"
+            )
 
     def nbytes(self) -> int:
         """Bytes of every tensor the cache holds (keys, values, indices, method state)."""

@@ -25,6 +25,7 @@ import torch
 from safetensors.torch import save_model
 
 from .hook import ATTN_NAME, register_attention
+from .paths import cache_dir
 from .recipe import LonglabError
 
 __all__ = ["load_model", "MODEL_NAMES", "DEFAULT_MODEL", "cache_dir", "tiny_tokenizer", "build_tiny_model"]
@@ -33,11 +34,6 @@ DEFAULT_MODEL = "smollm2-135m"
 TINY_MODELS = ("tiny-llama", "tiny-qwen2", "tiny-gemma3")
 MODEL_NAMES = (DEFAULT_MODEL, "gemma3-270m", *TINY_MODELS)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def cache_dir() -> Path:
-    """Where dequantised weights are cached (``$LONGLAB_CACHE`` or ``~/.cache/longlab``)."""
-    return Path(os.environ.get("LONGLAB_CACHE", Path.home() / ".cache" / "longlab"))
 
 
 def _smollm2_gguf() -> Path:

@@ -11,6 +11,9 @@ same language::
 
 ``name@r`` sets ``compression_ratio=r``; ``name:k=v,k2=v2`` sets dataclass fields. Values are parsed
 as JSON scalars (numbers, ``true``/``false``) and otherwise kept as strings — never evaluated.
+
+This module is a leaf: it imports nothing from longlab. The method families register themselves when
+:mod:`longlab.methods` is imported, which the package face (``import longlab``) does.
 """
 
 from __future__ import annotations
@@ -76,13 +79,7 @@ def register(name: str):
     return wrap
 
 
-def _ensure_methods_loaded() -> None:
-    # Importing the method families registers them (no side effects beyond the registry).
-    from . import methods  # noqa: F401
-
-
 def get_method_class(name: str) -> type[Method]:
-    _ensure_methods_loaded()
     if name not in REGISTRY:
         raise LonglabError(f"unknown method {name!r}; valid names: {', '.join(sorted(REGISTRY))}")
     return REGISTRY[name]

@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from ..hook import dense_attention
+from ..attention import dense_attention
 from ..recipe import LonglabError, Method, register
 
 __all__ = ["Quest", "PageSummary", "page_summary", "page_scores", "attend_slots", "page_slots"]

@@ -41,7 +41,7 @@ from typing import Any
 
 import torch
 
-from ..hook import dense_attention
+from ..attention import dense_attention
 from ..recipe import LonglabError, register
 from .quest import Quest, attend_slots
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ..recipe import LonglabError, Method
 
 if TYPE_CHECKING:
-    from ..hook import LayerContext
+    from ..attention import LayerContext
 
 __all__ = ["KVPolicy", "ScorerPolicy", "keep_top", "window_attention", "pool_scores", "group_mean"]
 

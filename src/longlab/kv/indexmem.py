@@ -200,8 +200,8 @@ def model_key(config: Any) -> str:
 
 
 def default_weights_path(key: str) -> Path:
-    """``<longlab cache>/indexmem/<key>.safetensors`` (see :func:`longlab.models.cache_dir`)."""
-    from ..models import cache_dir
+    """``<longlab cache>/indexmem/<key>.safetensors`` (see :func:`longlab.paths.cache_dir`)."""
+    from ..paths import cache_dir
 
     return cache_dir() / "indexmem" / f"{key}.safetensors"
 
@@ -396,7 +396,7 @@ class IndexMem(KVPolicy):
     # ---- reading
     def attend(self, ctx) -> torch.Tensor:
         """Attention output [B, H, T_q, D]: exact over the kept keys, plus the memory's residual readout."""
-        from ..hook import dense_attention
+        from ..attention import dense_attention
 
         state = ctx.layer.state if ctx.layer is not None else {}
         blocks = ctx.query_blocks()

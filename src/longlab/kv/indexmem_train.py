@@ -177,7 +177,7 @@ def train_indexmem(
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    from .. import __version__
+    from ..paths import __version__
 
     for name, value, low in (
         ("minutes", minutes, 0),

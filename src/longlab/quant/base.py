@@ -18,7 +18,7 @@ from .quantizer import SCALE_DTYPES
 from .storage import QuantizedLayer
 
 if TYPE_CHECKING:
-    from ..hook import LayerContext
+    from ..attention import LayerContext
 
 __all__ = ["QuantPolicy", "FP_DTYPES", "resolve_fp_dtype"]
 

@@ -152,7 +152,7 @@ class SparsePrefill:
 
     def attend(self, ctx) -> torch.Tensor:
         """ctx.q: [B, H, T_q, D]; held k, v: [B, H_kv, T, D] -> out [B, H, T_q, D]."""
-        from ..hook import _layer_attention
+        from ..attention import layer_attention
 
         collector = _COLLECTOR.get()
         idx = ctx.key_index
@@ -165,7 +165,7 @@ class SparsePrefill:
         if not contiguous:
             if collector is not None:
                 collector.add_dense(ctx.layer_idx, ctx.q.shape[2])
-            return _layer_attention(ctx, None)
+            return layer_attention(ctx, None)
         mask = self.select(ctx.q, ctx.k, ctx.scaling)  # [B, H, n_qb, n_kb]
         out = block_sparse_attention(ctx.q, ctx.k, ctx.v, mask, ctx.scaling, backend=self.backend)
         if collector is not None:

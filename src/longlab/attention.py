@@ -1,0 +1,181 @@
+"""The per-layer view methods work on, and the exact attention kernels they share.
+
+This module sits below the hook, the cache's users and every method family: methods import
+:class:`LayerContext` and :func:`dense_attention` from here, never from :mod:`longlab.hook`.
+
+Shapes: ``q [B, H, T_q, D]`` post-RoPE queries, ``k, v [B, H_kv, T, D]`` what the cache holds,
+``key_index [B, H_kv, T]`` each slot's token position (``-1`` = empty), ``query_index [B, T_q]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+__all__ = ["LayerContext", "dense_attention", "layer_attention", "visibility_mask", "ceil_keep"]
+
+_MAX_SCORE_BYTES = 256 * 2**20  # bound on one [B, H, t_q, T] float block of attention scores
+
+
+@dataclass
+class LayerContext:
+    """What a method sees in one layer for one forward call."""
+
+    layer_idx: int
+    num_layers: int
+    module: Any
+    phase: str  # "prefill" (a chunk of T_q > 1 tokens) or "decode" (one token)
+    q: torch.Tensor  # [B, H, T_q, D] post-RoPE queries of this forward
+    scaling: float
+    query_index: torch.Tensor  # [B, T_q] position of each query (-1 for padding)
+    sliding_window: int | None = None  # keys with q - k >= sliding_window are invisible
+    layer: Any = None  # LonglabLayer  # the cache layer (None without a LonglabCache)
+    cache: Any = None  # LonglabCache
+    attn_output: torch.Tensor | None = None  # [B, H, T_q, D] once computed
+    fallback_kv: tuple | None = field(default=None, repr=False)  # (k, v, key_index) without a cache
+
+    # Views of the cache layer, always current (they change when a policy evicts).
+    @property
+    def k(self) -> torch.Tensor:  # [B, H_kv, T, D]
+        if self.layer is None:
+            return self.fallback_kv[0]
+        # Quantized storage exposes a transient dequantised view for scorers (longlab.quant.storage).
+        dense = getattr(self.layer, "dequantized_keys", None)
+        return dense() if dense is not None else self.layer.keys
+
+    @property
+    def v(self) -> torch.Tensor:  # [B, H_kv, T, D]
+        if self.layer is None:
+            return self.fallback_kv[1]
+        dense = getattr(self.layer, "dequantized_values", None)
+        return dense() if dense is not None else self.layer.values
+
+    @property
+    def key_index(self) -> torch.Tensor:  # [B, H_kv, T] token position, -1 = empty slot
+        return self.layer.index if self.layer is not None else self.fallback_kv[2]
+
+    @property
+    def n_seen(self) -> int:
+        """Stream length (tokens written, padding included)."""
+        return self.layer.n_seen if self.layer is not None else self.k.shape[-2]
+
+    @property
+    def n_real(self) -> torch.Tensor:  # [B] non-padding tokens seen per row
+        if self.layer is not None:
+            return self.layer.n_real
+        return (self.key_index[:, 0] >= 0).sum(-1)
+
+    @property
+    def groups(self) -> int:
+        return self.q.shape[1] // self.key_index.shape[1]
+
+    @property
+    def head_dim(self) -> int:
+        return self.q.shape[-1]
+
+    def mask(self, rows: slice = slice(None)) -> torch.Tensor:
+        """``[B, H_kv or 1, t_q, T]`` bool: key visible to query (valid, causal, inside the window)."""
+        return visibility_mask(self.key_index, self.query_index[:, rows], self.sliding_window)
+
+    def attention_probs(self, rows: slice = slice(None)) -> torch.Tensor:
+        """Softmax attention of the selected queries over the held keys, fp32: ``[B, H, t_q, T]``.
+
+        Callers pass a small row range (an observation window, or a query block).
+        """
+        q = self.q[:, :, rows].float()
+        k = self.k.float().repeat_interleave(self.groups, dim=1)
+        logits = torch.matmul(q, k.transpose(-1, -2)) * self.scaling
+        m = self.mask(rows)
+        if m.shape[1] > 1:
+            m = m.repeat_interleave(self.groups, dim=1)
+        logits = logits.masked_fill(~m, float("-inf"))
+        probs = torch.softmax(logits, dim=-1)
+        return torch.nan_to_num(probs, nan=0.0)
+
+    def query_blocks(self) -> list[slice]:
+        """Row blocks small enough that ``[B, H, rows, T]`` fp32 stays under a fixed size."""
+        B, H, T_q, _ = self.q.shape
+        per_row = max(1, B * H * self.key_index.shape[-1] * 4)
+        step = max(1, min(T_q, _MAX_SCORE_BYTES // per_row))
+        return [slice(i, min(i + step, T_q)) for i in range(0, T_q, step)]
+
+
+def visibility_mask(
+    key_index: torch.Tensor, query_index: torch.Tensor, sliding_window: int | None = None
+) -> torch.Tensor:
+    """Which held keys each query may see. key_index: [B, H_kv, T] (-1 = empty slot);
+    query_index: [B, t_q]. Returns [B, H_kv or 1, t_q, T] bool: ``0 <= k_pos <= q_pos`` and, with a
+    window, ``q_pos - k_pos < sliding_window``. Heads that share their slots get one mask (dim 1 = 1)."""
+    kidx = key_index
+    if kidx.shape[1] > 1 and bool((kidx == kidx[:, :1]).all()):
+        kidx = kidx[:, :1]  # heads share slots: one mask for all heads
+    qidx = query_index.to(kidx.dtype)[:, None, :, None]  # [B, 1, t_q, 1]
+    k = kidx[:, :, None, :]  # [B, H_kv|1, 1, T]
+    m = (k >= 0) & (k <= qidx)
+    if sliding_window is not None:
+        m &= k > qidx - sliding_window
+    return m
+
+
+def dense_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Exact attention. q: [B, H, T_q, D]; k, v: [B, H_kv, T, D]; mask: [B, H_kv|1, T_q, T] bool or None
+    (plain causal with T_q == T). Returns [B, H, T_q, D]. Rows with no visible key attend to all keys
+    (their outputs are padding and never read), which keeps every value finite."""
+    groups = q.shape[1] // k.shape[1]
+    if softcap is not None:
+        k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+        logits = torch.matmul(q, k.transpose(-1, -2)) * scaling
+        logits = torch.tanh(logits / softcap) * softcap
+        if mask is None:
+            mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()[None, None]
+        mask = mask | ~mask.any(-1, keepdim=True)
+        if mask.shape[1] not in (1, q.shape[1]):
+            mask = mask.repeat_interleave(groups, dim=1)
+        logits = logits.masked_fill(~mask, float("-inf"))
+        return torch.matmul(torch.softmax(logits.float(), -1).to(v.dtype), v)
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=groups > 1)
+    mask = mask | ~mask.any(-1, keepdim=True)
+    if mask.shape[1] not in (1, q.shape[1]):
+        mask = mask.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=groups > 1)
+
+
+def sliding_window_of(module: Any, kwargs: dict) -> int | None:
+    window = kwargs.get("sliding_window")
+    if window is None:
+        window = getattr(module, "sliding_window", None)
+    return int(window) if window else None
+
+
+def layer_attention(ctx: LayerContext, softcap: float | None) -> torch.Tensor:
+    """Dense attention for the context, in query blocks when the score matrix would be large."""
+    T_q, T = ctx.q.shape[-2], ctx.k.shape[-2]
+    plain_causal = (
+        ctx.sliding_window is None
+        and T_q == T
+        and bool((ctx.key_index >= 0).all())
+        and int(ctx.key_index[0, 0, 0]) == 0
+    )
+    if plain_causal:
+        return dense_attention(ctx.q, ctx.k, ctx.v, None, ctx.scaling, softcap)
+    outs = [
+        dense_attention(ctx.q[:, :, rows], ctx.k, ctx.v, ctx.mask(rows), ctx.scaling, softcap)
+        for rows in ctx.query_blocks()
+    ]
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+def ceil_keep(n: torch.Tensor, ratio: float) -> torch.Tensor:
+    """Entries kept when removing fraction ``ratio`` of ``n``: ``ceil((1 - ratio) * n)``."""
+    return torch.clamp(torch.ceil((1.0 - ratio) * n.double() - 1e-9).long(), min=1)

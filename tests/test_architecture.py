@@ -1,0 +1,115 @@
+"""The package's shape: data flows one way (cli -> eval -> pipeline -> models -> hook -> methods -> cache
+-> attention/recipe), with no import circle. Checked on the source's import statements (every
+``import``/``from`` anywhere in a file, lazy ones inside functions included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "longlab"
+
+# Layer of each module, lowest first; a module may import only from its own layer or lower ones.
+# Within one layer the import graph must still be acyclic.
+LAYERS: list[tuple[str, ...]] = [
+    ("paths", "recipe", "tasks", "sparse.blockmask", "sparse.synthetic", "quant.quantizer", "eval.store"),
+    ("attention",),
+    ("cache",),
+    ("kv", "quant", "sparse", "decode", "methods"),  # method families
+    ("hook",),
+    ("models",),
+    ("pipeline",),
+    ("kv.indexmem_train", "quant.calibrate", "eval"),  # tools and the harness drive models and pipelines
+    ("cli",),
+    ("",),  # the package face: longlab/__init__.py
+]
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = path
+    return mods
+
+
+def _imports(name: str, path: Path, mods: dict[str, Path]) -> set[str]:
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".") if package else []
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            elif (node.module or "").startswith("longlab"):
+                target = node.module.removeprefix("longlab").lstrip(".")
+            else:
+                continue
+            for cand in [target] + [f"{target}.{a.name}" if target else a.name for a in node.names]:
+                if cand in mods and cand != name:
+                    found.add(cand)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("longlab"):
+                    target = alias.name.removeprefix("longlab").lstrip(".")
+                    if target in mods and target != name:
+                        found.add(target)
+    # "from . import methods" inside a package __init__ names the module, not the package itself
+    found.discard(name)
+    return found
+
+
+def _layer_of(name: str) -> int:
+    best, best_len = None, -1
+    for rank, prefixes in enumerate(LAYERS):
+        for prefix in prefixes:
+            hit = name == prefix or (prefix and name.startswith(prefix + "."))
+            if hit and len(prefix) > best_len:
+                best, best_len = rank, len(prefix)
+    if best is None:
+        raise AssertionError(f"module longlab.{name} has no layer in LAYERS")
+    return best
+
+
+GRAPH = {name: _imports(name, path, _modules()) for name, path in _modules().items()}
+
+
+def test_every_module_has_a_layer():
+    for name in GRAPH:
+        _layer_of(name)
+
+
+@pytest.mark.parametrize("name", sorted(GRAPH))
+def test_imports_point_down(name):
+    upward = [dep for dep in GRAPH[name] if _layer_of(dep) > _layer_of(name)]
+    assert not upward, f"longlab.{name or '(package)'} imports higher layers: {sorted(upward)}"
+
+
+def test_no_import_circle():
+    state: dict[str, int] = {}
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(GRAPH[node]):
+            if state.get(dep) == 1:
+                cycle = stack[stack.index(dep):] + [dep] if dep in stack else [node, dep]
+                raise AssertionError("import circle: " + " -> ".join(c or "longlab" for c in cycle))
+            if dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = 2
+
+    for name in sorted(GRAPH):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_methods_never_import_the_hook_or_the_harness():
+    for name, deps in GRAPH.items():
+        if _layer_of(name) == 3:
+            bad = {d for d in deps if d in ("hook", "models", "pipeline", "cli") or d.startswith("eval")}
+            assert not bad, f"longlab.{name} imports {sorted(bad)}"
