@@ -1,29 +1,50 @@
-"""longlab vs NVIDIA kvpress on the same samples, methods and ratios: accuracy and wall time.
+"""longlab vs NVIDIA kvpress on the same samples, methods and ratios: accuracy with paired 95% CIs, wall time.
 
-    make kvpress-venv                      # kvpress in .venv-kvpress (it pins transformers < 5.3)
-    python bench/vs_kvpress.py             # or: make vs-kvpress
+    make kvpress-venv                      # kvpress in .venv-kvpress (it pins an older transformers)
+    python bench/vs_kvpress.py --samples 2 # or: make vs-kvpress (VS_KVPRESS_ARGS="--samples 18")
 
 Both sides run SmolLM2-135M-Instruct from the same local files (the safetensors that
-``longlab.load_model("smollm2-135m")`` caches), fp32 on CPU, greedy decoding, query-agnostic
-(the context is compressed alone, then the question is asked), the same prompt token ids
-(checked), and the same torch thread count. Samples: longlab's generated RULER tasks saved as JSONL.
+``longlab.load_model("smollm2-135m")`` caches), fp32 on CPU, greedy decoding, query-agnostic (the
+context is compressed alone, then the question is asked), the same prompt token ids (checked id for
+id, every sample) and the same torch thread count. Samples: longlab's generated RULER tasks saved as
+JSONL; ``--samples`` counts samples per (task, length), so each recipe is scored on
+``len(tasks) x len(lengths) x samples`` samples.
 
 - **kvpress** runs in its own venv through a subprocess (this file, with ``--kvpress-driver``), with
   its ``"kv-press-text-generation"`` pipeline: one call per (press, sample), each prefilling the
-  whole context under the press, then decoding.
-- **longlab** runs ``longlab.eval.runner.run_eval`` on the JSONL: one shared prefill per sample,
-  branched into every recipe.
+  whole context in one forward under the press (compression once, after the full context), then
+  feeding the question and decoding greedily.
+- **longlab** runs ``longlab eval``'s grid driver (``run_eval``) on the JSONL: one shared prefill per
+  sample, compression replayed per recipe on a fork, the recipes' answers decoded as one batch
+  (``--longlab-modes`` adds the unbatched path).
+
+The prompt both sides see is longlab's: chat template, user turn = context + ``"\\n\\n"`` + question,
+then ``answer_prefix`` after the assistant header; kvpress is handed ``question="\\n\\n" + question``
+so its pipeline builds exactly these ids (``--kvpress-question raw`` hands it the bare question, the
+pipeline's own default layout). Each sample's own ``max_new_tokens`` is used on both sides
+(``--max-new-tokens`` caps both). Tasks with a plain-completion prompt (``passkey``) are refused:
+kvpress's pipeline always applies the chat template, so the ids could not match.
 
 Methods and ratios (kvpress defaults mirrored in longlab's parameters): no press / ``full``;
 ``SnapKVPress`` / ``snapkv:window_size=64`` (kernel 5, avg pooling); ``StreamingLLMPress`` /
 ``streaming`` (4 sinks); ``TOVAPress`` / ``tova``; ``KnormPress`` / ``knorm``; each at 0.5 and 0.75.
-Known differences: kvpress keeps ``int((1-r) n)`` entries, longlab ``ceil((1-r) n)``; kvpress's TOVA
-always keeps the last token; longlab compresses once after the last 256-token prefill chunk,
-kvpress after one full-context forward.
+Known differences: kvpress keeps ``int((1-r) n)`` entries, longlab ``ceil((1-r) n)``; kvpress's
+TOVA always keeps the last token. ``--chunk-size`` is longlab's prefill chunk (default 4096: one
+forward over these contexts, as kvpress does; the compression step sees the whole context either
+way).
 
-Writes ``bench/results/vs_kvpress.json`` (hardware header, per-recipe accuracy, predictions, times).
-Wall time on a shared machine is noisy: CPU seconds and the load average are recorded too.
-This file's top level imports only the standard library (the driver runs in the kvpress venv).
+Statistics per recipe: the score's mean with a 95% interval on each side (Wilson when every score is
+0/1, else a percentile bootstrap) and the paired bootstrap of longlab - kvpress over the same samples
+(``longlab.eval.stats``); "equal accuracy" means that interval contains 0 for every recipe. Wall time:
+both sweeps run one after the other in this process's run (model loads excluded), with CPU seconds
+and the load average before/after each, since wall time on a shared machine is noisy.
+
+``--kept-check`` instead compares the kept indices of KnormPress/StreamingLLMPress with longlab's
+``knorm``/``streaming`` on each side's own forward of the same prompt ids (one chunk, compression once).
+
+Writes ``--out`` (default ``bench/results/vs_kvpress.json``): hardware header, setup, the table with
+CIs, both sides' predictions and times. This file's top level imports only the standard library (the
+driver runs in the kvpress venv).
 """
 
 from __future__ import annotations
@@ -40,6 +61,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RATIOS = (0.5, 0.75)
+LONGLAB_SEPARATOR = "\n\n"  # longlab's user turn is context + "\n\n" + question
 # longlab method -> (kvpress press class, longlab parameters mirroring the press's defaults)
 METHODS: dict[str, tuple[str, str]] = {
     "snapkv": ("SnapKVPress", ":window_size=64"),
@@ -47,13 +69,16 @@ METHODS: dict[str, tuple[str, str]] = {
     "tova": ("TOVAPress", ""),
     "knorm": ("KnormPress", ""),
 }
+KEPT_METHODS = ("knorm", "streaming")  # policies whose kept set depends on no attention weights
+MODES = {"batched": True, "plain": False}  # longlab mode -> batch_decode
 
 
-def recipes(ratios: tuple[float, ...]) -> list[tuple[str, str | None, float]]:
-    """(longlab recipe, kvpress press class or None, ratio) for every cell of the sweep."""
-    out: list[tuple[str, str | None, float]] = [("full", None, 0.0)]
-    for method, (press, params) in METHODS.items():
-        out += [(f"{method}@{r:g}{params}", press, r) for r in ratios]
+def recipes(ratios: tuple[float, ...], methods: tuple[str, ...] = tuple(METHODS)) -> list[list]:
+    """[longlab recipe, kvpress press class or None, ratio] for every cell of the sweep."""
+    out: list[list] = [["full", None, 0.0]]
+    for method in methods:
+        press, params = METHODS[method]
+        out += [[f"{method}@{r:g}{params}", press, r] for r in ratios]
     return out
 
 
@@ -62,6 +87,10 @@ def _load() -> list[float]:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return []
+
+
+def _question(question: str, mode: str) -> str:
+    return LONGLAB_SEPARATOR + question if mode == "longlab" else question
 
 
 # --------------------------------------------------------------------------------------------------
@@ -80,44 +109,61 @@ def kvpress_driver(args: argparse.Namespace) -> int:
     transformers.utils.logging.disable_progress_bar()
     samples = [json.loads(line) for line in Path(args.samples_jsonl).read_text().splitlines() if line.strip()]
     cells = json.loads(args.cells)
-    t0, c0 = time.perf_counter(), time.process_time()
+    t0 = time.perf_counter()
     pipe = pipeline("kv-press-text-generation", model=args.model_dir, device="cpu", dtype=torch.float32)
     load_s = time.perf_counter() - t0
+    kept: dict[int, list[list[int]]] = {}
+    if args.kept_check:
+        from kvpress.presses.scorer_press import ScorerPress
+        from kvpress.utils import compute_n_kept
+
+        original = ScorerPress.compress
+
+        def recording(self, module, hidden_states, keys, values, attentions, kw):  # noqa: ANN001
+            # the indices ScorerPress.compress keeps (its own scores and top-k), sorted per head
+            scores = self.score(module, hidden_states, keys, values, attentions, kw)  # [1, H_kv, T]
+            n_kept = compute_n_kept(keys.shape[2], self.compression_ratio)
+            kept[module.layer_idx] = scores.topk(n_kept, dim=-1).indices.sort(-1).values[0].tolist()
+            return original(self, module, hidden_states, keys, values, attentions, kw)
+
+        ScorerPress.compress = recording
     rows = []
     t1, c1 = time.perf_counter(), time.process_time()
     for recipe, press_name, ratio in cells:
         press = getattr(kvpress, press_name)(compression_ratio=ratio) if press_name else None
         for s in samples:
-            # longlab's prompt is user turn = context + "\n\n" + question: give kvpress the same text
-            question = "\n\n" + s["question"]
+            kept.clear()
+            max_new = min(s["max_new_tokens"], args.max_new_tokens or s["max_new_tokens"])
             start = time.perf_counter()
             answer = pipe(
-                s["context"], question=question, answer_prefix=s.get("answer_prefix") or "", press=press,
-                max_new_tokens=s["max_new_tokens"],
+                s["context"], question=_question(s["question"], args.kvpress_question),
+                answer_prefix=s.get("answer_prefix") or "", press=press, max_new_tokens=max_new,
             )["answer"]
-            rows.append({
+            row = {
                 "recipe": recipe, "sample_id": s["sample_id"], "prediction": answer.strip(),
                 "seconds": time.perf_counter() - start,
-            })
+            }
+            if args.kept_check:
+                row["kept"] = [kept[i] for i in sorted(kept)]
+            rows.append(row)
             print(f"kvpress {len(rows)}/{len(cells) * len(samples)}: {recipe} {s['sample_id']} "
-                  f"{rows[-1]['seconds']:.1f}s", file=sys.stderr, flush=True)
+                  f"{row['seconds']:.1f}s", file=sys.stderr, flush=True)
     sweep_s, sweep_cpu = time.perf_counter() - t1, time.process_time() - c1
     # the prompt token ids kvpress used, to check both sides saw the same tokens
-    tokens = {}
+    ids = {}
     for s in samples:
-        inputs = pipe.preprocess(s["context"], ["\n\n" + s["question"]], s.get("answer_prefix") or "", 10**9)
-        n_q = int(inputs["questions_ids"][0].shape[1])
-        tokens[s["sample_id"]] = [int(inputs["context_ids"].shape[1]), n_q]
+        question = _question(s["question"], args.kvpress_question)
+        inputs = pipe.preprocess(s["context"], [question], s.get("answer_prefix") or "", 10**9)
+        ids[s["sample_id"]] = [inputs["context_ids"][0].tolist(), inputs["questions_ids"][0][0].tolist()]
     result = {
-        "rows": rows, "load_s": load_s, "sweep_s": sweep_s, "sweep_cpu_s": sweep_cpu,
-        "process_cpu_s": time.process_time() - c0, "prompt_tokens": tokens,
+        "rows": rows, "load_s": load_s, "sweep_s": sweep_s, "sweep_cpu_s": sweep_cpu, "prompt_ids": ids,
         "versions": {
             "kvpress": _version("kvpress"), "transformers": transformers.__version__,
             "torch": torch.__version__,
         },
         "attn_implementation": pipe.model.config._attn_implementation,
     }
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    Path(args.out).write_text(json.dumps(result))
     return 0
 
 
@@ -142,8 +188,12 @@ def run_kvpress(args: argparse.Namespace, jsonl: Path, model_dir: Path, cells: l
     cmd = [
         str(args.kvpress_python), str(Path(__file__).resolve()), "--kvpress-driver",
         "--samples-jsonl", str(jsonl), "--model-dir", str(model_dir), "--cells", json.dumps(cells),
-        "--threads", str(args.threads), "--out", str(out),
+        "--threads", str(args.threads), "--out", str(out), "--kvpress-question", args.kvpress_question,
     ]
+    if args.max_new_tokens:
+        cmd += ["--max-new-tokens", str(args.max_new_tokens)]
+    if args.kept_check:
+        cmd.append("--kept-check")
     env = {
         **os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
         "HF_HUB_DISABLE_PROGRESS_BARS": "1", "OMP_NUM_THREADS": str(args.threads), "PYTHONPATH": "",
@@ -159,10 +209,11 @@ def run_kvpress(args: argparse.Namespace, jsonl: Path, model_dir: Path, cells: l
 
 
 def run_longlab(args: argparse.Namespace, jsonl: Path, cells: list, tmp: Path, batch_decode: bool) -> dict:
-    """Run longlab's runner (prefill once per sample) on the same JSONL and recipes."""
+    """Run longlab's grid driver (prefill once per sample) on the same JSONL and recipes."""
     import torch
 
-    from longlab.eval.runner import EvalConfig, run_eval
+    from longlab.eval.config import EvalConfig
+    from longlab.eval.grid import run_eval
     from longlab.eval.store import ResultStore
 
     torch.set_num_threads(args.threads)
@@ -170,29 +221,109 @@ def run_longlab(args: argparse.Namespace, jsonl: Path, cells: list, tmp: Path, b
     summary = run_eval(EvalConfig(
         out=str(out), model="smollm2-135m", recipes=[c[0] for c in cells], jsonl=str(jsonl),
         chunk_size=args.chunk_size, threads=args.threads, batch_decode=batch_decode, report=False,
-        progress=True,
+        progress=True, max_new_tokens=args.max_new_tokens,
     ), log=lambda msg: None)
     with ResultStore(out) as store:
         rows = store.rows()
     return {
         "rows": [{"recipe": r["recipe"], "sample_id": r["sample_id"], "prediction": r["prediction"],
-                  "score": r["score"], "prompt_tokens": [r["context_tokens"], r["extra"]["question_tokens"]],
-                  "shared_prefill_s": r["extra"]["shared_prefill_s"]} for r in rows],
+                  "score": r["score"], "generated_tokens": r["extra"].get("generated_tokens"),
+                  "shared_prefill_s": r["extra"].get("shared_prefill_s")} for r in rows],
         "load_s": summary.load_s, "sweep_s": summary.sweep_s, "sweep_cpu_s": summary.sweep_cpu_s,
         "versions": {"longlab": _version("longlab"), "transformers": _version("transformers"),
                      "torch": torch.__version__},
     }
 
 
+def kept_longlab(samples: list, cells: list, chunk_size: int) -> dict[tuple[str, str], list[list[list[int]]]]:
+    """Kept context positions per layer and KV head of each (recipe, sample) under longlab's
+    ``generate(..., compress="end")`` (one forward of ``chunk_size`` tokens, compression once)."""
+    from longlab.models import load_model
+    from longlab.pipeline import generate
+
+    model, tokenizer = load_model("smollm2-135m")
+    out = {}
+    for recipe, press, _ in cells:
+        if press is None:
+            continue
+        for s in samples:
+            result = generate(
+                model, tokenizer, s.context, s.question, recipe, answer_prefix=s.answer_prefix,
+                max_new_tokens=1, compress="end", chunk_size=chunk_size,
+            )
+            n_ctx = result.context_tokens[0]
+            out[(recipe, s.sample_id)] = [
+                [sorted(int(p) for p in head if 0 <= p < n_ctx) for head in layer.index[0]]
+                for layer in result.cache.layers
+            ]
+    return out
+
+
+def kept_check(args: argparse.Namespace, samples: list, jsonl: Path, model_dir: Path, tmp: Path) -> int:
+    """Compare kept indices of both sides on their own forward of the same prompt ids."""
+    cells = recipes(tuple(float(r) for r in args.ratios.split(",")), KEPT_METHODS)[1:]
+    kv = run_kvpress(args, jsonl, model_dir, cells, tmp)
+    ll = kept_longlab(samples, cells, args.chunk_size)
+    table = []
+    for recipe, press, ratio in cells:
+        shared = kv_total = ll_total = 0
+        for row in (r for r in kv["rows"] if r["recipe"] == recipe):
+            ours = ll[(recipe, row["sample_id"])]
+            for kv_layer, ll_layer in zip(row["kept"], ours):
+                for kv_head, ll_head in zip(kv_layer, ll_layer):
+                    shared += len(set(kv_head) & set(ll_head))
+                    kv_total, ll_total = kv_total + len(kv_head), ll_total + len(ll_head)
+        table.append({"recipe": recipe, "kvpress_press": press, "ratio": ratio,
+                      "kvpress_kept": kv_total, "longlab_kept": ll_total, "shared": shared,
+                      "overlap_of_kvpress": shared / max(kv_total, 1)})
+        print(f"{recipe:>16} vs {press:<18}: kvpress keeps {kv_total}, longlab {ll_total} (ceil vs int), "
+              f"shared {shared} = {100 * shared / max(kv_total, 1):.2f}% of kvpress's")
+    result = {"kept_check": table, "samples": [s.sample_id for s in samples],
+              "versions": kv["versions"], "chunk_size": args.chunk_size}
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _cis(a: list[float], b: list[float]) -> dict:
+    """Per-side estimates and the paired difference a - b (same samples, same order)."""
+    from longlab.eval.stats import paired_difference, score_estimate
+
+    ea, eb, d = score_estimate(a), score_estimate(b), paired_difference(a, b)
+    return {
+        "longlab": [ea.mean, ea.low, ea.high, ea.method], "kvpress": [eb.mean, eb.low, eb.high, eb.method],
+        "difference": [d.mean, d.low, d.high], "significant": d.significant,
+    }
+
+
+def _pct(x: list) -> str:
+    return f"{100 * x[0]:.1f} [{100 * x[1]:.1f}, {100 * x[2]:.1f}]"
+
+
+def _answer_tokens(tokenizer, kv: dict) -> dict[str, float]:
+    """Tokens per answer on the kvpress side (re-tokenised, EOS not counted)."""
+    lengths = [len(tokenizer(r["prediction"], add_special_tokens=False)["input_ids"]) for r in kv["rows"]]
+    return {"mean": sum(lengths) / max(len(lengths), 1), "max": max(lengths, default=0)}
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--kvpress-python", type=Path, default=ROOT / ".venv-kvpress" / "bin" / "python")
     p.add_argument("--tasks", default="niah_single_1,vt")
-    p.add_argument("--length", type=int, default=1024)
-    p.add_argument("--samples", type=int, default=4)
+    p.add_argument("--lengths", default="1024", help="prompt lengths in tokens, comma-separated")
+    p.add_argument("--samples", type=int, default=2, help="samples per (task, length)")
+    p.add_argument("--seed", type=int, default=0, help="sample generation seed")
     p.add_argument("--ratios", default=",".join(f"{r:g}" for r in RATIOS))
+    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
     p.add_argument("--threads", type=int, default=1, help="torch threads, both sides")
-    p.add_argument("--chunk-size", type=int, default=128, help="longlab's prefill chunk size")
+    p.add_argument("--chunk-size", type=int, default=4096, help="longlab's prefill chunk size")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="cap each sample's own limit, both sides")
+    p.add_argument("--longlab-modes", default="batched",
+                   help="batched (the default eval path), plain, or both")
+    p.add_argument("--kvpress-question", choices=("longlab", "raw"), default="longlab",
+                   help="longlab: hand kvpress '\\n\\n' + question (longlab's ids); raw: the bare question")
+    p.add_argument("--kept-check", action="store_true",
+                   help="compare kept indices of knorm/streaming on both sides instead of the sweep")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "vs_kvpress.json")
     p.add_argument("--kvpress-driver", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--samples-jsonl", help=argparse.SUPPRESS)
@@ -202,28 +333,59 @@ def main(argv: list[str] | None = None) -> int:
     if args.kvpress_driver:
         return kvpress_driver(args)
 
+    for name in ("samples", "threads", "chunk_size", "max_new_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            return fail(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    modes = [m.strip() for m in args.longlab_modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        return fail(f"--longlab-modes: choose from {', '.join(MODES)}, got {args.longlab_modes!r}")
+    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
+    if not methods or any(m not in METHODS for m in methods):
+        return fail(f"--methods: choose from {', '.join(METHODS)}, got {args.methods!r}")
+    try:
+        ratios = tuple(float(r) for r in args.ratios.split(","))
+        lengths = [int(x) for x in args.lengths.split(",")]
+    except ValueError as err:
+        return fail(f"--ratios / --lengths: {err}")
+    if any(not 0 < r < 1 for r in ratios) or any(n < 1 for n in lengths):
+        return fail("--ratios must lie in (0, 1) and --lengths must be positive")
     if not args.kvpress_python.exists():
         return fail(f"no kvpress venv at {args.kvpress_python.parent.parent}: run `make kvpress-venv` first "
-                    "(kvpress goes into its own venv: it pins transformers < 5.3)")
+                    "(kvpress goes into its own venv: it pins an older transformers)")
     check = subprocess.run([str(args.kvpress_python), "-c", "import kvpress"], capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": ""})
     if check.returncode != 0:
         return fail(f"kvpress does not import in {args.kvpress_python}:\n{check.stderr.strip()[-2000:]}")
 
-    from longlab.models import cache_dir, load_model
+    from longlab.models import load_model
+    from longlab.paths import cache_dir
+    from longlab.pipeline import encode_prompts
     from longlab.tasks import generate, save_jsonl, score
 
     _, tokenizer = load_model("smollm2-135m")  # also caches the safetensors kvpress loads
     model_dir = cache_dir() / "models" / "smollm2-135m"
-    ratios = tuple(float(r) for r in args.ratios.split(","))
-    cells = recipes(ratios)
-    samples = [s for t in args.tasks.split(",") for s in generate(t, tokenizer, args.length, args.samples, 0)]
+    cells = recipes(ratios, methods)
+    try:
+        samples = [s for t in args.tasks.split(",") for n in lengths
+                   for s in generate(t, tokenizer, n, args.samples, args.seed)]
+    except ValueError as err:
+        return fail(str(err))
+    plain = sorted({s.task for s in samples if s.metadata.get("prompt", "chat") == "plain"})
+    if plain:
+        return fail(f"tasks {plain} use a plain completion prompt in longlab; kvpress's pipeline always "
+                    "applies the chat template, so the prompts would differ: leave them out")
+    if len({s.sample_id for s in samples}) != len(samples):
+        return fail("sample ids repeat across tasks/lengths; the sides are matched by sample id")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vs_kvpress-") as tmp_name:
         tmp = Path(tmp_name)
         jsonl = tmp / "samples.jsonl"
         save_jsonl(samples, jsonl)
-        print(f"{len(samples)} samples ({args.tasks} at {args.length} tokens) x {len(cells)} recipes, "
+        if args.kept_check:
+            args.max_new_tokens = 1  # the kept sets are fixed before decoding starts
+            return kept_check(args, samples, jsonl, model_dir, tmp)
+        print(f"{len(samples)} samples ({args.tasks} at {args.lengths} tokens) x {len(cells)} recipes, "
               f"{args.threads} thread(s); load average {_load()}", flush=True)
         load_before_kv = _load()
         try:
@@ -233,84 +395,98 @@ def main(argv: list[str] | None = None) -> int:
         kv["load_average"] = [load_before_kv, _load()]
         print(f"kvpress: sweep {kv['sweep_s']:.1f}s wall, {kv['sweep_cpu_s']:.1f}s CPU", flush=True)
         sides = {}
-        for key, batch_decode in (("longlab", False), ("longlab_batched", True)):
+        for mode in modes:
             load_before = _load()
-            sides[key] = run_longlab(args, jsonl, cells, tmp, batch_decode)
-            sides[key]["load_average"] = [load_before, _load()]
-            print(f"{key}: sweep {sides[key]['sweep_s']:.1f}s wall, {sides[key]['sweep_cpu_s']:.1f}s CPU",
-                  flush=True)
+            sides[mode] = run_longlab(args, jsonl, cells, tmp, MODES[mode])
+            sides[mode]["load_average"] = [load_before, _load()]
+            print(f"longlab {mode}: sweep {sides[mode]['sweep_s']:.1f}s wall, "
+                  f"{sides[mode]['sweep_cpu_s']:.1f}s CPU", flush=True)
 
-    answers = {s.sample_id: (s.task, s.answers) for s in samples}
+    by_id = {s.sample_id: s for s in samples}
     for row in kv["rows"]:
-        task, refs = answers[row["sample_id"]]
-        row["score"] = score(task, row["prediction"], refs)
-    ll, lb = sides["longlab"], sides["longlab_batched"]
-    mismatched = sorted(
-        r["sample_id"] for r in ll["rows"] if r["recipe"] == "full"
-        and r["prompt_tokens"] != kv["prompt_tokens"][r["sample_id"]]
-    )
+        s = by_id[row["sample_id"]]
+        row["score"] = score(s.task, row["prediction"], s.answers)
+    # the ids longlab's runner builds (chat template: every task here) against kvpress's
+    mismatched = []
+    for s in samples:
+        (ctx,), (q,) = encode_prompts(tokenizer, [s.context], [s.question], [s.answer_prefix], True)
+        if [ctx, q] != kv["prompt_ids"][s.sample_id]:
+            mismatched.append(s.sample_id)
+    order = [s.sample_id for s in samples]
 
-    def cell(rows: list[dict], recipe: str) -> tuple[float, dict[str, str]]:
-        chosen = [r for r in rows if r["recipe"] == recipe]
-        return sum(r["score"] for r in chosen), {r["sample_id"]: r["prediction"] for r in chosen}
+    def scores(rows: list[dict], recipe: str) -> tuple[list[float], dict[str, str]]:
+        chosen = {r["sample_id"]: r for r in rows if r["recipe"] == recipe}
+        return [chosen[i]["score"] for i in order], {i: chosen[i]["prediction"] for i in order}
 
     table = []
+    pooled: dict[str, list[float]] = {"kvpress": [], **{m: [] for m in modes}}
     for recipe, press, ratio in cells:
-        (k, kp), (g, gp) = cell(kv["rows"], recipe), cell(ll["rows"], recipe)
-        b, bp = cell(lb["rows"], recipe)
-        n = len(kp)
-        table.append({
-            "recipe": recipe, "kvpress_press": press or "none", "ratio": ratio, "n": n,
-            "kvpress_correct": k, "longlab_correct": g, "longlab_batched_correct": b,
-            "kvpress_acc": 100 * k / max(n, 1), "longlab_acc": 100 * g / max(n, 1),
-            "longlab_batched_acc": 100 * b / max(n, 1),
-            "same_predictions": sum(kp[i] == gp.get(i) for i in kp),
-            "same_predictions_batched": sum(kp[i] == bp.get(i) for i in kp),
-        })
-    within = all(
-        abs(t["kvpress_correct"] - t[f"{key}_correct"]) <= 1
-        for t in table for key in ("longlab", "longlab_batched")
-    )
+        kv_scores, kv_pred = scores(kv["rows"], recipe)
+        entry = {"recipe": recipe, "kvpress_press": press or "none", "ratio": ratio, "n": len(order),
+                 "kvpress_correct": sum(kv_scores)}
+        if recipe != "full":
+            pooled["kvpress"] += kv_scores
+        for mode in modes:
+            ll_scores, ll_pred = scores(sides[mode]["rows"], recipe)
+            entry[f"longlab_{mode}_correct"] = sum(ll_scores)
+            entry[f"longlab_{mode}"] = _cis(ll_scores, kv_scores)
+            entry[f"same_predictions_{mode}"] = sum(kv_pred[i] == ll_pred[i] for i in order)
+            if recipe != "full":
+                pooled[mode] += ll_scores
+        table.append(entry)
+    equal = {m: not any(t[f"longlab_{m}"]["significant"] for t in table) for m in modes}
+    timing = {m: {"wall_ratio": kv["sweep_s"] / sides[m]["sweep_s"],
+                  "cpu_ratio": kv["sweep_cpu_s"] / sides[m]["sweep_cpu_s"]} for m in modes}
     result = {
         "hardware": {
             "cpus": os.cpu_count(), "machine": platform.machine(), "processor": platform.processor(),
             "python": platform.python_version(), "threads": args.threads,
         },
-        "setup": {"model": "smollm2-135m (fp32, CPU)", "tasks": args.tasks, "length": args.length,
-                  "samples_per_task": args.samples, "ratios": list(ratios), "chunk_size": args.chunk_size,
-                  "query_aware": False, "prompt_token_mismatches": mismatched},
+        "setup": {
+            "model": "smollm2-135m (fp32, CPU)", "tasks": args.tasks, "lengths": lengths,
+            "samples_per_task_length": args.samples, "samples_per_recipe": len(order), "seed": args.seed,
+            "ratios": list(ratios), "chunk_size": args.chunk_size, "max_new_tokens_cap": args.max_new_tokens,
+            "query_aware": False, "kvpress_question": args.kvpress_question,
+            "prompt_id_mismatches": mismatched, "longlab_modes": modes,
+            "command": "python bench/vs_kvpress.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        },
         "table": table,
-        "wall_ratio": kv["sweep_s"] / ll["sweep_s"],
-        "cpu_ratio": kv["sweep_cpu_s"] / ll["sweep_cpu_s"],
-        "wall_ratio_batched": kv["sweep_s"] / lb["sweep_s"],
-        "cpu_ratio_batched": kv["sweep_cpu_s"] / lb["sweep_cpu_s"],
-        "accuracy_within_one_sample": within,
+        "pooled_compressed": {m: _cis(pooled[m], pooled["kvpress"]) for m in modes},
+        "equal_accuracy": equal,
+        "timing": timing,
+        "kvpress_answer_tokens": _answer_tokens(tokenizer, kv),
     }
-    for key, side in (("kvpress", kv), ("longlab", ll), ("longlab_batched", lb)):
-        result[key] = {k: v for k, v in side.items() if k != "rows"} | {"predictions": side["rows"]}
+    for key, side in (("kvpress", kv), *((f"longlab_{m}", sides[m]) for m in modes)):
+        result[key] = {k: v for k, v in side.items() if k not in ("rows", "prompt_ids")} | {
+            "predictions": side["rows"]}
     args.out.write_text(json.dumps(result, indent=1) + "\n")
 
-    print("\n| recipe | kvpress press | n | kvpress acc | longlab acc | longlab batched acc "
-          "| same predictions |")
-    print("|---|---|---:|---:|---:|---:|---:|")
-    for t in table:
-        print(f"| {t['recipe']} | {t['kvpress_press']} | {t['n']} | {t['kvpress_acc']:.1f} "
-              f"| {t['longlab_acc']:.1f} | {t['longlab_batched_acc']:.1f} "
-              f"| {t['same_predictions']}/{t['n']}, {t['same_predictions_batched']}/{t['n']} |")
-    total = sum(t["n"] for t in table)
-    accs = {key: 100 * sum(t[f"{key}_correct"] for t in table) / total
-            for key in ("kvpress", "longlab", "longlab_batched")}
-    print(f"\naccuracy over the sweep: kvpress {accs['kvpress']:.1f}, longlab {accs['longlab']:.1f}, "
-          f"longlab --batch-decode {accs['longlab_batched']:.1f} (within one sample per recipe: {within})")
-    for key, side in (("longlab", ll), ("longlab --batch-decode", lb)):
-        print(f"sweep time, kvpress vs {key}: wall {kv['sweep_s']:.1f}s vs {side['sweep_s']:.1f}s -> "
-              f"{kv['sweep_s'] / side['sweep_s']:.2f}x; CPU {kv['sweep_cpu_s']:.1f}s vs "
-              f"{side['sweep_cpu_s']:.1f}s -> {kv['sweep_cpu_s'] / side['sweep_cpu_s']:.2f}x")
-    print(f"model load: kvpress {kv['load_s']:.1f}s, longlab {ll['load_s']:.1f}s (not in the sweep times); "
-          f"load average kvpress {kv['load_average']}, longlab {ll['load_average']}, "
-          f"batched {lb['load_average']}")
+    n = len(order)
+    for m in modes:
+        print(f"\nlonglab ({m} decode) vs kvpress, {n} samples per recipe; accuracy % with 95% CI "
+              "(Wilson / bootstrap), difference = paired bootstrap over the same samples")
+        print("| recipe | kvpress press | kvpress | longlab | longlab - kvpress | same predictions |")
+        print("|---|---|---:|---:|---:|---:|")
+        for t in table:
+            c = t[f"longlab_{m}"]
+            star = " *" if c["significant"] else ""
+            print(f"| {t['recipe']} | {t['kvpress_press']} | {_pct(c['kvpress'])} | {_pct(c['longlab'])} "
+                  f"| {_pct(c['difference'])}{star} | {t[f'same_predictions_{m}']}/{n} |")
+        c = result["pooled_compressed"][m]
+        print(f"| all compressed | | {_pct(c['kvpress'])} | {_pct(c['longlab'])} | {_pct(c['difference'])}"
+              f"{' *' if c['significant'] else ''} | |")
+        print("(* = the paired difference's CI excludes 0)")
+        print(f"equal accuracy (no recipe's paired CI excludes 0): {equal[m]}")
+        side, kv_cpu = sides[m], kv["sweep_cpu_s"]
+        print(f"sweep time, kvpress vs longlab {m}: wall {kv['sweep_s']:.1f}s vs {side['sweep_s']:.1f}s "
+              f"-> {timing[m]['wall_ratio']:.2f}x; CPU {kv_cpu:.1f}s vs {side['sweep_cpu_s']:.1f}s "
+              f"-> {timing[m]['cpu_ratio']:.2f}x; load average {kv['load_average']} / {side['load_average']}")
+    print(f"model load (not in the sweep times): kvpress {kv['load_s']:.1f}s, "
+          f"longlab {sides[modes[0]]['load_s']:.1f}s")
     if mismatched:
-        print(f"warning: prompt token counts differ for {mismatched}")
+        print(f"warning: prompt token ids differ for {mismatched}")
+    else:
+        print(f"prompt token ids identical on both sides for all {n} samples")
     print(f"wrote {args.out}")
     return 0
 

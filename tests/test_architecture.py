@@ -21,7 +21,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("hook",),
     ("models",),
     ("pipeline",),
-    ("kv.indexmem_train", "quant.calibrate", "eval"),  # tools and the harness drive models and pipelines
+    # tools and the harness drive models and pipelines (capture: q/k/v capture for calibration, training)
+    ("capture", "kv.indexmem_train", "quant.calibrate", "eval"),
     ("cli",),
     ("",),  # the package face: longlab/__init__.py
 ]

@@ -54,17 +54,29 @@ def test_left_padded_batch_matches_unpadded_rows(tiny_models, name):
             assert (step[b] - expected[-1]).abs().max() <= 1e-4
 
 
-def test_hf_generate_with_longlab_cache_and_padding(tiny_models, tokenizer):
+@pytest.mark.parametrize("cache_kwarg", ["cache", "past_key_values"])
+def test_hf_generate_with_longlab_cache_and_padding(tiny_models, tokenizer, cache_kwarg):
+    """``cache=`` is transformers' name since 5.24; the deprecated ``past_key_values=`` must keep working
+    (and reach the LonglabCache: its recipe compresses) while transformers accepts it."""
+    import warnings
+
     model, ref = tiny_models["tiny-llama"]
     batch = tokenizer(
         ["a longer prompt about boxes", "short"], return_tensors="pt", padding=True, padding_side="left"
     )
     plain = ref.generate(**batch, max_new_tokens=10, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    ours = model.generate(
-        **batch,
-        max_new_tokens=10,
-        do_sample=False,
-        pad_token_id=tokenizer.pad_token_id,
-        past_key_values=LonglabCache("full"),
-    )
-    assert torch.equal(plain, ours)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # past_key_values= is deprecated, not removed
+        ours = model.generate(
+            **batch,
+            max_new_tokens=10,
+            do_sample=False,
+            pad_token_id=tokenizer.pad_token_id,
+            **{cache_kwarg: LonglabCache("full")},
+        )
+        assert torch.equal(plain, ours)
+        cache = LonglabCache("streaming:budget=8")
+        kwargs = dict(max_new_tokens=3, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+        model.generate(**batch, **kwargs, **{cache_kwarg: cache})
+    # the 27-token prompt was cut to 8 entries per head; the two fed decode tokens come on top
+    assert cache.hook_calls > 0 and max(int(n.max()) for n in cache.lengths()) <= 8 + 2

@@ -239,3 +239,84 @@ def test_bad_parameters(spec, words):
 def test_bad_train_arguments(capsys):
     assert cli_main(["train", "indexmem", "--model", "tiny-llama", "--minutes", "0"]) == 2
     assert "minutes" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------- issue 10 item 11: training and weights
+@pytest.mark.parametrize("lr", ["nan", "0", "-0.001", "inf"])
+def test_train_refuses_a_non_finite_or_non_positive_lr_before_loading(lr, tmp_path, capsys):
+    out = tmp_path / "w.safetensors"
+    for flag in ("--lr", "--lr-memory"):
+        assert cli_main(["train", "indexmem", "--model", "tiny-llama", flag, lr, "--out", str(out)]) == 2
+        err = capsys.readouterr().err
+        assert f"{flag} must be a " in err and "positive number" in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())
+
+
+def _train(llama, tokenizer, out, **kw):
+    from longlab.kv.indexmem_train import train_indexmem
+
+    return train_indexmem(llama, tokenizer, model_name="tiny-llama", max_steps=1, seq_len=160,
+                          inner_steps=1, out=out, progress=False, **kw)
+
+
+def test_a_non_finite_loss_stops_training_and_writes_nothing(llama, tokenizer, tmp_path, monkeypatch):
+    import longlab.kv.indexmem_train as train
+
+    out = tmp_path / "w.safetensors"
+    out.write_bytes(b"previous weights")  # a failed run leaves what was there
+    monkeypatch.setattr(train, "_layer_losses", lambda *a: (torch.tensor(float("nan")), torch.tensor(0.0)))
+    with pytest.raises(LonglabError, match=r"loss became nan at optimizer step 1 .*nothing was written"):
+        _train(llama, tokenizer, out)
+    assert out.read_bytes() == b"previous weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]
+    assert llama.config._attn_implementation == "longlab"  # the capture is undone
+
+
+def test_non_finite_weights_are_never_saved(llama, tokenizer, tmp_path, monkeypatch):
+    import longlab.kv.indexmem_train as train
+
+    real = train._layer_losses
+
+    def poisoning(p, *args):  # a finite loss, then a weight overflows (as a huge lr would make it)
+        losses = real(p, *args)
+        with torch.no_grad():
+            p["gate_b"].fill_(float("inf"))
+        return losses
+
+    monkeypatch.setattr(train, "_layer_losses", poisoning)
+    with pytest.raises(LonglabError, match=r"weights layers\.0\.gate_b.* not finite; nothing was written"):
+        _train(llama, tokenizer, tmp_path / "w.safetensors")
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("damage", ["random", "truncated", "nan", "manifest"])
+def test_an_unusable_weights_file_is_a_clear_error(trained, damage, llama, tokenizer, text, tmp_path):
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    _, good = trained
+    path = tmp_path / "w.safetensors"
+    shutil.copy(good, path)
+    shutil.copy(manifest_path(good), manifest_path(path))
+    if damage == "random":
+        path.write_bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
+                         .to(torch.uint8).numpy().tobytes())
+    elif damage == "truncated":
+        path.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    elif damage == "nan":
+        flat = load_file(str(good))
+        flat["layers.1.wq"][0, 0] = float("nan")
+        save_file(flat, str(path))
+    else:
+        manifest_path(path).write_text("{not json", encoding="utf-8")
+    with pytest.raises(LonglabError) as err:
+        generate(llama, tokenizer, text, "Which box?", f"indexmem@0.5:weights={path}", max_new_tokens=2)
+    message = str(err.value)
+    assert f"cannot use the weights {path}" in message
+    model = "MODEL" if damage == "manifest" else "tiny-llama"  # an unreadable manifest hides the model
+    assert f"train them again: longlab train indexmem --model {model} --out {path}" in message
+    if damage == "nan":
+        assert "layer 1 has non-finite values in wq" in message
+    assert json.loads(manifest_path(good).read_text())["format"]  # the fixture is untouched

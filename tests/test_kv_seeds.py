@@ -97,9 +97,12 @@ def test_obc_variants_are_registered_and_keep_the_budget(tiny):
             # ceil(0.5 n) kept at prefill, then the question and the decoded tokens are appended
             assert int(lengths.max()) <= math.ceil(0.5 * n) + 40, name
         assert int(res.cache.lengths()[0].max()) < n
-        if name.startswith("tova"):  # TOVA's pipeline: the heads of a layer keep the same tokens
+        if name.startswith("tova"):  # per KV head by default (the OBCache code); share_heads: one token set
             index = res.cache.layers[0].index
-            assert torch.equal(index, index[:, :1].expand_as(index))
+            assert not torch.equal(index, index[:, :1].expand_as(index)), name
+            shared = generate(tiny, tok, context, "What?", f"{name}@0.5:share_heads=true", max_new_tokens=3,
+                              compress="end").cache.layers[0].index
+            assert torch.equal(shared, shared[:, :1].expand_as(shared)), name
 
 
 # ---------------------------------------------------------------------------------------------- ReST-KV

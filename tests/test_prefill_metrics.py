@@ -8,8 +8,10 @@ import pytest
 import torch
 
 from longlab.cache import LonglabCache
+from longlab.eval.config import EvalConfig
+from longlab.eval.grid import run_eval
 from longlab.eval.report import load_metrics, load_rows, prefill_table
-from longlab.eval.runner import EvalConfig, SampleRunner, run_eval
+from longlab.eval.sample_runner import SampleRunner
 from longlab.eval.store import ResultStore
 from longlab.pipeline import Stream
 from longlab.sparse.prefill import PrefillMetrics, collect_prefill_metrics

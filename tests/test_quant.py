@@ -11,6 +11,7 @@ from longlab.attention import LayerContext, dense_attention
 from longlab.cache import LonglabCache, LonglabLayer
 from longlab.pipeline import Stream, generate
 from longlab.quant import PMKVQ, ChannelGroupStore, QuantizedLayer, TokenGroupStore, layer_bytes
+from longlab.quant.pmkvq import code_bytes
 from longlab.quant.quantizer import (
     dequantize_channels,
     dequantize_tokens,
@@ -187,12 +188,15 @@ def test_kivi2_is_about_an_eighth_of_fp32_at_length():
 
 def test_pmkvq_bytes_model_matches_nbytes():
     k, v = _kv(T=300)
-    for budget, bits in ((10.0, 16), (0.025, 4)):
+    # 0.025 MiB: 16-bit code words (38400 B) exceed it, 8-bit ones (22016 B) fit -> one halving
+    for budget, bits in ((10.0, 16), (0.025, 8)):
         layer, ctx = _quantized(f"pmkvq:budget_mb={budget}", k, v)
         assert layer.key_store.bits == bits
-        expected = layer_bytes(300, bits, 2, 16, window_tokens=layer.keys.shape[-2])
-        assert layer.nbytes() == expected
-        assert layer.keys.shape[-2] == (300 - 1) % 128  # sink 1, whole windows of 128 flushed
+        w = layer.keys.shape[-2]
+        assert layer.nbytes() == layer_bytes(300, bits, 2, 16, window_tokens=w)
+        assert layer.code_nbytes() == code_bytes(300, bits, 2, 16, window_tokens=w)
+        assert layer.overhead_nbytes() == layer.nbytes() - layer.code_nbytes() > 0
+        assert w == (300 - 1) % 128  # sink 1, whole windows of 128 flushed
 
 
 @pytest.mark.parametrize("recipe", ["kivi2", "kivi4", "pmkvq:budget_mb=0.05"])
@@ -288,20 +292,26 @@ def _decode_steps(model, recipe, ids, steps, check=None):
     return out, torch.cat(all_logits), stream.cache
 
 
-def test_pmkvq_never_exceeds_its_per_block_budget_while_decoding(llama, tokenizer, text):
+def test_pmkvq_keeps_its_code_words_within_the_per_block_budget_while_decoding(llama, tokenizer, text):
     ids = tokenizer(text)["input_ids"][:700]
-    budget_mb = 0.1  # two layers: 51 KiB per layer per sequence; 850 entries need 2 bits at the end
+    budget_mb = 0.07  # two layers: 35.8 KiB of code words per layer; 850 entries need 2 bits at the end
+    per_layer = PMKVQ(budget_mb=budget_mb).budget_mb * 2**20 / 2
     widths = []
 
     def check(cache):
-        per_layer = PMKVQ(budget_mb=budget_mb).budget_mb * 2**20 / 2
-        for layer in cache.layers:
+        bits = [layer.key_store.bits for layer in cache.layers]
+        for layer, before in zip(cache.layers, widths[-1] if widths else bits):
             assert isinstance(layer, QuantizedLayer)
-            assert layer.nbytes() <= per_layer
-        widths.append(cache.layers[0].key_store.bits)
+            # one halving per update at most; over budget only right after a halving (the next ones catch up)
+            assert layer.key_store.bits in (before, before // 2)
+            assert layer.code_nbytes() <= per_layer or layer.key_store.bits < before
+        widths.append(bits)
 
     _decode_steps(llama, f"pmkvq:budget_mb={budget_mb}", ids, 150, check)
-    assert widths[-1] == 2 and widths == sorted(widths, reverse=True)  # progressive: never widens
+    first = [w[0] for w in widths]
+    assert first[-1] == 2 and first == sorted(first, reverse=True)  # progressive: never widens
+    assert all(layer.code_nbytes() <= per_layer < layer.nbytes() for layer in _decode_steps(
+        llama, f"pmkvq:budget_mb={budget_mb}", ids, 150)[2].layers)  # overheads are outside the budget
 
 
 def test_pmkvq_with_a_16_bit_budget_gives_the_unquantized_outputs(llama, tokenizer, text):
@@ -319,7 +329,8 @@ def test_pmkvq_with_a_16_bit_budget_gives_the_unquantized_outputs(llama, tokeniz
 
 def test_pmkvq_raises_when_two_bits_do_not_fit(llama, tokenizer, text):
     with pytest.raises(LonglabError, match="over its budget"):
-        generate(llama, tokenizer, text, "Where?", "pmkvq:budget_mb=0.001", max_new_tokens=2)
+        # one halving per update (16 -> 8 -> 4 -> 2), then the next update over budget raises
+        generate(llama, tokenizer, text, "Where?", "pmkvq:budget_mb=0.001", max_new_tokens=8)
 
 
 @pytest.mark.parametrize("recipe", ["snapkv@0.5+kivi2", "kivi4", "h2o@0.5+kivi2", "pmkvq:budget_mb=0.2"])

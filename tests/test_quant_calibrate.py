@@ -63,7 +63,7 @@ def test_calibration_end_to_end_on_tiny_llama(llama, tokenizer, text, tmp_path):
     result = generate(llama, tokenizer, text[:600], "Where?", f"pmkvq:allocation={path}", max_new_tokens=4)
     for layer, entry in zip(result.cache.layers, alloc["layers"]):
         assert isinstance(layer, QuantizedLayer)
-        assert layer.nbytes() <= entry["budget_bytes"]
+        assert layer.code_nbytes() <= entry["budget_bytes"]  # PM-KVQ's budget counts code words
     with pytest.raises(LonglabError, match="calibrated with"):
         generate(
             llama, tokenizer, text[:600], "Where?", f"pmkvq:allocation={path},window=64", max_new_tokens=2
@@ -81,3 +81,53 @@ def test_cli_arguments_parse():
         "4,2",
         4096,
     )
+
+
+# ---------------------------------------------------------- issue 10 item 11: arguments the recipe refuses
+@pytest.mark.parametrize(
+    "flag, value, words",
+    [
+        ("--window", "-5", ("--window", "window must be an integer >= 1, got -5")),
+        ("--sink", "-1", ("--sink", "sink must be an integer >= 0, got -1")),
+        ("--budget-mb", "nan", ("--budget-mb", "budget_mb must be a finite positive number")),
+        ("--budget-mb", "0", ("--budget-mb", "budget_mb must be a positive number, got 0")),
+        ("--samples", "0", ("--samples must be an integer >= 1, got 0",)),
+        ("--sample-tokens", "0", ("--sample-tokens must be an integer >= 1",)),
+        ("--max-tokens", "0", ("--max-tokens must be an integer >= 1",)),
+        ("--target-tokens", "0", ("--target-tokens must be an integer >= 1",)),
+        ("--bits", "4,3", ("--bits must be among 16, 8, 4, 2",)),
+        ("--seed", "99999999999", ("--seed must be an integer in [0, 4294967295]",)),
+    ],
+)
+def test_calibrate_refuses_what_the_recipe_would_refuse_before_any_work(flag, value, words, tmp_path, capsys):
+    from longlab.cli import main as cli_main
+
+    out = tmp_path / "alloc.json"
+    argv = ["calibrate", "pmkvq", "--model", "no-such-model-is-loaded", "--budget-mb", "1", "--out", str(out)]
+    assert cli_main(argv + [flag, value]) == 2
+    err = capsys.readouterr().err
+    assert all(w in err for w in words), err
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_calibrate_window_range_is_the_recipes(llama, tokenizer):
+    # the same value fails the same check in the recipe that would read the file and in the API
+    with pytest.raises(LonglabError, match=r"^pmkvq: window must be an integer >= 1, got -5$"):
+        calibrate_pmkvq(llama, tokenizer, 1.0, window=-5, log=lambda *a: None)
+    with pytest.raises(LonglabError, match=r"pmkvq: window must be an integer >= 1, got -5"):
+        from longlab.recipe import parse_recipe
+
+        parse_recipe("pmkvq:budget_mb=1,window=-5")
+    assert llama.config._attn_implementation == "longlab"
+
+
+def test_calibrate_out_must_be_a_writable_file(tmp_path, capsys):
+    from longlab.cli import main as cli_main
+
+    argv = ["calibrate", "pmkvq", "--model", "no-such-model-is-loaded", "--budget-mb", "1", "--out"]
+    assert cli_main(argv + [str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert cli_main(argv + [str(blocker / "alloc.json")]) == 2
+    assert "cannot create its folder" in capsys.readouterr().err

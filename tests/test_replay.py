@@ -35,7 +35,7 @@ RECIPES = [
     "knorm@0.5",
     "streaming@0.5",
     "h2o@0.5",
-    "restkv@0.5",
+    "restkv@0.9",  # per query head (gqa=query) holds H/H_kv (up to 4) times the entries of one per KV head
     "snapkv-obcvk@0.5",
     "snapkv@0.5+kivi2",
 ]

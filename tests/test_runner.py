@@ -14,9 +14,12 @@ import pytest
 import torch
 
 from longlab.cli import main as cli_main
-from longlab.eval.runner import EvalConfig, SampleRunner, run_eval, tail_start
+from longlab.eval.config import EvalConfig
+from longlab.eval.grid import run_eval
+from longlab.eval.planner import tail_start
+from longlab.eval.sample_runner import SampleRunner
 from longlab.eval.store import DB_NAME, ResultStore
-from longlab.pipeline import generate
+from longlab.pipeline import Stream, generate
 from longlab.tasks import Sample, save_jsonl
 from longlab.tasks import generate as generate_task
 
@@ -119,6 +122,71 @@ def test_batch_decode_equals_one_stream_per_recipe(tiny_models, tokenizer, model
         assert batched["extra"]["decode_batch"] == len(recipes) and one["extra"]["decode_batch"] == 1
         assert batched["prediction"] == one["prediction"], recipe
         assert batched["kv_bytes_after"] == one["kv_bytes_after"]
+
+
+def test_batch_decode_drops_finished_rows_and_keeps_every_row(tiny_models, tokenizer, monkeypatch):
+    """Rows that emit EOS leave the batched decode; every row still equals its own stream's."""
+    model = tiny_models["tiny-llama"][0]
+    sample = _sample()
+    sample.max_new_tokens = 12
+    recipes = ["full", "snapkv@0.5", "h2o@0.75", "streaming@0.5", "knorm@0.5"]
+    decoded: list[list[list[int]]] = []
+    widths: list[int] = []
+    decode, feed = Stream.decode, Stream.feed
+
+    def spy_decode(self, *args, **kwargs):
+        out = decode(self, *args, **kwargs)
+        decoded.append(out)
+        return out
+
+    def spy_feed(self, rows, *args, **kwargs):
+        if all(len(r) == 1 for r in rows):
+            widths.append(len(rows))
+        return feed(self, rows, *args, **kwargs)
+
+    monkeypatch.setattr(Stream, "decode", spy_decode)
+    monkeypatch.setattr(Stream, "feed", spy_feed)
+
+    def run(batch_decode: bool, eos: set[int]) -> dict[str, dict]:
+        config = EvalConfig(out="unused", model="tiny-llama", chunk_size=128, batch_decode=batch_decode)
+        runner = SampleRunner(model, tokenizer, config, "t")
+        runner.eos = eos
+        decoded.clear()
+        widths.clear()
+        return {r["recipe"]: r for r in runner.run(sample, recipes)}
+
+    free = run(False, set())
+    tokens = {name: out[0] for name, out in zip(free, decoded)}  # one decode per row, in yield order
+    eos = {tokens["full"][2], tokens["snapkv@0.5"][7]}
+    one = run(False, eos)
+    batched = run(True, eos)
+    assert max(widths) == len(recipes) and min(widths) < len(recipes)  # finished rows left the batch
+    lengths = {r["extra"]["generated_tokens"] for r in one.values()}
+    assert len(lengths) > 1 and min(lengths) < 12  # rows stopped at different steps
+    for name in recipes:
+        assert batched[name]["extra"]["decode_batch"] == len(recipes)
+        assert batched[name]["prediction"] == one[name]["prediction"], name
+        assert batched[name]["extra"]["generated_tokens"] == one[name]["extra"]["generated_tokens"], name
+
+
+def test_max_new_tokens_caps_each_samples_limit(tiny_models, tokenizer):
+    model = tiny_models["tiny-llama"][0]
+    sample = _sample()  # its own limit: 5 tokens
+    for cap, expected in ((None, 5), (12, 5), (3, 3)):
+        config = EvalConfig(out="unused", model="tiny-llama", chunk_size=128, max_new_tokens=cap)
+        runner = SampleRunner(model, tokenizer, config, "t")
+        runner.eos = set()  # every row runs to its limit
+        (row,) = runner.run(sample, ["full"])
+        assert row["extra"]["max_new_tokens"] == row["extra"]["generated_tokens"] == expected
+
+
+def test_the_default_eval_path_batches_the_decode():
+    from longlab.cli import build_parser
+
+    parser = build_parser()
+    assert parser.parse_args(["eval", "--out", "x"]).batch_decode is True
+    assert parser.parse_args(["eval", "--out", "x", "--no-batch-decode"]).batch_decode is False
+    assert EvalConfig(out="x").batch_decode is True
 
 
 def test_cli_end_to_end_then_rerun_skips(tmp_path: Path, capsys) -> None:

@@ -238,3 +238,21 @@ def test_sigkill_mid_run_then_resume(tmp_path: Path) -> None:
         assert store.add_many(all_rows) == 0  # a full re-run adds nothing
     keys = _check_consistent(out, writer)
     assert keys == {run_key_of(r) for r in all_rows}
+
+
+def test_readonly_store_reads_an_older_schema(tmp_path: Path) -> None:
+    # a database from before the metrics table and most columns existed: read, nothing added
+    conn = sqlite3.connect(tmp_path / DB_NAME)
+    conn.execute("CREATE TABLE results (id INTEGER PRIMARY KEY, run_key TEXT UNIQUE NOT NULL, recipe TEXT, "
+                 "score REAL)")
+    conn.execute("INSERT INTO results (run_key, recipe, score) VALUES ('k', 'full', 1.0)")
+    conn.commit()
+    conn.close()
+    before = (tmp_path / DB_NAME).read_bytes()
+    with ResultStore(tmp_path, readonly=True) as store:
+        assert [(r["recipe"], r["score"]) for r in store.rows()] == [("full", 1.0)]
+        assert store.metrics() == [] and len(store) == 1
+    assert (tmp_path / DB_NAME).read_bytes() == before
+    # opened for writing it is upgraded in place (the columns it lacks are added)
+    with ResultStore(tmp_path) as store:
+        assert "config_hash" in store.rows()[0] and store.metrics() == []

@@ -567,3 +567,77 @@ def test_generated_answers_score_one():
         s = generate(task, WS, 1200, 1, 0)[0]
         assert score(task, " " + ", ".join(s.answers) + ".", s.answers) == 1.0
         assert score(task, "I do not know.", s.answers) == 0.0
+
+
+# --------------------------------------------------------------------------- task registry and metrics
+
+
+def _ruler_metric(task: str) -> str:
+    """RULER's scoring rule (NVIDIA/RULER's synthetic-task eval constants) plus pass-key accuracy."""
+    if task.startswith("qa_"):
+        return "string_match_part"
+    return "first_int_match" if task == "passkey" else "string_match_all"
+
+
+def test_every_registered_task_carries_rulers_metric():
+    from longlab.tasks import DEFAULT_METRIC, TASK_REGISTRY
+
+    assert set(RULER_13) | {"passkey", "niah_grid"} <= set(TASK_REGISTRY)
+    for name, spec in TASK_REGISTRY.items():
+        assert spec.metric == metric_for(name) == _ruler_metric(name), name
+    assert TASK_REGISTRY["niah_grid"].kind == "grid" and "niah_grid" not in TASKS
+    assert metric_for("my_unregistered_set") == DEFAULT_METRIC == "string_match_all"
+
+
+def test_a_new_task_with_a_custom_metric_is_scored_by_it():
+    from longlab.recipe import LonglabError
+    from longlab.tasks import METRICS, TASK_REGISTRY, register_metric, register_task
+
+    def last_word(pred: str, refs) -> float:  # 1.0 iff the prediction's last word is a reference
+        words = pred.replace(".", " ").split()
+        return float(bool(words) and words[-1] in refs)
+
+    def tiny_task(tokenizer, length, num_samples=1, seed=0):
+        return [Sample("the word is blue", "Which word?", answers=["blue"], task="tiny_task")]
+
+    try:
+        register_metric("last_word")(last_word)
+        register_task("tiny_task", metric="last_word")(tiny_task)
+        assert "tiny_task" in TASKS and metric_for("tiny_task") == "last_word"
+        (s,) = generate("tiny_task", WS, 100)
+        # string_match_all would give 1.0 to the first prediction and 0.0 to the second
+        assert score(s.task, "blue, not red", s.answers) == 0.0
+        assert score(s.task, "It is blue.", s.answers) == 1.0
+        with pytest.raises(LonglabError, match="already registered"):
+            register_task("tiny_task", metric="exact_match")(tiny_task)
+        with pytest.raises(LonglabError, match="metric must be one of"):
+            register_task("other_task", metric="no_such_metric")
+    finally:
+        TASK_REGISTRY.pop("tiny_task", None)
+        METRICS.pop("last_word", None)
+    assert "tiny_task" not in TASKS
+
+
+def test_a_file_task_declares_its_metric_per_line_or_by_name(tmp_path):
+    from longlab.tasks import TASK_REGISTRY, declare_task, score_sample
+
+    rows = [
+        {"context": "c", "question": "q", "answers": ["Paris"], "task": "capitals", "metric": "exact_match"},
+        {"context": "c", "question": "q", "answers": ["Paris"], "task": "capitals"},
+    ]
+    path = tmp_path / "capitals.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    declared, plain = load_jsonl(path)
+    assert declared.metric == "exact_match" and plain.metric == "" and "metric" not in declared.metadata
+    assert Sample.from_dict(declared.to_dict()) == declared and "metric" not in plain.to_dict()
+    pred = "The capital is Paris"
+    assert score_sample(declared, pred) == 0.0  # exact match, as the line declares
+    assert score_sample(plain, pred) == 1.0  # default string_match_all
+    try:
+        declare_task("capitals", "exact_match")
+        assert score_sample(plain, pred) == score("capitals", pred, ["Paris"]) == 0.0
+        assert score_sample(plain, "paris") == 1.0
+    finally:
+        TASK_REGISTRY.pop("capitals", None)
+    with pytest.raises(ValueError, match="'metric' must be one of"):
+        Sample.from_dict({**rows[0], "metric": "bleu"})

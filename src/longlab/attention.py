@@ -69,6 +69,17 @@ class LayerContext:
         return (self.key_index[:, 0] >= 0).sum(-1)
 
     @property
+    def all_valid(self) -> bool:
+        """Every held slot holds a real token (tracked by the cache layer, no pass over ``T``)."""
+        flag = getattr(self.layer, "all_valid", None)
+        return flag if flag is not None else bool((self.key_index >= 0).all())
+
+    @property
+    def heads_share_slots(self) -> bool | None:
+        """Every KV head holds the same positions (tracked by the cache layer); None = not known."""
+        return getattr(self.layer, "heads_share_slots", None)
+
+    @property
     def groups(self) -> int:
         return self.q.shape[1] // self.key_index.shape[1]
 
@@ -78,7 +89,9 @@ class LayerContext:
 
     def mask(self, rows: slice = slice(None)) -> torch.Tensor:
         """``[B, H_kv or 1, t_q, T]`` bool: key visible to query (valid, causal, inside the window)."""
-        return visibility_mask(self.key_index, self.query_index[:, rows], self.sliding_window)
+        return visibility_mask(
+            self.key_index, self.query_index[:, rows], self.sliding_window, self.heads_share_slots
+        )
 
     def attention_probs(self, rows: slice = slice(None)) -> torch.Tensor:
         """Softmax attention of the selected queries over the held keys, fp32: ``[B, H, t_q, T]``.
@@ -104,13 +117,19 @@ class LayerContext:
 
 
 def visibility_mask(
-    key_index: torch.Tensor, query_index: torch.Tensor, sliding_window: int | None = None
+    key_index: torch.Tensor,
+    query_index: torch.Tensor,
+    sliding_window: int | None = None,
+    heads_shared: bool | None = None,
 ) -> torch.Tensor:
     """Which held keys each query may see. key_index: [B, H_kv, T] (-1 = empty slot);
     query_index: [B, t_q]. Returns [B, H_kv or 1, t_q, T] bool: ``0 <= k_pos <= q_pos`` and, with a
-    window, ``q_pos - k_pos < sliding_window``. Heads that share their slots get one mask (dim 1 = 1)."""
+    window, ``q_pos - k_pos < sliding_window``. Heads that share their slots get one mask (dim 1 = 1);
+    ``heads_shared`` says whether they do when the caller knows (None: compared here, one pass over T)."""
     kidx = key_index
-    if kidx.shape[1] > 1 and bool((kidx == kidx[:, :1]).all()):
+    if heads_shared is None:
+        heads_shared = kidx.shape[1] == 1 or bool((kidx == kidx[:, :1]).all())
+    if heads_shared:
         kidx = kidx[:, :1]  # heads share slots: one mask for all heads
     qidx = query_index.to(kidx.dtype)[:, None, :, None]  # [B, 1, t_q, 1]
     k = kidx[:, :, None, :]  # [B, H_kv|1, 1, T]
@@ -127,15 +146,19 @@ def dense_attention(
     mask: torch.Tensor | None,
     scaling: float,
     softcap: float | None = None,
+    causal: bool = True,
 ) -> torch.Tensor:
-    """Exact attention. q: [B, H, T_q, D]; k, v: [B, H_kv, T, D]; mask: [B, H_kv|1, T_q, T] bool or None
-    (plain causal with T_q == T). Returns [B, H, T_q, D]. Rows with no visible key attend to all keys
-    (their outputs are padding and never read), which keeps every value finite."""
+    """Exact attention. q: [B, H, T_q, D]; k, v: [B, H_kv, T, D]; mask: [B, H_kv|1, T_q, T] bool or None:
+    plain causal (``T_q == T``), or with ``causal=False`` every query sees every key. Returns
+    [B, H, T_q, D]. Rows with no visible key attend to all keys (their outputs are padding and never
+    read), which keeps every value finite."""
     groups = q.shape[1] // k.shape[1]
     if softcap is not None:
         k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
         logits = torch.matmul(q, k.transpose(-1, -2)) * scaling
         logits = torch.tanh(logits / softcap) * softcap
+        if mask is None and not causal:
+            return torch.matmul(torch.softmax(logits.float(), -1).to(v.dtype), v)
         if mask is None:
             mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril()[None, None]
         mask = mask | ~mask.any(-1, keepdim=True)
@@ -144,7 +167,7 @@ def dense_attention(
         logits = logits.masked_fill(~mask, float("-inf"))
         return torch.matmul(torch.softmax(logits.float(), -1).to(v.dtype), v)
     if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=groups > 1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scaling, enable_gqa=groups > 1)
     mask = mask | ~mask.any(-1, keepdim=True)
     if mask.shape[1] not in (1, q.shape[1]):
         mask = mask.repeat_interleave(groups, dim=1)
@@ -159,21 +182,47 @@ def sliding_window_of(module: Any, kwargs: dict) -> int | None:
 
 
 def layer_attention(ctx: LayerContext, softcap: float | None) -> torch.Tensor:
-    """Dense attention for the context, in query blocks when the score matrix would be large."""
-    T_q, T = ctx.q.shape[-2], ctx.k.shape[-2]
-    plain_causal = (
-        ctx.sliding_window is None
-        and T_q == T
-        and bool((ctx.key_index >= 0).all())
-        and int(ctx.key_index[0, 0, 0]) == 0
-    )
-    if plain_causal:
-        return dense_attention(ctx.q, ctx.k, ctx.v, None, ctx.scaling, softcap)
+    """Dense attention for the context, in query blocks when the score matrix would be large.
+
+    Without a window, a decode query (``T_q == 1``, the newest token) sees every valid slot: no mask
+    at all when every slot is valid (tracked by the cache layer, no pass over ``T``), else one
+    comparison ``index >= 0`` (:func:`_decode_attention`). With every slot valid, a forward whose
+    queries are every held slot (``T_q == T``, in stream order) is plain causal. Otherwise the
+    visibility mask of the slots' positions is used (prefill chunks after the first, sliding windows)."""
+    T_q, T = ctx.q.shape[-2], ctx.key_index.shape[-1]
+    if ctx.sliding_window is None and T_q == 1 and softcap is None:
+        return _decode_attention(ctx)
+    if ctx.sliding_window is None and (T_q == 1 or T_q == T) and ctx.all_valid:
+        return dense_attention(ctx.q, ctx.k, ctx.v, None, ctx.scaling, softcap, causal=T_q > 1)
     outs = [
         dense_attention(ctx.q[:, :, rows], ctx.k, ctx.v, ctx.mask(rows), ctx.scaling, softcap)
         for rows in ctx.query_blocks()
     ]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+def _decode_attention(ctx: LayerContext) -> torch.Tensor:
+    """One decode query per row (``q [B, H, 1, D]``, the newest token), no window: it sees exactly the
+    valid slots, whatever their positions. Returns ``[B, H, 1, D]``.
+
+    The ``g`` query heads of a KV head become ``g`` query rows of that head (``[B, H_kv, g, D]``, as
+    transformers' ``pack_gqa``): one SDPA call without GQA expansion, which on CPU is also faster than
+    ``enable_gqa`` over a view of the cache's buffer. Every slot valid (tracked by the layer): no mask.
+    Else the mask is ``index >= 0`` (``[B, H_kv|1, 1, T]``, one comparison, no causal test, no repeat
+    over query heads); a padding query (position -1) sees every slot, its output is never read."""
+    q = ctx.q
+    B, H, _, D = q.shape
+    kidx = ctx.key_index  # [B, H_kv, T]
+    H_kv = kidx.shape[1]
+    mask = None
+    if not ctx.all_valid:
+        if ctx.heads_share_slots:
+            kidx = kidx[:, :1]
+        mask = (kidx >= 0)[:, :, None, :] | (ctx.query_index < 0)[:, None, :, None]  # [B, H_kv|1, 1, T]
+    out = F.scaled_dot_product_attention(
+        q.reshape(B, H_kv, H // H_kv, D), ctx.k, ctx.v, attn_mask=mask, scale=ctx.scaling
+    )  # [B, H_kv, g, D]
+    return out.reshape(B, H, 1, D)
 
 
 def ceil_keep(n: torch.Tensor, ratio: float) -> torch.Tensor:

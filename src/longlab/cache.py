@@ -7,7 +7,15 @@ for an empty slot (padding or evicted). Positions increase along the stream, so 
 sliding windows are comparisons of positions, whatever was evicted or padded. When heads keep
 different numbers of tokens (AdaKV), ``T`` is the largest per-head count and
 shorter heads carry empty slots: a padded-per-layer layout with a validity mask. ``nbytes()``
-reports exactly what is allocated, padding included.
+reports the bytes of the held slots, padding included.
+
+Appends: a decode step adds one slot to every layer. Re-allocating the layer (``torch.cat``, as
+transformers' ``DynamicCache`` does) would copy the whole cache once per token, so a short append
+(at most ``SHORT_APPEND`` tokens) that overflows a layer grows its slot buffers with ``DECODE_RESERVE``
+spare slots, and the next appends write into them: one copy per ``DECODE_RESERVE`` decode steps.
+``keys``/``values``/``index`` read as the held slots (a view of the buffer); assigning them replaces the
+buffer. Prefill chunks allocate exactly. ``spare_nbytes()`` reports the spare capacity (at most
+``DECODE_RESERVE`` slots per layer).
 
 Positions: ``get_seq_length()`` returns the number of tokens *seen* (``n_seen``), not the number
 held, so transformers gives the next token the RoPE position it would have had without eviction.
@@ -15,7 +23,7 @@ held, so transformers gives the next token the RoPE position it would have had w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
@@ -29,6 +37,35 @@ __all__ = ["LonglabCache", "LonglabLayer", "CACHE_KWARG"]
 # ``longlab_cache=(cache, layer_idx)`` directly, without a global or thread-local lookup.
 CACHE_KWARG = "longlab_cache"
 
+DECODE_RESERVE = 256  # spare slots a short append allocates when it overflows a layer's buffers
+SHORT_APPEND = 16  # appends of at most this many tokens (decode steps, speculative drafts) get spare slots
+
+
+class _Slots:
+    """A layer tensor whose dim 2 is the slot axis (``keys``/``values`` ``[B, H_kv, T, D]``, ``index``
+    ``[B, H_kv, T]``), held in a buffer that may have spare slots past ``T``.
+
+    Reading gives the ``T`` held slots (the buffer itself when it has no spare slots, else a view of its
+    first ``T``). Assigning a tensor makes it the buffer, without spare slots, so ``layer.keys = t`` works
+    as for a plain attribute and ``t`` is never written past its end. Only :meth:`LonglabLayer._append`
+    writes into spare slots, and only into a buffer this very layer allocated: a ``copy.copy`` or
+    ``deepcopy`` of the layer re-allocates before its first append, so twins never share spare slots."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = "_slots_" + name
+
+    def __get__(self, obj: Any, objtype: type | None = None) -> Any:
+        if obj is None:
+            return self
+        buf, n, _ = obj.__dict__.get(self.key, (None, 0, None))
+        return buf if buf is None or buf.shape[2] == n else buf.narrow(2, 0, n)
+
+    def __set__(self, obj: Any, value: torch.Tensor | None) -> None:
+        # (buffer, slots held, id of the layer that allocated the buffer: None = assigned from outside)
+        obj.__dict__[self.key] = (value, 0 if value is None else value.shape[2], None)
+        if self.key == "_slots_index":
+            obj.__dict__["_valid_all"] = obj.__dict__["_heads_shared"] = None  # recomputed when asked
+
 
 class LonglabLayer(CacheLayerMixin):
     """One layer's storage: keys/values ``[B, H_kv, T, D]``, stream index ``[B, H_kv, T]``."""
@@ -36,6 +73,13 @@ class LonglabLayer(CacheLayerMixin):
     is_sliding = False
     is_compileable = False
     is_croppable = False
+    # Capability: the layer is keys/values/index/n_real (+ per-slot extras) only, so the harness may
+    # stack several streams' layers as batch rows, padding with empty slots. Storage with more state
+    # (quantized) sets False.
+    batchable: ClassVar[bool] = True
+    keys = _Slots()  # [B, H_kv, T, D]
+    values = _Slots()  # [B, H_kv, T, D]
+    index = _Slots()  # [B, H_kv, T] int32; -1 = empty slot
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__()
@@ -65,14 +109,28 @@ class LonglabLayer(CacheLayerMixin):
         new_index = (self.n_real[:, None].to(torch.int32) + steps)[
             :, None, :
         ]  # [B, 1, T_new]; mark_padding fixes pads
-        self.keys = torch.cat([self.keys, key_states], dim=-2)
-        self.values = torch.cat([self.values, value_states], dim=-2)
-        self.index = torch.cat([self.index, new_index.expand(B, H_kv, T_new)], dim=-1)
+        self._append("keys", key_states)
+        self._append("values", value_states)
+        self._append("index", new_index.expand(B, H_kv, T_new))  # new slots: valid, shared by all heads
         for name, state in self.extras.items():
             self.extras[name] = torch.cat([state, state.new_zeros(B, H_kv, T_new)], dim=-1)
         self.n_seen += T_new
         self.n_real += T_new
         return self.keys, self.values
+
+    def _append(self, name: str, new: torch.Tensor) -> None:
+        """Write ``new [B, H_kv, T_new, ...]`` after the held slots of ``keys``, ``values`` or ``index``."""
+        slots = "_slots_" + name
+        buf, n, owner = self.__dict__[slots]
+        T_new, dtype = new.shape[2], torch.promote_types(buf.dtype, new.dtype)  # as torch.cat would
+        if owner != id(self) or buf.shape[2] < n + T_new or dtype != buf.dtype:
+            spare = DECODE_RESERVE if T_new <= SHORT_APPEND else 0
+            shape = (*new.shape[:2], n + T_new + spare, *new.shape[3:])
+            fresh = torch.empty(shape, dtype=dtype, device=buf.device)
+            fresh[:, :, :n] = buf[:, :, :n]
+            buf, owner = fresh, id(self)
+        buf[:, :, n : n + T_new] = new
+        self.__dict__[slots] = (buf, n + T_new, owner)
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.n_seen + query_length, 0
@@ -121,6 +179,29 @@ class LonglabLayer(CacheLayerMixin):
         """``[B, H_kv]`` number of real entries held per head."""
         return self.valid.sum(-1)
 
+    @property
+    def all_valid(self) -> bool:
+        """Every slot holds a real token (no padding, no empty slot), so a decode query sees every held
+        key and attention needs no mask. Kept across appends; one pass over ``index`` after it is
+        replaced. Code that writes into ``index`` in place calls :meth:`index_changed`."""
+        if self.__dict__.get("_valid_all") is None:
+            self._valid_all = bool((self.index >= 0).all())
+        return self._valid_all
+
+    @property
+    def heads_share_slots(self) -> bool:
+        """Every KV head of a row holds the same position in each slot (one mask serves all heads).
+        Tracked like :attr:`all_valid`."""
+        if self.__dict__.get("_heads_shared") is None:
+            idx = self.index
+            self._heads_shared = idx.shape[1] == 1 or bool((idx == idx[:, :1]).all())
+        return self._heads_shared
+
+    def index_changed(self) -> None:
+        """Forget what :attr:`all_valid` and :attr:`heads_share_slots` know (after an in-place edit of
+        ``index``)."""
+        self._valid_all = self._heads_shared = None
+
     def mark_padding(self, new_valid: torch.Tensor) -> None:
         """The last ``T_new`` slots were written with ``new_valid`` ``[B, T_new]``: padding slots become
         empty and real tokens get their true positions."""
@@ -133,6 +214,7 @@ class LonglabLayer(CacheLayerMixin):
         pos = (start[:, None] + new_valid.long().cumsum(-1) - 1).to(torch.int32)
         pos = pos.masked_fill(~new_valid, -1)
         self.index[..., -T_new:] = pos[:, None, :].expand(-1, self.index.shape[1], -1)
+        self._valid_all = False  # heads still share slots exactly when they did
         self.n_real -= n_pad
 
     def keep(self, mask: torch.Tensor) -> None:
@@ -176,6 +258,16 @@ class LonglabLayer(CacheLayerMixin):
         tensors = [self.keys, self.values, self.index, *self.extras.values(), *self.state.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    def spare_nbytes(self) -> int:
+        """Bytes allocated for spare slots past the held ones (decode headroom, not counted by
+        :meth:`nbytes`; at most ``DECODE_RESERVE`` slots of keys, values and index)."""
+        total = 0
+        for name in ("keys", "values", "index"):
+            buf, n, _ = self.__dict__.get("_slots_" + name, (None, 0, None))
+            if buf is not None and buf.shape[2] > n:
+                total += (buf.shape[2] - n) * buf[:, :, :1].numel() * buf.element_size()
+        return total
+
 
 class LonglabCache(Cache):
     """A KV cache driven by a recipe: ``model.generate(ids, past_key_values=LonglabCache("snapkv@0.5"))``.
@@ -193,6 +285,10 @@ class LonglabCache(Cache):
         self.model_ref: Any = None  # weakref.ref to the model (set by pipeline.Stream; RetroAttention)
         self.hook_calls = 0  # forwards of layer 0 that reached the longlab attention hook
         self._updates_of_layer0 = 0
+        # What methods attach *outside* the cache (RetroAttention's forward pre-hooks on the model), by
+        # name; each has ``release()``. ``copy.deepcopy`` (Stream.fork) copies each one with its own
+        # ``__deepcopy__`` (a fork takes its own share); see :meth:`close`.
+        self.resources: dict[str, Any] = {}
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         # key_states: [B, H_kv, T_new, D] -> the whole layer [B, H_kv, T, D]
@@ -215,9 +311,28 @@ class LonglabCache(Cache):
                 "your own model: `with longlab.use_longlab_attention(model): ...`"
             )
 
+    def close(self) -> None:
+        """Release what methods attached outside the cache (e.g. RetroAttention's pre-hooks on the model).
+
+        Idempotent. It also happens when the cache is garbage-collected (resources hold a
+        ``weakref.finalize``) and on leaving ``with LonglabCache(recipe) as cache: ...``."""
+        resources, self.resources = self.resources, {}
+        for resource in resources.values():
+            resource.release()
+
+    def __enter__(self) -> LonglabCache:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
     def nbytes(self) -> int:
         """Bytes of every tensor the cache holds (keys, values, indices, method state)."""
         return sum(layer.nbytes() for layer in self.layers)
+
+    def spare_nbytes(self) -> int:
+        """Bytes of spare slots the layers allocated ahead for decoding (see the module docstring)."""
+        return sum(layer.spare_nbytes() for layer in self.layers if hasattr(layer, "spare_nbytes"))
 
     def full_nbytes(self) -> int:
         """Bytes an uncompressed cache would hold for the same tokens (keys and values only); a
@@ -226,6 +341,7 @@ class LonglabCache(Cache):
         for layer in self.layers:
             if layer.is_initialized:
                 B, H_kv, _, D = layer.keys.shape
+                H_kv //= getattr(layer, "kv_repeat", 1)  # KV heads repeated per query head (repeat_kv_heads)
                 elem = getattr(layer, "full_element_size", layer.keys.element_size())  # quantized layers
                 held = layer.n_seen if not layer.sliding_window else min(layer.n_seen, layer.sliding_window)
                 total += 2 * B * H_kv * held * D * elem

@@ -6,12 +6,16 @@ User errors (bad arguments, unknown names, missing files) print one line and exi
 from __future__ import annotations
 
 import argparse
+import codecs
 import dataclasses
+import stat
 import sys
+from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
-from .recipe import LonglabError, split_recipes
+from .recipe import LonglabError, shorten, split_recipes
 
 EXAMPLE_QUESTION = "What is the access code for the archive room?"
 EXAMPLE_RECIPES = ("full", "snapkv@0.5", "streaming@0.5", "h2o@0.5", "adakv@0.75")
@@ -21,15 +25,60 @@ def example_context() -> str:
     return resources.files("longlab").joinpath("data/example_context.txt").read_text(encoding="utf-8")
 
 
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISFIFO, "a named pipe"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_context_file(name: str, encoding: str = "utf-8", flag: str = "--context-file") -> str:
+    """The text of a context file, or a LonglabError saying what is wrong: missing, a directory or a
+    device (``/dev/null``), unreadable, empty, binary (NUL characters) or not in ``encoding``
+    (UTF-8 by default; a leading BOM is dropped)."""
+    path = Path(name)
+    try:
+        codec = codecs.lookup(encoding).name
+    except LookupError:
+        raise LonglabError(
+            f"--encoding: unknown encoding {shorten(encoding)} (e.g. utf-8, latin-1, cp1252)"
+        ) from None
+    try:
+        mode = path.stat().st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((what for test, what in _FILE_KINDS if test(mode)), "not a regular file")
+            raise LonglabError(f"{flag}: {path} is {kind}, not a text file")
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise LonglabError(f"{flag}: no such file: {path}") from None
+    except OSError as exc:
+        raise LonglabError(f"{flag}: cannot read {path}: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8-sig" if codec == "utf-8" else codec)
+    except UnicodeDecodeError as err:
+        raise LonglabError(
+            f"{flag}: {path} is not valid {codec} text (byte {err.start}: {err.reason}); "
+            "give the file's encoding with --encoding, e.g. --encoding latin-1"
+        ) from None
+    except LookupError:  # e.g. rot13: a codec, but not a text encoding
+        raise LonglabError(f"--encoding: {shorten(encoding)} is not a text encoding") from None
+    if "\x00" in text:
+        raise LonglabError(f"{flag}: {path} looks binary (it contains NUL characters); give a text file")
+    if not text.strip():
+        raise LonglabError(f"{flag}: {path} is empty (context is empty)")
+    return text
+
+
 def _cmd_generate(args: argparse.Namespace) -> int:
     from .models import load_model
     from .pipeline import generate
 
+    if args.context_file and args.context is not None:
+        raise LonglabError("give the context with --context-file FILE or --context TEXT, not both")
     if args.context_file:
-        path = Path(args.context_file)
-        if not path.is_file():
-            raise LonglabError(f"--context-file: no such file: {path}")
-        context = path.read_text(encoding="utf-8")
+        context = read_context_file(args.context_file, args.encoding)
     elif args.context is not None:
         context = args.context
     else:
@@ -85,13 +134,22 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 def _cmd_example(args: argparse.Namespace) -> int:
     from .models import load_model
     from .pipeline import generate
+    from .recipe import parse_recipe
 
+    recipes = split_recipes(args.recipes)
+    if not recipes:
+        raise LonglabError("--recipes is empty: name at least one recipe (e.g. full,snapkv@0.5)")
+    for recipe in recipes:
+        try:
+            parse_recipe(recipe)  # every recipe is checked before the model loads and the first one runs
+        except LonglabError as exc:
+            raise LonglabError(f"--recipes: {exc}") from None
     model, tokenizer = load_model(args.model)
     print(f"model {args.model}: loaded in {model.longlab_load_seconds:.1f}s")
     print(f"question: {EXAMPLE_QUESTION}  (expected answer: 7316)")
     context = example_context()
     modes = {"query-agnostic": False, "query-aware": True}
-    for recipe in split_recipes(args.recipes):
+    for recipe in recipes:
         for mode, query_aware in modes.items():
             if recipe == "full" and query_aware:
                 continue  # nothing is compressed: both modes are the same run
@@ -109,16 +167,151 @@ def _cmd_example(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_eval(args: argparse.Namespace) -> int:
-    from .eval.runner import main as eval_main
+# --------------------------------------------------------------------------------------------------
+# longlab eval
 
-    return eval_main(args)
+
+def _csv(kind: Callable[[str], Any], what: str) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list of {what}")
+        try:
+            return [kind(t) for t in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}") from None
+
+    return parse
+
+
+def _recipe_list(text: str) -> list[str]:
+    try:
+        recipes = split_recipes(text)
+    except LonglabError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if not recipes:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of recipes")
+    return recipes
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``longlab eval`` options."""
+    from .eval.config import (
+        DEFAULT_CHUNK_SIZE,
+        DEFAULT_DEPTHS,
+        DEFAULT_LENGTHS,
+        DEFAULT_RECIPES,
+        DEFAULT_TASKS,
+        GRID_TASK,
+    )
+
+    parser.description = (
+        "Evaluate recipes on long-context tasks. Each sample's context is prefilled once and the cache "
+        "is branched into every recipe, whose rows decode as one batch; rows go to DIR/results.sqlite, "
+        "finished rows are skipped on re-runs."
+    )
+    parser.add_argument("--model", default="smollm2-135m", help="built-in name, local path or HF id")
+    parser.add_argument(
+        "--recipes", type=_recipe_list, default=list(DEFAULT_RECIPES),
+        help="comma-separated recipes, e.g. full,snapkv@0.5 (default: the 15-recipe default sweep)",
+    )
+    parser.add_argument(
+        "--tasks", type=_csv(str, "task names"), default=None,
+        help=f"comma-separated tasks (default: {','.join(DEFAULT_TASKS)}; {GRID_TASK} uses --depths)",
+    )
+    parser.add_argument(
+        "--lengths", type=_csv(int, "integers"), default=None,
+        help=f"comma-separated prompt lengths in tokens (default: {','.join(map(str, DEFAULT_LENGTHS))})",
+    )
+    parser.add_argument("--samples", type=int, default=4, help="samples per task and length (default: 4)")
+    parser.add_argument("--out", required=True, metavar="DIR", help="results directory")
+    parser.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N samples")
+    parser.add_argument("--seed", type=int, default=0, help="task generation seed (default: 0)")
+    parser.add_argument("--query-aware", action="store_true", help="compress with the question in the prompt")
+    parser.add_argument("--jsonl", metavar="PATH", help="evaluate a JSONL file in the common format instead")
+    parser.add_argument(
+        "--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE,
+        help=f"prefill chunk size in tokens; the last chunk is per recipe (default: {DEFAULT_CHUNK_SIZE})",
+    )
+    parser.add_argument(
+        "--max-new-tokens", type=int, metavar="N",
+        help="cap each sample's own answer limit at N tokens (the smaller of the two is used)",
+    )
+    parser.add_argument(
+        "--depths", type=_csv(float, "numbers"), default=list(DEFAULT_DEPTHS),
+        help="needle depths in [0, 1] for the niah_grid task",
+    )
+    parser.add_argument("--backend", choices=("serial", "ray"), default="serial")
+    parser.add_argument("--workers", type=int, default=2, help="Ray workers, one model each (default: 2)")
+    parser.add_argument(
+        "--threads", type=int, help="torch CPU threads (default: torch's; 1 is faster on a busy machine)"
+    )
+    parser.add_argument(
+        "--batch-decode", action=argparse.BooleanOptionalAction, default=True,
+        help="decode the recipes of a sample as one batch, finished rows leaving it (default: on; the "
+             "tokens are those of one stream per recipe; --no-batch-decode decodes each alone)",
+    )
+    parser.add_argument(
+        "--prefill-metrics", action="store_true",
+        help="sparse prefill policies record density, attention recall and output error vs dense per layer "
+             "and head (metrics table; off by default: normal runs pay nothing)",
+    )
+    parser.add_argument(
+        "--metric-rows", type=int, default=32,
+        help="query rows sampled per chunk for recall and output error (default: 32)",
+    )
+    parser.add_argument("--no-report", action="store_true", help="do not write report.md and the plots")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _print_score_tables(out: str) -> None:
+    """The score tables with 95% confidence intervals and paired differences vs ``full``, the sentence
+    on how to read them, then the prefill-metrics table when there is one."""
+    from .eval.report import load_metrics, load_rows, prefill_table, score_table
+
+    rows = load_rows(out)
+    print()
+    print(score_table(rows))  # ends with the how-to-read sentence
+    prefill = prefill_table(rows, load_metrics(out))
+    if prefill:
+        print(prefill + "\n")
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    """``longlab eval``: run the grid, then print the summary table and the report's paths."""
+    from .eval.config import EvalConfig
+    from .eval.grid import run_eval
+
+    config = EvalConfig(
+        out=args.out, model=args.model, recipes=list(args.recipes), tasks=args.tasks, lengths=args.lengths,
+        samples=args.samples, seed=args.seed, query_aware=args.query_aware, chunk_size=args.chunk_size,
+        max_new_tokens=args.max_new_tokens, limit=args.limit, jsonl=args.jsonl, depths=list(args.depths),
+        backend=args.backend, workers=args.workers, threads=args.threads, batch_decode=args.batch_decode,
+        prefill_metrics=args.prefill_metrics, metric_rows=args.metric_rows,
+        report=not args.no_report,
+        progress=not args.no_progress,
+    )
+    summary = run_eval(config)
+    print(
+        f"longlab eval: {summary.written} new rows, {summary.skipped} skipped, {summary.total} in the grid; "
+        f"{summary.seconds:.1f}s"
+    )
+    if summary.report:
+        _print_score_tables(config.out)
+        for key, path in summary.report.items():
+            print(f"{key:>22}: {path}")
+    else:
+        print(f"results: {Path(config.out) / 'results.sqlite'}")
+    return 0
 
 
 def _cmd_report(args: argparse.Namespace) -> int:
     from .eval.report import main as report_main
 
-    return report_main(args.dir, html=not args.no_html)
+    return report_main(
+        args.dir, html=not args.no_html, baseline=args.baseline, all_configs=args.all_configs,
+        report_dir=args.report_dir,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--model", default="smollm2-135m")
     g.add_argument("--recipe", default="snapkv@0.5", help="e.g. full, snapkv@0.5, streaming:budget=512")
     g.add_argument("--context-file")
+    g.add_argument("--encoding", default="utf-8", help="the --context-file's text encoding (default utf-8)")
     g.add_argument("--context")
     g.add_argument("--question")
     g.add_argument("--max-new-tokens", type=int, default=32)
@@ -150,14 +344,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--recipes", default=",".join(EXAMPLE_RECIPES))
     e.set_defaults(func=_cmd_example)
 
-    try:
-        from .eval.runner import add_eval_arguments
-    except ImportError:  # the harness is optional for the core commands
-        add_eval_arguments = None
-    if add_eval_arguments is not None:
-        ev = sub.add_parser("eval", help="run a grid of model x recipe x task x length x sample")
-        add_eval_arguments(ev)
-        ev.set_defaults(func=_cmd_eval)
+    ev = sub.add_parser("eval", help="run a grid of model x recipe x task x length x sample")
+    add_eval_arguments(ev)
+    ev.set_defaults(func=_cmd_eval)
 
     try:
         from .quant.calibrate import add_calibrate_arguments, calibrate_main
@@ -175,8 +364,14 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=train_main)
 
     r = sub.add_parser("report", help="tables and plots from a results directory")
-    r.add_argument("dir")
+    r.add_argument("dir", metavar="DIR", help="results directory (its results.sqlite is only read)")
     r.add_argument("--no-html", action="store_true")
+    r.add_argument("--baseline", default="full", help="recipe the difference tables subtract (default: full)")
+    r.add_argument(
+        "--all-configs", action="store_true",
+        help="count every row, also older ones of the same sample and recipe under other config hashes",
+    )
+    r.add_argument("--report-dir", metavar="OUT", help="write report.md and the plots here (default: DIR)")
     r.set_defaults(func=_cmd_report)
     return parser
 

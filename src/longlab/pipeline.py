@@ -15,6 +15,7 @@ cache and never attended to, so each row gives the tokens it would give alone.
 from __future__ import annotations
 
 import copy
+import math
 import time
 import warnings
 import weakref
@@ -24,7 +25,8 @@ from typing import Any
 import torch
 
 from .cache import LonglabCache
-from .recipe import LonglabError, Recipe, parse_recipe
+from .hook import ATTN_NAME
+from .recipe import LonglabError, LonglabTypeError, Recipe, parse_recipe, shorten
 
 __all__ = ["generate", "GenerationResult", "Stream", "build_prompt", "encode_prompts", "chunk_slices"]
 
@@ -165,21 +167,47 @@ class Stream:
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int = 0,
+        *,
+        drop_finished: bool = False,
     ) -> list[list[int]]:
-        """Greedy (temperature 0) or temperature/top-p sampling; stops per row at an EOS id."""
+        """Greedy (temperature 0) or temperature/top-p sampling; stops per row at an EOS id.
+
+        ``logits``: ``[B, V]`` next-token logits of the stream's rows; returns each row's tokens.
+        ``drop_finished``: a row that emitted EOS leaves the batch (``Cache.batch_select_indices``), so
+        every later step costs only the rows still running, and each row's tokens are those it gets
+        without dropping (sampling still draws for all ``B`` rows, so the random stream is the same).
+        Rows are dropped only when every method of the recipe declares ``batch_select_safe``; the
+        stream then ends holding only the rows that ran to the last step."""
         gen = torch.Generator(device="cpu").manual_seed(seed)
-        finished = torch.zeros(self.batch_size, dtype=torch.bool)
-        out: list[list[int]] = [[] for _ in range(self.batch_size)]
+        n_rows = self.batch_size
+        finished = torch.zeros(n_rows, dtype=torch.bool)
+        out: list[list[int]] = [[] for _ in range(n_rows)]
+        rows = list(range(n_rows))  # the original row of each row the stream still holds
+        drop = drop_finished and all(m.batch_select_safe for m in self.cache.recipe.methods)
+        # [B, V], a copy (the caller's logits may be shared); a dropped row keeps its last logits (ignored)
+        last = logits.to(device="cpu", dtype=torch.float32, copy=True)
         for step in range(max_new_tokens):
-            token = _sample(logits.float().cpu(), temperature, top_p, gen)
-            for b in range(self.batch_size):
+            token = _sample(last, temperature, top_p, gen)  # [B]
+            for b in rows:
                 if not finished[b]:
                     out[b].append(int(token[b]))
             finished |= torch.tensor([int(t) in eos_ids for t in token])
             if bool(finished.all()) or step == max_new_tokens - 1:
                 break
-            logits = self.feed([[int(t)] for t in token], compress="none")
+            if drop and bool(finished[rows].any()):
+                keep = [i for i, b in enumerate(rows) if not finished[b]]
+                self._select_rows(keep)
+                rows = [rows[i] for i in keep]
+            logits = self.feed([[int(token[b])] for b in rows], compress="none")  # [len(rows), V]
+            last[rows] = logits.float().cpu()
         return out
+
+    def _select_rows(self, keep: list[int]) -> None:
+        """Keep only the batch rows ``keep`` (indices into the current rows), cache included."""
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.cache.batch_select_indices(idx)
+        self.seen_mask = self.seen_mask[idx]  # [B', n_seen]
+        self.next_pos = self.next_pos[idx]  # [B']
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_p: float, gen: torch.Generator) -> torch.Tensor:
@@ -247,6 +275,83 @@ def _as_list(x: Any, n: int, name: str) -> list:
     return [x] * n
 
 
+def _type_name(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def _text(value: Any, name: str, allow_none: bool = False) -> str | None:
+    """A text argument: ``str``, or ``bytes`` decoded as UTF-8 (strictly); ``None`` where allowed."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, (bytes, bytearray)):
+        try:
+            return bytes(value).decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise LonglabError(
+                f"{name} is bytes that are not valid UTF-8 (byte {err.start}: {err.reason}); "
+                "decode it yourself, e.g. data.decode('latin-1')"
+            ) from None
+    if not isinstance(value, str):
+        kinds = "a string, UTF-8 bytes" + (" or None" if allow_none else "")
+        raise LonglabTypeError(f"{name} must be {kinds} (or a list of them), got {_type_name(value)}")
+    return value
+
+
+def _texts(value: Any, name: str, allow_none: bool = False) -> list[str | None] | None:
+    """One text or a list/tuple of them -> a list (``None`` when ``value`` is a single text)."""
+    if isinstance(value, (list, tuple)):
+        return [_text(v, f"{name}[{i}]", allow_none) for i, v in enumerate(value)]
+    return None
+
+
+def _per_row(value: Any, n: int, name: str, allow_none: bool = False) -> list:
+    """One text for every row, or a list/tuple with one per row (each checked by :func:`_text`)."""
+    many = _texts(value, name, allow_none)
+    return _as_list(many if many is not None else _text(value, name, allow_none), n, name)
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise LonglabTypeError(f"{name} must be a number, got {_type_name(value)} {shorten(value)}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond float range
+        number = math.inf
+    if not math.isfinite(number):
+        raise LonglabError(f"{name} must be a finite number, got {shorten(value)}")
+    return number
+
+
+def _flag(value: Any, name: str) -> None:
+    if not isinstance(value, bool):
+        raise LonglabTypeError(f"{name} must be True or False, got {shorten(value)}")
+
+
+def _check_model(model: Any, tokenizer: Any) -> None:
+    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+        raise LonglabTypeError(
+            f"model must be a transformers causal LM (e.g. from longlab.load_model), got {_type_name(model)}"
+        )
+    if tokenizer is None or not callable(tokenizer) or not hasattr(tokenizer, "decode"):
+        raise LonglabTypeError(
+            f"tokenizer must be the model's transformers tokenizer (e.g. from longlab.load_model), "
+            f"got {_type_name(tokenizer)}"
+        )
+
+
+def _check_attention(model: Any, recipe: Recipe) -> None:
+    """A recipe acts only through the longlab attention hook: refuse up front a model that runs another
+    attention implementation (the same check :class:`LonglabCache` makes at its second forward)."""
+    attn = getattr(model.config, "_attn_implementation", None)
+    if not recipe.is_empty and attn != ATTN_NAME:
+        raise LonglabError(
+            f"recipe {recipe.name!r} needs a model whose attention is 'longlab', but this one runs "
+            f"{attn!r}, so the recipe would compress nothing. Load the model with longlab.load_model(...) "
+            "(attn_implementation='longlab', the default), or wrap your own model: "
+            "`with longlab.use_longlab_attention(model): ...`"
+        )
+
+
 def generate(
     model: Any,
     tokenizer: Any,
@@ -267,27 +372,42 @@ def generate(
 ) -> GenerationResult:
     """Answer ``question`` about ``context`` with the KV cache managed by ``recipe``.
 
-    ``compress="chunk"`` compresses after every prefill chunk (bounded memory while the context
-    streams in); ``"end"`` compresses once after the whole context. ``chat_template=False`` writes the
-    prompt as plain completion text even when the tokenizer has a chat template."""
-    contexts = [context] if isinstance(context, str) else list(context)
+    ``context`` is a string or a list of strings (one batch row each); ``bytes`` are accepted and
+    decoded as UTF-8, strictly (anything else: decode it yourself). ``question`` and ``answer_prefix``
+    are one value for every row or a list with one per row. ``compress="chunk"`` compresses after
+    every prefill chunk (bounded memory while the context streams in); ``"end"`` compresses once after
+    the whole context. ``chat_template=False`` writes the prompt as plain completion text even when the
+    tokenizer has a chat template. Every argument is checked before the model runs: a bad one raises
+    :class:`~longlab.recipe.LonglabError` (a ``TypeError`` too when its type is wrong) naming it."""
+    _check_model(model, tokenizer)
+    many = _texts(context, "context")
+    contexts = many if many is not None else [_text(context, "context")]
     if not contexts:
         raise LonglabError("context is empty: give at least one context string")
-    if any(not isinstance(c, str) or not c.strip() for c in contexts):
-        raise LonglabError("context is empty: every context must be a non-empty string")
+    for i, c in enumerate(contexts):
+        if not c.strip():
+            where = f" (context[{i}])" if many is not None else ""
+            raise LonglabError(f"context is empty{where}: every context must be a non-empty string")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise LonglabError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+        raise LonglabError(f"max_new_tokens must be an integer >= 1, got {shorten(max_new_tokens)}")
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise LonglabError(f"chunk_size must be an integer >= 1, got {chunk_size!r}")
-    if not temperature >= 0:
-        raise LonglabError(f"temperature must be >= 0, got {temperature!r}")
-    if not 0 < top_p <= 1:
+        raise LonglabError(f"chunk_size must be an integer >= 1, got {shorten(chunk_size)}")
+    if not _number(temperature, "temperature") >= 0:
+        raise LonglabError(f"temperature must be >= 0 (0 = greedy), got {temperature!r}")
+    if not 0 < _number(top_p, "top_p") <= 1:
         raise LonglabError(f"top_p must be in (0, 1], got {top_p!r}")
-    if compress not in ("chunk", "end"):
-        raise LonglabError(f"compress must be 'chunk' or 'end', got {compress!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise LonglabTypeError(f"seed must be an integer in [0, 2**64 - 1], got {_type_name(seed)}")
+    if not 0 <= seed < 2**64:
+        raise LonglabError(f"seed must be an integer in [0, 2**64 - 1], got {shorten(seed)}")
+    if not isinstance(compress, str) or compress not in ("chunk", "end"):
+        raise LonglabError(f"compress must be 'chunk' or 'end', got {shorten(compress)}")
+    for flag, value in (("query_aware", query_aware), ("strict", strict), ("chat_template", chat_template)):
+        _flag(value, flag)
     recipe = parse_recipe(recipe)
-    questions = _as_list(question, len(contexts), "question")
-    prefixes = _as_list(answer_prefix, len(contexts), "answer_prefix")
+    _check_attention(model, recipe)
+    questions = _per_row(question, len(contexts), "question", allow_none=True)
+    prefixes = _per_row(answer_prefix, len(contexts), "answer_prefix")
     ctx_ids, q_ids = encode_prompts(tokenizer, contexts, questions, prefixes, chat_template)
     _check_length(model, [len(c) + len(q) + max_new_tokens for c, q in zip(ctx_ids, q_ids)], strict)
 

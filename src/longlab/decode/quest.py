@@ -8,21 +8,31 @@ slots are cut into pages of ``P`` tokens; each page keeps the per-channel minimu
     ``U_p = sum_c max(q_c m_{p,c}, q_c M_{p,c}) = q.(M_p + m_p)/2 + |q|.(M_p - m_p)/2``
 
 and attention runs over the top ``K - 1`` pages by ``U_p`` plus the last (current) page, with
-``K = max(min_pages, budget // P)``. Layers ``< dense_layers`` (0 and 1), sliding-window layers, prefill
-and contexts that fit in the budget use dense attention (exact). Page summaries are computed once per
-complete page and reused across steps (recomputed if an eviction repacks the layer).
+``K = max(min_pages, budget // P)``. Layers ``< dense_layers`` (0 and 1), sliding-window layers and
+prefill use dense attention, as in Quest's code (``q_len > 1 or layer_id < 2``).
+
+Dense is *not* decided by the budget: a decode step reads every page, hence is exact, exactly when the
+layer's held slots ``T`` (empty slots included) span at most ``K`` pages, ``T <= K * P``. That bound is
+``budget`` only when ``budget`` is a multiple of ``P`` and at least ``min_pages * P``; otherwise a context
+can fit the budget and still be read sparsely (``budget=1000, P=16``: K = 62, sparse from 993 slots) or
+exceed it and be read densely (``budget=20, P=16``: K = 3, dense up to 48 slots). Quest's code behaves
+the same way: it takes the top ``min(K, n_pages)`` pages, i.e. every page once ``n_pages <= K`` (it ranks
+the last page with the others instead of always reading it; here it is always read).
+
+Page summaries are computed once per complete page and kept in ``layer.state`` (``quest.*``), so
+:meth:`Stream.fork <longlab.pipeline.Stream.fork>` and batch selection carry them and ``nbytes`` counts
+them; they are recomputed if an eviction repacks the layer.
 """
 
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from ..attention import dense_attention
-from ..recipe import LonglabError, Method, register
+from ..recipe import Method, register
 
 __all__ = ["Quest", "PageSummary", "page_summary", "page_scores", "attend_slots", "page_slots"]
 
@@ -43,7 +53,20 @@ class PageSummary:
         return self.center.shape[2]
 
 
-_SUMMARIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # LonglabLayer -> PageSummary
+_STATE_KEYS = ("quest.center", "quest.radius", "quest.ok", "quest.marks")  # layer.state: a PageSummary
+
+
+def _stored_summary(layer) -> PageSummary | None:
+    state = getattr(layer, "state", None)
+    if state is None or any(k not in state for k in _STATE_KEYS):
+        return None
+    return PageSummary(*(state[k] for k in _STATE_KEYS))
+
+
+def _store_summary(layer, summary: PageSummary) -> None:
+    state = getattr(layer, "state", None)
+    if state is not None:  # [B, ...] tensors: forked, batch-selected and counted with the layer
+        state.update(zip(_STATE_KEYS, (summary.center, summary.radius, summary.ok, summary.marks)))
 
 
 def _summarise(keys: torch.Tensor, index: torch.Tensor, page_size: int) -> PageSummary:
@@ -62,10 +85,13 @@ def _summarise(keys: torch.Tensor, index: torch.Tensor, page_size: int) -> PageS
     return PageSummary((hi + lo) / 2, (hi - lo) / 2, ok, marks)
 
 
-def page_summary(layer, page_size: int, n_pages: int) -> PageSummary:
-    """Summaries of the first ``n_pages`` complete pages of a cache layer, updated incrementally."""
-    keys, index = layer.keys, layer.index  # [B, H_kv, T, D], [B, H_kv, T]
-    old = _SUMMARIES.get(layer)
+def page_summary(layer, page_size: int, n_pages: int, keys: torch.Tensor | None = None) -> PageSummary:
+    """Summaries of the first ``n_pages`` complete pages of a cache layer, updated incrementally and kept
+    in ``layer.state``. ``keys`` [B, H_kv, T, D]: the layer's keys as attention reads them (the
+    dequantised view of a quantized layer; default ``layer.keys``)."""
+    keys = layer.keys if keys is None else keys  # [B, H_kv, T, D]
+    index = layer.index  # [B, H_kv, T]
+    old = _stored_summary(layer)
     if old is not None and old.n <= n_pages and old.center.shape[:2] == keys.shape[:2]:
         idx = index[..., : old.n * page_size].reshape(*index.shape[:2], old.n, page_size)
         marks = torch.stack([idx[..., 0], idx[..., -1]], dim=-1)
@@ -81,7 +107,7 @@ def page_summary(layer, page_size: int, n_pages: int) -> PageSummary:
     if old is not None and start > 0:
         parts = zip((old.center, old.radius, old.ok, old.marks), (new.center, new.radius, new.ok, new.marks))
         new = PageSummary(*(torch.cat([a, b], dim=2) for a, b in parts))
-    _SUMMARIES[layer] = new
+    _store_summary(layer, new)
     return new
 
 
@@ -160,9 +186,7 @@ class Quest(Method):
 
     def validate(self) -> None:
         for name, low in (("budget", 1), ("page_size", 1), ("min_pages", 2), ("dense_layers", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise LonglabError(f"{self.name}: {name} must be an integer >= {low}, got {value!r}")
+            self.check(name, low, integer=True)
 
     @property
     def n_pages(self) -> int:
@@ -174,13 +198,13 @@ class Quest(Method):
 
     def select(self, ctx) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """``(slots [B, H, S], pages [B, H, K-1])`` for this decode query, or ``(None, None)`` when the
-        candidate pages fit in the budget (dense)."""
+        held slots span at most ``K`` pages (``T <= K * page_size``: every page is read, dense)."""
         T = ctx.k.shape[-2]
         n_cand = (T - 1) // self.page_size  # complete pages before the last one
         k = self.n_pages - 1
         if n_cand <= k:
             return None, None
-        summary = page_summary(ctx.layer, self.page_size, n_cand)
+        summary = page_summary(ctx.layer, self.page_size, n_cand, ctx.k)
         u = page_scores(ctx.q[:, :, -1], summary)  # [B, H, n_cand]
         pages = u.topk(k, dim=-1).indices.sort(dim=-1).values  # [B, H, k]
         return page_slots(pages, self.page_size, T), pages

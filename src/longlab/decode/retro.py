@@ -23,13 +23,20 @@ page table ``Last[h, p]`` (the last step page ``p`` was loaded). At step ``t`` (
    output cache;
 5. ``t`` enters the window with ``(q_t, o_t, lse_t)`` and the oldest token leaves.
 
-Implementation notes. The refresh needs each window token's residual-stream input of every layer and
-the decoder-layer modules; they are captured by forward pre-hooks on the decoder layers, installed
-once per model the first time RetroAttention decodes with a model attached to the cache
-(``cache.model_ref``, set by :class:`longlab.pipeline.Stream`); the hooks do nothing for other
-recipes. Supported decoder layers are the pre-norm Llama family (``input_layernorm``, ``self_attn``,
-``post_attention_layernorm``, ``mlp``: Llama, SmolLM2, Qwen2/3, Mistral); elsewhere, or without a
-model, only steps 1-3 and 5 run, which do not change the generated tokens (a warning says so).
+Implementation notes. The state (window queries, output cache, log-sum-exps, positions, residual inputs,
+RoPE, page table) is kept in each layer's ``layer.state`` under ``retro.*``, batch first, so
+:meth:`Stream.fork <longlab.pipeline.Stream.fork>` copies it, batch selection keeps it right and
+``nbytes`` counts it. The refresh needs each window token's residual-stream input of every layer and the
+decoder-layer modules; the inputs are captured by forward pre-hooks on the decoder layers, installed the
+first time RetroAttention decodes with a model attached to the cache (``cache.model_ref``, set by
+:class:`longlab.pipeline.Stream`). The hooks belong to the cache: they act only for it (and its forks),
+are held in ``cache.resources`` and are removed when the last cache sharing them is closed
+(``cache.close()``, ``with LonglabCache(...) as cache``) or garbage-collected. Supported decoder layers are
+the pre-norm Llama family (``input_layernorm``, ``self_attn``, ``post_attention_layernorm``, ``mlp``:
+Llama, SmolLM2, Qwen2/3, Mistral); elsewhere, or without a model, only steps 1-3 and 5 run, which do not
+change the generated tokens (a warning says so). The hooks are installed inside the first sparse decode
+step, after that step's first sparse layer ran its pre-hook, so that layer skips the first decode token
+(it never enters its window); a fork shares its parent's hooks and so behaves as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from typing import Any
 import torch
 
 from ..attention import dense_attention
-from ..recipe import LonglabError, register
+from ..recipe import register
 from .quest import Quest, attend_slots
 
 __all__ = ["RetroAttention", "lse_merge"]
@@ -60,35 +67,49 @@ def lse_merge(
     return w1 * o1.nan_to_num(0.0) + w2 * o2.nan_to_num(0.0), lse
 
 
-@dataclass
-class _Window:
-    """Per-layer RetroAttention state for the last ``m <= window - 1`` tokens."""
+_PREFIX = "retro."
+_FIELDS = {"q": 2, "o": 2, "lse": 2, "pos": 1, "h": 1, "cos": 1, "sin": 1}  # name -> its window axis
+_CURRENT = ("h_cur", "cos_cur", "sin_cur")  # captured by the pre-hook for the token being decoded
+_RESOURCE = "retro.hooks"  # key in cache.resources
 
-    q: torch.Tensor | None = None  # [B, H, m, D] this layer's (refreshed) queries
-    o: torch.Tensor | None = None  # [B, H, m, D] fp32 output cache
-    lse: torch.Tensor | None = None  # [B, H, m]
-    pos: torch.Tensor | None = None  # [B, m] positions
-    h: torch.Tensor | None = None  # [B, m, hidden] residual-stream inputs of this layer (refresh)
-    cos: torch.Tensor | None = None  # [B, m, D] RoPE of the window tokens
-    sin: torch.Tensor | None = None
-    last: torch.Tensor | None = None  # [B, H, n_pages] step that last loaded each page (-1: never)
-    h_cur: Any = None  # (h [B, 1, hidden], cos, sin) captured for the current token by the pre-hook
-    decoder: Any = None  # the decoder-layer module (captured by the pre-hook)
+
+class _Window:
+    """View of one layer's RetroAttention state in ``layer.state`` (the last ``m <= window - 1`` tokens):
+
+    ``q`` [B, H, m, D] this layer's (refreshed) queries; ``o`` [B, H, m, D] fp32 output cache; ``lse``
+    [B, H, m]; ``pos`` [B, m] positions; ``h`` [B, m, hidden] residual-stream inputs of this layer
+    (refresh); ``cos``/``sin`` [B, m, D] RoPE of the window tokens; ``last`` [B, H, n_pages] step that
+    last loaded each page (-1: never); ``h_cur``/``cos_cur``/``sin_cur`` the current token's, set by the
+    pre-hook and consumed by :meth:`RetroAttention._push` in the same forward."""
+
+    __slots__ = ("_state",)
+
+    def __init__(self, layer) -> None:
+        object.__setattr__(self, "_state", layer.state)
+
+    def __getattr__(self, name: str) -> torch.Tensor | None:
+        if name in _FIELDS or name == "last" or name in _CURRENT:
+            return self._state.get(_PREFIX + name)
+        raise AttributeError(name)
+
+    def __setattr__(self, name: str, value: torch.Tensor | None) -> None:
+        if name not in _FIELDS and name != "last" and name not in _CURRENT:
+            raise AttributeError(name)
+        if value is None:
+            self._state.pop(_PREFIX + name, None)
+        else:
+            self._state[_PREFIX + name] = value
 
     @property
     def m(self) -> int:
-        return 0 if self.pos is None else self.pos.shape[1]
+        pos = self.pos
+        return 0 if pos is None else pos.shape[1]
 
-
-_STATE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # LonglabLayer -> _Window
-_HOOKED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> hook handles
-
-
-def _window(layer) -> _Window:
-    st = _STATE.get(layer)
-    if st is None:
-        st = _STATE[layer] = _Window()
-    return st
+    def take_current(self) -> tuple | None:
+        """``(h [B, 1, hidden], cos, sin)`` captured for the current token (then cleared), or None."""
+        h, cos, sin = self.h_cur, self.cos_cur, self.sin_cur
+        self.h_cur = self.cos_cur = self.sin_cur = None
+        return None if h is None else (h, cos, sin)
 
 
 def _is_prenorm_decoder(module) -> bool:
@@ -96,27 +117,89 @@ def _is_prenorm_decoder(module) -> bool:
     return all(hasattr(module, a) for a in parts) and not hasattr(module, "pre_feedforward_layernorm")
 
 
-def _capture(module, args, kwargs) -> None:
+class _PreHooks:
+    """Forward pre-hooks on a model's pre-norm decoder layers that capture each decode token's residual
+    input and RoPE into the cache layer's state (for the refresh), plus the decoder module of each layer
+    index. Shared by a cache and its forks through :class:`_HookLease`; removed with the last lease."""
+
+    def __init__(self, model) -> None:
+        self.decoders: dict[int, Any] = {}
+        for module in model.modules():
+            idx = getattr(getattr(module, "self_attn", None), "layer_idx", None)
+            if _is_prenorm_decoder(module) and idx is not None:
+                self.decoders[int(idx)] = module
+        self.model_ref = weakref.ref(model)
+        me = weakref.ref(self)  # the model must not keep this object alive through its hooks
+        self.handles = [
+            m.register_forward_pre_hook(lambda mod, args, kw: _capture(me, mod, args, kw), with_kwargs=True)
+            for m in self.decoders.values()
+        ]
+        self.users = 0
+
+    @property
+    def installed(self) -> bool:
+        return bool(self.handles)
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
+def _drop_user(hooks: _PreHooks) -> None:
+    hooks.users -= 1
+    if hooks.users <= 0:
+        hooks.remove()
+
+
+class _HookLease:
+    """One cache's share of a :class:`_PreHooks` (kept in ``cache.resources``). Released by
+    ``cache.close()`` or when the cache (hence the lease) is garbage-collected; ``copy.deepcopy`` (a fork)
+    takes a new share of the same hooks, so the hooks stay while any cache using them lives."""
+
+    def __init__(self, hooks: _PreHooks) -> None:
+        self.hooks = hooks
+        hooks.users += 1
+        self._finalizer = weakref.finalize(self, _drop_user, hooks)
+
+    @property
+    def active(self) -> bool:
+        return self._finalizer.alive and self.hooks.installed
+
+    def release(self) -> None:
+        self._finalizer()
+
+    def __deepcopy__(self, memo: dict) -> _HookLease:
+        return _HookLease(self.hooks)
+
+
+def _lease(cache) -> _HookLease | None:
+    lease = getattr(cache, "resources", {}).get(_RESOURCE)
+    return lease if isinstance(lease, _HookLease) and lease.active else None
+
+
+def _capture(hooks_ref, module, args, kwargs) -> None:
     """Decoder-layer pre-hook: keep the residual input and RoPE of a decode token for RetroAttention."""
     from ..cache import LonglabCache
 
     cache = kwargs.get("cache", kwargs.get("past_key_values"))
     if not isinstance(cache, LonglabCache) or not isinstance(cache.recipe.decode, RetroAttention):
         return
+    lease = _lease(cache)
+    if lease is None or lease.hooks is not hooks_ref():
+        return  # another cache's hooks
     h = args[0] if args else kwargs.get("hidden_states")
     idx = getattr(module.self_attn, "layer_idx", None)
     if h is None or h.shape[1] != 1 or idx is None or idx >= len(cache.layers):
         return
-    cos, sin = kwargs.get("position_embeddings", (None, None))
-    st = _window(cache.layers[idx])
-    st.h_cur, st.decoder = (h.detach(), cos, sin), module
-
-
-def _install_hooks(model) -> None:
-    if model in _HOOKED:
+    layer = cache.layers[idx]
+    if not getattr(layer, "is_initialized", False) or idx < cache.recipe.decode.dense_layers:
+        return  # dense layers keep no window
+    if getattr(layer, "sliding_window", None) is not None:
         return
-    layers = [m for m in model.modules() if _is_prenorm_decoder(m)]
-    _HOOKED[model] = [m.register_forward_pre_hook(_capture, with_kwargs=True) for m in layers]
+    cos, sin = kwargs.get("position_embeddings", (None, None))
+    st = _Window(layer)
+    st.h_cur, st.cos_cur, st.sin_cur = h.detach(), cos, sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -137,16 +220,14 @@ class RetroAttention(Quest):
 
     def validate(self) -> None:
         super().validate()
-        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 1:
-            raise LonglabError(f"{self.name}: window must be an integer >= 1, got {self.window!r}")
-        if not isinstance(self.refresh, bool):
-            raise LonglabError(f"{self.name}: refresh must be true or false, got {self.refresh!r}")
+        self.check("window", 1, integer=True)
+        self.check("refresh", choices=(True, False))
 
     def attend(self, ctx) -> torch.Tensor:  # [B, H, 1, D]
         if not self.is_sparse_layer(ctx) or ctx.q.shape[-2] != 1:
             return dense_attention(ctx.q, ctx.k, ctx.v, ctx.mask(), ctx.scaling)
         refresh = self.refresh and self._hooks_ready(ctx)
-        st = _window(ctx.layer)
+        st = _Window(ctx.layer)
         out, lse, slots, pages = self.attend_lse(ctx)  # [B, H, 1, D], [B, H, 1]
         loaded = self._loaded_pages(ctx, st, pages)  # [B, H, n_pages]
         if st.m:
@@ -200,7 +281,11 @@ class RetroAttention(Quest):
                               "so the generated tokens equal Quest's", stacklevel=2)
                 self._warned = True
             return False
-        _install_hooks(model)
+        if _lease(ctx.cache) is None or _lease(ctx.cache).hooks.model_ref() is not model:
+            old = ctx.cache.resources.pop(_RESOURCE, None)
+            if old is not None:
+                old.release()
+            ctx.cache.resources[_RESOURCE] = _HookLease(_PreHooks(model))
         return True
 
     def _refresh_above(self, ctx, st: _Window) -> None:
@@ -208,12 +293,14 @@ class RetroAttention(Quest):
         K/V rows (and window queries) in the layer above."""
         nxt_idx = ctx.layer_idx + 1
         cache = ctx.cache
-        if nxt_idx >= len(cache.layers) or st.decoder is None or st.cos is None:
+        lease = _lease(cache)
+        if nxt_idx >= len(cache.layers) or lease is None or st.cos is None:
             return
-        above = _STATE.get(cache.layers[nxt_idx])
-        if above is None or above.decoder is None or not _is_prenorm_decoder(st.decoder):
-            return
-        dl, dl_next = st.decoder, above.decoder
+        dl, dl_next = lease.hooks.decoders.get(ctx.layer_idx), lease.hooks.decoders.get(nxt_idx)
+        layer = cache.layers[nxt_idx]
+        if dl is None or dl_next is None or getattr(layer, "dequantized_keys", None) is not None:
+            return  # not a pre-norm decoder pair, or packed storage above (K/V rows not plain tensors)
+        above = _Window(layer)
         B, H, m, D = st.o.shape
         attn_out = st.o.to(st.h.dtype).transpose(1, 2).reshape(B, m, H * D)  # [B, m, H*D]
         mid = st.h + dl.self_attn.o_proj(attn_out)  # [B, m, hidden]
@@ -229,7 +316,6 @@ class RetroAttention(Quest):
         if st.cos is not None:
             cos, sin = st.cos[:, None], st.sin[:, None]  # [B, 1, m, D]
             q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        layer = cache.layers[nxt_idx]
         tail = min(layer.index.shape[-1], m + 1)
         idx = layer.index[..., -tail:]  # [B, H_kv, tail]; the window tokens are the newest of the layer above
         eq = idx[:, :, None, :] == st.pos[:, None, :, None].to(idx.dtype)  # [B, H_kv, m, tail]
@@ -246,7 +332,7 @@ class RetroAttention(Quest):
         keep = self.window - 1
         if keep <= 0:
             return
-        cur, st.h_cur = st.h_cur, None
+        cur = st.take_current()
         if refresh and cur is None:
             return  # residual input not captured (first step after the hooks were installed): skip the token
         pos = ctx.query_index[:, -1:].to(torch.long)  # [B, 1]
@@ -256,10 +342,9 @@ class RetroAttention(Quest):
             "cos": cur[1] if refresh and cur[1] is not None else None,
             "sin": cur[2] if refresh and cur[2] is not None else None,
         }
-        dims = {"q": 2, "o": 2, "lse": 2, "pos": 1, "h": 1, "cos": 1, "sin": 1}
         fresh = st.m == 0 or st.pos.shape[0] != pos.shape[0]
         for name, value in parts.items():
-            old, d = getattr(st, name), dims[name]
+            old, d = getattr(st, name), _FIELDS[name]
             if fresh:
                 new = value
             elif value is None or old is None:

@@ -1,13 +1,14 @@
 """``longlab eval --backend ray``: the grid sharded by sample over Ray workers.
 
 A shard is one (task, length, sample) with the recipes it still lacks, so each worker keeps the
-prefill-once branching of :class:`~longlab.eval.runner.SampleRunner`. Each worker is a Ray actor that
+prefill-once branching of :class:`~longlab.eval.sample_runner.SampleRunner`. Each worker is a Ray actor that
 loads the model once (a GPU each when CUDA is available, else a share of the CPUs); shards go to
 whichever worker is free. Workers only compute and return rows: the driver is the single writer of
 the results store, one transaction per row, so resuming works exactly as with the serial backend.
 
 Ray is an optional dependency (``pip install 'longlab[ray]'``). ``RAY_ADDRESS`` set in the
 environment joins an existing cluster; otherwise a local one is started for the run and shut down.
+The grid driver (:func:`longlab.eval.grid.run_eval`) chooses this backend; nothing here imports it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from dataclasses import asdict
 from typing import Any
 
 from ..recipe import LonglabError
+from .config import EvalConfig
+from .sample_runner import SampleRunner
 
 __all__ = ["require_ray", "run_ray", "SampleWorker"]
 
@@ -38,7 +41,6 @@ class SampleWorker:
         import torch
 
         from ..models import load_model
-        from .runner import EvalConfig, SampleRunner
 
         torch.set_num_threads(max(1, threads))
         cfg = EvalConfig(**config)
@@ -53,7 +55,7 @@ class SampleWorker:
 
 
 def run_ray(
-    config: Any,
+    config: EvalConfig,
     config_hash: str,
     todo: list[tuple[Any, list[str]]],
     write: Callable[[dict[str, Any]], None],

@@ -9,6 +9,10 @@ and a re-run simply skips ``done_keys()``.
 Per-layer / per-head quality numbers (e.g. sparse-prefill density, recall, output error) go to the
 ``metrics`` table, keyed by ``(run_key, layer, head, name)``; ``head = -1`` means "all heads" and
 ``layer = -1`` means "all layers".
+
+Opening checks the directory and the database before anything is written (``PRAGMA quick_check``
+reads every page once): any fault of either is a :class:`~longlab.recipe.LonglabError` naming the
+argument. ``ResultStore(dir, readonly=True)`` reads a database it may not write (SQLite ``mode=ro``).
 """
 
 from __future__ import annotations
@@ -23,9 +27,13 @@ import os
 import sqlite3
 import subprocess
 import sys
+import tempfile
+import urllib.parse
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from ..recipe import LonglabError
 
 __all__ = [
     "COLUMNS",
@@ -33,6 +41,7 @@ __all__ = [
     "METRIC_COLUMNS",
     "RUN_KEY_FIELDS",
     "ResultStore",
+    "check_results_dir",
     "config_hash",
     "git_commit",
     "make_run_key",
@@ -220,17 +229,69 @@ class ResultStore:
     ...         store.add({"model": "smollm2-135m", "recipe": "snapkv@0.5", ..., "score": 1.0})
     """
 
-    def __init__(self, out_dir: str | os.PathLike[str], *, timeout: float = 60.0) -> None:
-        self.out_dir = Path(out_dir)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.out_dir / DB_NAME
-        self._conn: sqlite3.Connection | None = sqlite3.connect(str(self.path), timeout=timeout)
-        self._conn.row_factory = sqlite3.Row
-        self._conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
-        self._conn.execute("PRAGMA journal_mode = WAL")
-        self._conn.execute("PRAGMA synchronous = FULL")
-        self._create_schema()
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str],
+        *,
+        timeout: float = 60.0,
+        readonly: bool = False,
+        what: str = "--out",
+    ) -> None:
+        """Open (for writing: create) ``out_dir/results.sqlite``.
+
+        ``readonly``: open an existing database with SQLite's ``mode=ro`` (nothing is created or
+        changed, so a read-only file or directory is fine). ``what`` names the argument the directory
+        came from in error messages. Every fault of the directory or the database (a file where the
+        directory should be, a directory or a corrupt/foreign file where the database should be, no
+        write permission, a lock held too long) raises a :class:`~longlab.recipe.LonglabError` that
+        says which, before anything is written.
+        """
+        self.what = what
+        self.readonly = bool(readonly)
+        self._conn: sqlite3.Connection | None = None
         self._provenance: dict[str, Any] | None = None
+        self._tables: set[str] = set()
+        self.out_dir, self.path, created = _results_dir(out_dir, what, create=not self.readonly)
+        sidecars = [p for p in _sidecars(self.path) if not p.exists()]  # -wal/-shm this open may make
+        try:
+            if self.readonly:
+                self._conn = _connect_readonly(self.path, timeout)
+            else:
+                self._conn = sqlite3.connect(str(self.path), timeout=timeout)
+                self._conn.execute(f"PRAGMA busy_timeout = {int(timeout * 1000)}")
+            self._conn.row_factory = sqlite3.Row
+            self._check_readable()
+            self._tables = self._table_names()
+            if "results" not in self._tables and (self.readonly or self._tables):  # never touch another's
+                raise LonglabError(
+                    f"{what}: {self.path} is an SQLite database but not a longlab results database "
+                    "(it has no results table); move it away or choose another directory"
+                )
+            if not self.readonly:
+                self._conn.execute("PRAGMA journal_mode = WAL")
+                self._conn.execute("PRAGMA synchronous = FULL")
+                self._create_schema()
+                self._tables = self._table_names()
+        except (sqlite3.Error, OSError, LonglabError) as err:
+            self.close()
+            _remove_sidecars(sidecars)  # SQLite leaves them behind when the open fails
+            if created:  # leave no empty directory (or half-made database) behind
+                _remove_new(self.path, self.out_dir)
+            if isinstance(err, LonglabError):
+                raise
+            raise _fault(err, self.path, what, self.readonly) from None
+
+    def _table_names(self) -> set[str]:
+        return {r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+
+    def _check_readable(self) -> None:
+        """``PRAGMA quick_check`` (reads every page once): a corrupt or truncated file fails here."""
+        found = [str(r[0]) for r in self.conn.execute("PRAGMA quick_check(3)")]
+        if found != ["ok"]:
+            lines = [ln.strip() for f in found for ln in f.splitlines() if ln.strip() and "***" not in ln]
+            detail = "; ".join(lines)
+            detail = detail if len(detail) <= 160 else detail[:157] + "..."
+            raise sqlite3.DatabaseError(f"database disk image is malformed ({detail})")
 
     # -- lifecycle -----------------------------------------------------------------------------
     @property
@@ -311,6 +372,8 @@ class ResultStore:
 
     def metrics(self, **filters: Any) -> list[dict[str, Any]]:
         """Rows of the ``metrics`` table (filter on run_key, layer, head, name)."""
+        if "metrics" not in self._tables:  # a database written before metrics existed, read-only
+            return []
         where, params = _where(filters, allowed=METRIC_COLUMNS)
         cur = self.conn.execute(f"SELECT * FROM metrics{where} ORDER BY id", params)
         return [dict(r) for r in cur]
@@ -416,6 +479,155 @@ class ResultStore:
             params,
         )
         return max(cur.rowcount, 0)
+
+
+# --------------------------------------------------------------------------------------------------
+# opening a results directory
+
+
+def _results_dir(
+    out_dir: Any, what: str, *, create: bool, must_exist: bool = True
+) -> tuple[Path, Path, bool]:
+    """``(directory, database path, whether the directory was created here)``, or a LonglabError
+    naming ``what`` when the path cannot be a results directory."""
+    if isinstance(out_dir, bytes) or not isinstance(out_dir, (str, os.PathLike)):
+        raise LonglabError(f"{what}: expected a directory path, got {type(out_dir).__name__}")
+    if not os.fspath(out_dir).strip():
+        raise LonglabError(f"{what}: empty path; give a results directory (it is created when missing)")
+    out = Path(out_dir)
+    path = out / DB_NAME
+    created = False
+    if out.exists() and not out.is_dir():
+        raise LonglabError(f"{what}: {out} is a file, not a directory; give a results directory")
+    if not out.exists():
+        if not create:
+            if not must_exist:
+                return out, path, False
+            raise LonglabError(f"{what}: results directory not found: {out}")
+        try:
+            out.mkdir(parents=True)
+            created = True
+        except FileExistsError:  # made meanwhile by another process, or a parent is a file
+            if not out.is_dir():
+                raise LonglabError(f"{what}: cannot create directory {out}: a parent is a file") from None
+        except NotADirectoryError:
+            raise LonglabError(f"{what}: cannot create directory {out}: a parent is a file") from None
+        except OSError as err:
+            raise LonglabError(f"{what}: cannot create directory {out}: {err.strerror or err}") from None
+    if path.exists() and not path.is_file():
+        raise LonglabError(
+            f"{what}: {path} is not a file (a directory?), so it cannot be the results database; "
+            "move it away or choose another directory"
+        )
+    if not path.exists() and not create and must_exist:
+        raise LonglabError(f"{what}: no results database in {out} (expected {path})")
+    return out, path, created
+
+
+def check_results_dir(out_dir: Any, what: str = "--out") -> None:
+    """Check, creating and changing nothing, that ``out_dir`` can take results: it is a directory (or
+    can be made as one), its ``results.sqlite`` (when present) is a readable longlab database, and
+    it can be written. Raises a :class:`~longlab.recipe.LonglabError` naming ``what``; call it before
+    loading a model so a bad ``--out`` fails in a second."""
+    out, path, _ = _results_dir(out_dir, what, create=False, must_exist=False)
+    if path.is_file() and path.stat().st_size > 0:
+        ResultStore(out, readonly=True, what=what).close()
+    probe_dir = out
+    while not probe_dir.exists():  # the nearest ancestor that exists must be a writable directory
+        probe_dir = probe_dir.parent
+    if not probe_dir.is_dir():
+        raise LonglabError(f"{what}: cannot create directory {out}: {probe_dir} is a file")
+    try:
+        fd, probe = tempfile.mkstemp(dir=probe_dir, prefix=".longlab-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise LonglabError(
+            f"{what}: cannot write in {probe_dir}: {err.strerror or err}; choose a writable directory"
+        ) from None
+
+
+def _sidecars(path: Path) -> tuple[Path, Path]:
+    return Path(f"{path}-wal"), Path(f"{path}-shm")
+
+
+def _remove_sidecars(paths: Iterable[Path]) -> None:
+    """Remove ``-wal``/``-shm`` files a failed open created (only while the ``-wal`` holds nothing)."""
+    paths = list(paths)
+    wal = [p for p in paths if p.name.endswith("-wal")]
+    if any(p.is_file() and p.stat().st_size > 0 for p in wal):
+        return
+    for p in paths:
+        try:
+            p.unlink()
+        except OSError:
+            pass
+
+
+def _connect_readonly(path: Path, timeout: float) -> sqlite3.Connection:
+    """A connection that cannot change the database.
+
+    Where the file and its directory are writable: an ordinary connection with ``query_only`` (so the
+    last reader to close removes SQLite's ``-wal``/``-shm`` files as usual). Otherwise SQLite's
+    ``mode=ro``; a WAL database in a directory we cannot write (no ``-shm`` file can be made) is opened
+    ``immutable`` instead, which is then safe: nobody can be writing it."""
+    uri = "file:" + urllib.parse.quote(str(path.resolve())) + "?mode=ro"
+    attempts: list[tuple[str, dict[str, Any], tuple[str, ...]]] = [
+        (uri, {"uri": True}, ()),
+        (uri + "&immutable=1", {"uri": True}, ()),
+    ]
+    if os.access(path, os.W_OK) and os.access(path.parent, os.W_OK):
+        pragmas = (f"PRAGMA busy_timeout = {int(timeout * 1000)}", "PRAGMA query_only = ON")
+        attempts.insert(0, (str(path), {}, pragmas))
+    for i, (target, kwargs, pragmas) in enumerate(attempts):
+        conn = sqlite3.connect(target, timeout=timeout, **kwargs)
+        try:
+            for pragma in pragmas:
+                conn.execute(pragma)
+            conn.execute("SELECT name FROM sqlite_master LIMIT 1").fetchall()
+            return conn
+        except sqlite3.Error as err:
+            conn.close()
+            cannot_write = "readonly" in str(err) or "unable to open" in str(err)
+            if not isinstance(err, sqlite3.OperationalError) or not cannot_write or i == len(attempts) - 1:
+                raise
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _fault(err: BaseException, path: Path, what: str, readonly: bool) -> LonglabError:
+    """A LonglabError naming ``what`` for an error SQLite (or the OS) raised on ``path``."""
+    text = str(err)
+    corrupt = isinstance(err, sqlite3.DatabaseError) and not isinstance(err, sqlite3.OperationalError)
+    if corrupt or any(m in text for m in ("not a database", "malformed", "corrupt")):
+        return LonglabError(
+            f"{what}: {path} is not a readable SQLite database (SQLite: {text}); it is corrupt, truncated or "
+            "another kind of file: move it away or choose another directory"
+        )
+    if "locked" in text or "busy" in text:
+        return LonglabError(f"{what}: {path} is locked by another process (SQLite: {text}); try again later")
+    denied = isinstance(err, PermissionError) or "unable to open" in text
+    if denied or "readonly" in text or "read-only" in text:
+        if readonly:
+            return LonglabError(f"{what}: cannot read {path} (SQLite: {text})")
+        return LonglabError(
+            f"{what}: cannot write {path}: the directory or the database is read-only (SQLite: {text}); "
+            "choose a writable directory (longlab report can still read this one)"
+        )
+    return LonglabError(f"{what}: cannot open {path} ({type(err).__name__}: {text})")
+
+
+def _remove_new(path: Path, out_dir: Path) -> None:
+    """Remove what opening a store created (an empty database and the directory), ignoring failures."""
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            if p.is_file() and p.stat().st_size == 0:
+                p.unlink()
+        except OSError:
+            pass
+    try:
+        out_dir.rmdir()  # only when empty
+    except OSError:
+        pass
 
 
 def _where(filters: Mapping[str, Any], allowed: Mapping[str, str] = COLUMNS) -> tuple[str, list[Any]]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..recipe import LonglabError, register
-from .base import ScorerPolicy, group_mean, keep_top, pool_scores, window_attention
+from .base import ScorerPolicy, group_mean, keep_top, snapkv_scores, window_attention
 
 _H2O_STATE = "h2o_acc"
 
@@ -31,8 +31,7 @@ class H2O(ScorerPolicy):
 
     def validate(self) -> None:
         super().validate()
-        if not 0.0 <= self.recent_fraction <= 1.0:
-            raise LonglabError(f"h2o: recent_fraction must be in [0, 1], got {self.recent_fraction!r}")
+        self.check("recent_fraction", 0.0, 1.0)
 
     def observe(self, ctx) -> None:
         layer = ctx.layer
@@ -70,8 +69,11 @@ class TOVA(ScorerPolicy):
 @dataclass
 class SnapKV(ScorerPolicy):
     """Li et al. 2024, "SnapKV: LLM Knows What You are Looking for Before Generation",
-    arXiv:2404.14469. Score ``s_j = pool_k(sum_{i in last W} A_ij)`` (mean over the query heads of a
-    KV head); keep the last W tokens plus the top ``target - W`` others."""
+    arXiv:2404.14469. Score ``s_j = mean_{h in group} pool_k(sum_{i in last W} A^h_ij)``: per query head,
+    the window attention summed over the last W queries, pooled over the non-window slots only with the
+    zero padding counted (``avg_pool1d(k, padding=k//2)``, as the official ``snapkv_utils`` and kvpress),
+    then averaged over the query heads of a KV head (kvpress's GQA rule); keep the last W tokens plus
+    the top ``target - W`` others (:func:`~longlab.kv.base.snapkv_scores`)."""
 
     paper = "arXiv:2404.14469"
     window_size: int = 32
@@ -80,28 +82,28 @@ class SnapKV(ScorerPolicy):
 
     def validate(self) -> None:
         super().validate()
-        if self.pooling not in ("avg", "max"):
-            raise LonglabError(f"{self.name}: pooling must be 'avg' or 'max', got {self.pooling!r}")
-        if self.kernel_size < 1 or self.kernel_size % 2 == 0:
+        self.check("pooling", choices=("avg", "max"))
+        self.check("kernel_size", 1, integer=True)
+        if self.kernel_size % 2 == 0:
             raise LonglabError(
                 f"{self.name}: kernel_size must be an odd integer >= 1, got {self.kernel_size!r}"
             )
-        if self.window_size < 1:
-            raise LonglabError(f"{self.name}: window_size must be >= 1, got {self.window_size!r}")
+        self.check("window_size", 1, integer=True)
 
     def head_scores(self, ctx) -> torch.Tensor:
         """Window attention summed over the window queries, per query head: [B, H, T]."""
         return window_attention(ctx, self.window_size).sum(2)
 
-    def score(self, ctx) -> torch.Tensor:
-        return pool_scores(group_mean(self.head_scores(ctx), ctx.groups), self.kernel_size, self.pooling)
+    def score(self, ctx) -> torch.Tensor:  # [B, H_kv, T]
+        return snapkv_scores(ctx, self.window_size, self.kernel_size, self.pooling, "sum")
 
 
 @register("pyramidkv")
 @dataclass
 class PyramidKV(SnapKV):
     """Cai et al. 2024, "PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information
-    Funneling", arXiv:2406.02069. SnapKV scores with per-layer budgets decreasing linearly:
+    Funneling", arXiv:2406.02069. SnapKV scores (per query head, pooled over the non-window slots,
+    then the group mean: kvpress's order) with per-layer budgets decreasing linearly:
     ``k_{L-1} = (C-W)/beta``, ``k_0 = 2(C-W) - k_{L-1}``, ``k_l = k_0 - l*floor((k_0-k_{L-1})/(L-1))``,
     each plus W, so the layers average C."""
 
@@ -132,7 +134,8 @@ class PyramidKV(SnapKV):
 @dataclass
 class AdaKV(SnapKV):
     """Feng et al. 2024, "Ada-KV: Optimizing KV Cache Eviction by Adaptive Budget Allocation",
-    arXiv:2407.11550. Head scores ``s^h = maxpool(mean_{i in W} A^h_i)``; the layer budget
+    arXiv:2407.11550. Head scores ``s^h = mean_{q in group(h)} maxpool(mean_{i in W} A^q_i)`` (pooled per
+    query head over the non-window slots, then averaged over the GQA group, kvpress's order); the layer budget
     ``H_kv * B`` (``B = C - W``) is split by each head's share ``n_h`` of the layer-wide top
     ``H_kv * B`` scores, with a floor: ``B_h = round((1 - alpha) n_h + alpha B)``. Each head keeps
     its own top ``B_h`` plus the window — heads really hold different numbers of entries."""
@@ -145,12 +148,10 @@ class AdaKV(SnapKV):
 
     def validate(self) -> None:
         super().validate()
-        if not 0.0 <= self.alpha <= 1.0:
-            raise LonglabError(f"adakv: alpha must be in [0, 1], got {self.alpha!r}")
+        self.check("alpha", 0.0, 1.0)
 
-    def score(self, ctx) -> torch.Tensor:
-        probs = window_attention(ctx, self.window_size).mean(2)  # [B, H, T]
-        return pool_scores(group_mean(probs, ctx.groups), self.kernel_size, self.pooling)
+    def score(self, ctx, region: torch.Tensor | None = None) -> torch.Tensor:  # [B, H_kv, T]
+        return snapkv_scores(ctx, self.window_size, self.kernel_size, self.pooling, "mean", region)
 
     def select(self, ctx) -> torch.Tensor | None:
         C = self.target(ctx)  # [B]
@@ -162,7 +163,7 @@ class AdaKV(SnapKV):
         recent = torch.minimum(C, torch.full_like(C, self.window_size))
         window = (ctx.key_index >= (ctx.n_real - recent)[:, None, None]) & valid  # [B, H_kv, T]
         candidates = valid & ~window
-        scores = self.score(ctx).masked_fill(~candidates, float("-inf"))
+        scores = self.score(ctx, candidates).masked_fill(~candidates, float("-inf"))
         B, H_kv, T = scores.shape
         budgets = torch.zeros(B, H_kv, dtype=torch.long, device=scores.device)
         for b in range(B):

@@ -13,12 +13,24 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 import torch.nn.functional as F
 
+from ..cache import LonglabLayer
 from ..recipe import LonglabError, Method
 
 if TYPE_CHECKING:
     from ..attention import LayerContext
 
-__all__ = ["KVPolicy", "ScorerPolicy", "keep_top", "window_attention", "pool_scores", "group_mean"]
+__all__ = [
+    "KVPolicy",
+    "ScorerPolicy",
+    "keep_top",
+    "window_attention",
+    "pool_scores",
+    "group_mean",
+    "outside_window",
+    "snapkv_scores",
+    "RepeatedKVLayer",
+    "repeat_kv_heads",
+]
 
 
 @dataclass
@@ -32,20 +44,24 @@ class KVPolicy(Method):
 
     kind: ClassVar[str] = "kv"
     needs_observe: ClassVar[bool] = False  # wants observe(ctx) on every forward (e.g. H2O)
+    # A policy that overrides select_decode (or updates its state at decode) sets acts_during_decode;
+    # one that keeps decode-time state outside layer.extras / layer.state sets batch_select_safe False.
+    acts_during_decode: ClassVar[bool] = False
+    batch_select_safe: ClassVar[bool] = True  # per-slot state lives in layer.extras (batch first)
 
     compression_ratio: float = 0.0
     budget: int | None = None
 
+    @property
+    def observation_window(self) -> int:
+        """The last-chunk queries this policy's compression reads: its ``window_size`` (0 without one)."""
+        return int(getattr(self, "window_size", 0) or 0)
+
     def validate(self) -> None:
-        r = self.compression_ratio
-        if not isinstance(r, (int, float)) or not 0.0 <= r < 1.0:
-            raise LonglabError(f"{self.name}: compression_ratio must be in [0, 1), got {r!r}")
+        self.check("compression_ratio", 0.0, 1.0, high_open=True)
         if self.budget is not None:
-            if isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget <= 0:
-                raise LonglabError(
-                    f"{self.name}: budget must be a positive integer (tokens kept), got {self.budget!r}"
-                )
-            if r > 0:
+            self.check("budget", 0, integer=True, low_open=True)  # entries kept per head
+            if self.compression_ratio > 0:
                 raise LonglabError(f"{self.name}: set compression_ratio or budget, not both")
 
     def target(self, ctx: LayerContext) -> torch.Tensor:
@@ -100,8 +116,19 @@ def window_attention(ctx: LayerContext, window_size: int) -> torch.Tensor:
     return ctx.attention_probs(slice(max(0, T_q - window_size), T_q))
 
 
-def pool_scores(scores: torch.Tensor, kernel_size: int, mode: str = "avg") -> torch.Tensor:
-    """1-D pooling along the slot axis (SnapKV's clustering): [B, H_kv, T] -> [B, H_kv, T]."""
+def pool_scores(
+    scores: torch.Tensor, kernel_size: int, mode: str = "avg", region: torch.Tensor | None = None
+) -> torch.Tensor:
+    """1-D pooling along the slot axis (SnapKV's clustering), as the reference code pools:
+    ``avg_pool1d(k, stride=1, padding=k//2)`` with the zero padding counted (``count_include_pad``: every
+    output is a sum over ``k`` slots divided by ``k``), or ``max_pool1d`` (padding never wins).
+
+    scores: [B, h, T] (h = H or H_kv); region: [B, h or 1, T] bool, the slots that enter the pooling (the
+    others count as padding: 0 for avg, -inf for max). Pass the non-window slots to pool "over the
+    non-window part only" as ``snapkv_utils`` does (``scores[..., :L-W]``); outputs outside the region
+    are meaningless (callers protect or mask those slots). Returns [B, h, T]."""
+    if region is not None:
+        scores = scores.masked_fill(~region, float("-inf") if mode == "max" else 0.0)
     if kernel_size <= 1:
         return scores
     B, H, T = scores.shape
@@ -109,8 +136,93 @@ def pool_scores(scores: torch.Tensor, kernel_size: int, mode: str = "avg") -> to
     if mode == "max":
         y = F.max_pool1d(x, kernel_size, stride=1, padding=kernel_size // 2)
     else:
-        y = F.avg_pool1d(x, kernel_size, stride=1, padding=kernel_size // 2, count_include_pad=False)
+        y = F.avg_pool1d(x, kernel_size, stride=1, padding=kernel_size // 2, count_include_pad=True)
     return y[..., :T].reshape(B, H, T)
+
+
+def outside_window(ctx: LayerContext, window_size: int) -> torch.Tensor:
+    """[B, H_kv, T] bool: held (valid) slots older than the row's last ``window_size`` tokens."""
+    idx = ctx.key_index
+    return (idx >= 0) & (idx < (ctx.n_real - window_size)[:, None, None])
+
+
+def snapkv_scores(
+    ctx: LayerContext,
+    window_size: int,
+    kernel_size: int,
+    pooling: str = "avg",
+    reduce: str = "sum",
+    region: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SnapKV-family scores in the reference order (kvpress ``SnapKVPress``; ``snapkv_utils``):
+
+    1. ``A [B, H, w, T]``: attention of the last ``w = min(W, T_q)`` queries over the held keys (fp32,
+       causal, softmax over every held key);
+    2. per query head, ``s_j = sum_i A_ij`` (``reduce="mean"``: the mean) over the window queries;
+    3. 1-D pooling along the slots per query head, over the non-window slots only (``region``, default
+       :func:`outside_window`), zero padding counted (:func:`pool_scores`);
+    4. mean over the query heads sharing a KV head.
+
+    Returns [B, H_kv, T]; slots outside ``region`` score 0 (the window is protected by the caller)."""
+    probs = window_attention(ctx, window_size)  # [B, H, w, T]
+    s = probs.sum(2) if reduce == "sum" else probs.mean(2)  # [B, H, T]
+    if region is None:
+        region = outside_window(ctx, window_size)  # [B, H_kv, T]
+    g = ctx.groups
+    per_head = region.repeat_interleave(g, dim=1) if g > 1 and region.shape[1] > 1 else region
+    s = pool_scores(s, kernel_size, pooling, per_head).masked_fill(~per_head, 0.0)
+    return group_mean(s, g)
+
+
+class RepeatedKVLayer(LonglabLayer):
+    """A full-precision cache layer whose KV heads were repeated to one per query head
+    (:func:`repeat_kv_heads`): it holds ``[B, H, T, D]`` and repeats each incoming ``[B, H_kv, t, D]``
+    entry ``kv_repeat`` times along the head axis, so every query head keeps its own token set."""
+
+    kv_repeat: int = 1
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        # key_states: [B, H_kv, t, D] -> stored as [B, H_kv * kv_repeat, t, D]
+        if self.is_initialized and key_states.shape[1] * self.kv_repeat == self.index.shape[1]:
+            key_states = key_states.repeat_interleave(self.kv_repeat, dim=1)
+            value_states = value_states.repeat_interleave(self.kv_repeat, dim=1)
+        return super().update(key_states, value_states, *args, **kwargs)
+
+
+def repeat_kv_heads(ctx: LayerContext) -> LonglabLayer:
+    """Give every query head its own copy of its KV head's entries, so a policy can keep a different token
+    set per query head under GQA, as code built on KVCache-Factory does (it repeats K/V to H heads before
+    selecting and caches the repeated heads). The layer (``ctx.layer``, replaced in ``ctx.cache``) becomes
+    ``[B, H, T, D]`` with ``kv_repeat = H / H_kv``; its bytes grow by that factor, which ``nbytes`` counts
+    and ``LonglabCache.full_nbytes`` does not (it divides it out). Per-slot extras are repeated with the
+    slots; per-layer ``state`` is left as is. Returns the (new) layer; a no-op without GQA."""
+    layer, g = ctx.layer, ctx.groups
+    if g == 1:
+        return layer
+
+    def rep(t: torch.Tensor) -> torch.Tensor:
+        return t.repeat_interleave(g, dim=1)
+
+    if getattr(layer, "dequantized_keys", None) is not None:  # packed storage (longlab.quant.storage)
+        layer.keys, layer.values = rep(layer.keys), rep(layer.values)
+        layer.sink_keys, layer.sink_values = rep(layer.sink_keys), rep(layer.sink_values)
+        for store in (layer.key_store, layer.value_store):
+            store.map(rep)
+            if getattr(store, "channel_scale", None) is not None:
+                store.channel_scale = rep(store.channel_scale)
+        new = layer
+    else:
+        new = RepeatedKVLayer.__new__(RepeatedKVLayer)
+        new.__dict__.update(layer.__dict__)
+        new.keys, new.values = rep(layer.keys), rep(layer.values)
+    new.index = rep(layer.index)
+    new.extras = {k: rep(v) for k, v in layer.extras.items()}
+    new.kv_repeat = getattr(layer, "kv_repeat", 1) * g
+    if new is not layer:
+        if ctx.cache is not None:
+            ctx.cache.layers[ctx.layer_idx] = new
+        ctx.layer = new
+    return new
 
 
 @dataclass
@@ -123,10 +235,8 @@ class ScorerPolicy(KVPolicy):
 
     def validate(self) -> None:
         super().validate()
-        for name in ("window_size", "sink_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise LonglabError(f"{self.name}: {name} must be an integer >= 0, got {value!r}")
+        self.check("window_size", 0, integer=True)
+        self.check("sink_size", 0, integer=True)
 
     def score(self, ctx: LayerContext) -> torch.Tensor:  # [B, H_kv, T]
         raise NotImplementedError

@@ -4,9 +4,11 @@
 it during decoding: whenever a layer holds ``budget + interval`` entries per head, the base policy
 compresses it back to ``budget``. Held entries therefore never exceed ``budget + interval`` after the
 first decode step, and compression costs one scoring pass every ``interval`` tokens (the scheme of
-kvpress's ``DecodingPress``). The base sees the last ``window_size`` decode queries (buffered per
-layer, with their true positions) as its observation window, so SnapKV-style scorers work at decode
-time as they do at prefill. Prefill is left to the other policies of the recipe (``snapkv@0.5+decoding:...``).
+kvpress's ``DecodingPress``). The base sees the last ``window_size`` decode queries (decoding steps
+only, as kvpress buffers them; buffered in each layer's ``layer.state`` with their true positions, so
+forks and batch selection carry them) as its observation window, so SnapKV-style scorers work at
+decode time as they do at prefill. Prefill is left to the other policies of the recipe
+(``snapkv@0.5+decoding:...``).
 
 ``h2o-stream`` and ``tova-stream`` are the streaming forms of H2O (Zhang et al. 2023,
 arXiv:2306.14048) and TOVA (Oren et al. 2024, arXiv:2401.06104): ``interval=1``, so each step evicts
@@ -20,7 +22,6 @@ A base spec with several parameters separates them by ``;`` (the recipe syntax r
 from __future__ import annotations
 
 import dataclasses
-import weakref
 from dataclasses import dataclass, field
 
 import torch
@@ -29,8 +30,6 @@ from ..recipe import LonglabError, parse_method, register
 from .base import KVPolicy
 
 __all__ = ["DecodingCompression", "StreamingH2O", "StreamingTOVA"]
-
-_QUERIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # layer -> (q [B,H,n,D], qidx [B,n])
 
 
 @register("decoding")
@@ -41,6 +40,8 @@ class DecodingCompression(KVPolicy):
 
     paper = "kvpress DecodingPress"
     needs_observe = True
+    acts_during_decode = True  # capability: evicts at decode steps
+    batch_select_safe = True  # capability: the decode-query buffer lives in layer.state (batch first)
     base: str = "snapkv"
     interval: int = 64
     window_size: int = 32  # decode queries buffered as the base's observation window
@@ -50,10 +51,8 @@ class DecodingCompression(KVPolicy):
         super().validate()
         if self.budget is None:
             raise LonglabError(f"{self.name}: set budget (entries kept per head after each compression)")
-        for name in ("interval", "window_size"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise LonglabError(f"{self.name}: {name} must be an integer >= 1, got {value!r}")
+        self.check("interval", 1, integer=True)
+        self.check("window_size", 1, integer=True)
         if not isinstance(self.base, str) or "@" in self.base:
             raise LonglabError(
                 f"{self.name}: base must be a method name such as 'snapkv' (no '@ratio'), got {self.base!r}"
@@ -66,20 +65,33 @@ class DecodingCompression(KVPolicy):
         except LonglabError as exc:
             raise LonglabError(f"{self.name}: base {self.base!r}: {exc}") from None
 
+    @property
+    def _state_keys(self) -> tuple[str, str]:
+        """``layer.state`` keys of the buffered queries ``[B, H, n, D]`` and their positions ``[B, n]``."""
+        return f"{self.name}.queries", f"{self.name}.query_index"
+
     def observe(self, ctx) -> None:
-        # Buffer the last window_size queries of this layer (post-RoPE) with their positions.
-        q, qidx = ctx.q, ctx.query_index  # [B, H, T_q, D], [B, T_q]
-        old = _QUERIES.get(ctx.layer)
-        if old is not None and old[0].shape[0] == q.shape[0]:
-            q, qidx = torch.cat([old[0], q], dim=2), torch.cat([old[1], qidx], dim=1)
-        _QUERIES[ctx.layer] = (q[:, :, -self.window_size :], qidx[:, -self.window_size :])
+        # Buffer the last window_size *decode* queries of this layer (post-RoPE) with their positions, as
+        # kvpress's DecodingPress buffers decoding steps only (prefill is left to the other policies), in
+        # layer.state: forks copy them, batch selection keeps them, nbytes counts them.
         if self._base.needs_observe:
             self._base.observe(ctx)
+        if ctx.phase != "decode":
+            return
+        q, qidx = ctx.q, ctx.query_index  # [B, H, 1, D], [B, 1]
+        kq, ki = self._state_keys
+        state = ctx.layer.state
+        old_q, old_i = state.get(kq), state.get(ki)
+        if old_q is not None and old_i is not None and old_q.shape[:2] == q.shape[:2]:
+            q, qidx = torch.cat([old_q, q], dim=2), torch.cat([old_i, qidx.to(old_i.dtype)], dim=1)
+        state[kq] = q[:, :, -self.window_size :].contiguous()
+        state[ki] = qidx[:, -self.window_size :].contiguous()
 
     def select_decode(self, ctx) -> torch.Tensor | None:
         if int(ctx.layer.lengths().max()) < self.budget + self.interval:
             return None
-        q, qidx = _QUERIES.get(ctx.layer, (ctx.q, ctx.query_index))
+        kq, ki = self._state_keys
+        q, qidx = ctx.layer.state.get(kq, ctx.q), ctx.layer.state.get(ki, ctx.query_index)
         return self._base.select(dataclasses.replace(ctx, q=q, query_index=qidx))
 
 

@@ -232,7 +232,12 @@ _LOADED: dict[tuple[str, float], IndexMemWeights] = {}
 
 
 def load_weights(path: str | Path) -> IndexMemWeights:
-    """Read ``path`` (safetensors, never pickle) and its manifest; cached per file and mtime."""
+    """Read ``path`` (safetensors, never pickle) and its manifest; cached per file and mtime.
+
+    A file that cannot be used (corrupt or truncated safetensors, a manifest that is not IndexMem's
+    JSON, missing or non-finite tensors) raises :class:`LonglabError` naming the file and the command
+    that writes it again."""
+    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -240,20 +245,45 @@ def load_weights(path: str | Path) -> IndexMemWeights:
     if not path.is_file() or not man.is_file():
         raise LonglabError(f"indexmem: weights not found: {path} (and manifest {man.name})")
     key = (str(path.resolve()), path.stat().st_mtime)
-    if key not in _LOADED:
+    if key in _LOADED:
+        return _LOADED[key]
+    manifest: Any = None
+
+    def unusable(reason: str) -> LonglabError:
+        model = manifest.get("model") if isinstance(manifest, dict) else None
+        if not (isinstance(model, str) and model):  # the default file is named by the model's key
+            default = default_weights_path(path.stem)
+            model = path.stem if path.resolve() == default.resolve() else "MODEL"
+        return LonglabError(
+            f"indexmem: cannot use the weights {path}: {reason}; train them again: "
+            f"{train_command(model)} --out {path}"
+        )
+
+    try:
         manifest = json.loads(man.read_text(encoding="utf-8"))
-        if manifest.get("format") != FORMAT:
-            raise LonglabError(
-                f"indexmem: {man} is not an IndexMem manifest (format {manifest.get('format')!r})"
-            )
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise unusable(f"its manifest {man.name} is not readable JSON ({exc})") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
+        raise unusable(f"{man.name} is not an IndexMem manifest (format {got!r}, expected {FORMAT!r})")
+    num_layers = manifest.get("num_layers")
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+        raise unusable(f"{man.name} gives num_layers={num_layers!r}")
+    try:
         flat = load_file(str(path))
-        layers = []
-        for i in range(int(manifest["num_layers"])):
-            try:
-                layers.append({name: flat[f"layers.{i}.{name}"].float() for name in LAYER_TENSORS})
-            except KeyError as exc:
-                raise LonglabError(f"indexmem: {path} lacks tensor {exc.args[0]}") from None
-        _LOADED[key] = IndexMemWeights(layers, manifest)
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise unusable(f"not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+    layers = []
+    for i in range(num_layers):
+        try:
+            layer = {name: flat[f"layers.{i}.{name}"].float() for name in LAYER_TENSORS}
+        except KeyError as exc:
+            raise unusable(f"it lacks tensor {exc.args[0]}") from None
+        bad = [name for name, t in layer.items() if not bool(torch.isfinite(t).all())]
+        if bad:
+            raise unusable(f"layer {i} has non-finite values in {', '.join(bad)}")
+        layers.append(layer)
+    _LOADED[key] = IndexMemWeights(layers, manifest)
     return _LOADED[key]
 
 
@@ -275,6 +305,7 @@ class IndexMem(KVPolicy):
 
     paper = "arXiv:2605.25475"
     reads_attention: ClassVar[bool] = True  # the hook calls attend(ctx) (see hook._kv_reader)
+    acts_during_decode: ClassVar[bool] = True  # updates importance (and with decode_evict evicts) per step
 
     window_size: int = 32
     sink_size: int = 4
@@ -286,19 +317,11 @@ class IndexMem(KVPolicy):
 
     def validate(self) -> None:
         super().validate()
-        for name, low in (("window_size", 1), ("sink_size", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise LonglabError(f"indexmem: {name} must be an integer >= {low}, got {value!r}")
-        if (
-            isinstance(self.gamma, bool)
-            or not isinstance(self.gamma, (int, float))
-            or not 0 < self.gamma <= 1
-        ):
-            raise LonglabError(f"indexmem: gamma must be in (0, 1], got {self.gamma!r}")
+        self.check("window_size", 1, integer=True)
+        self.check("sink_size", 0, integer=True)
+        self.check("gamma", 0.0, 1.0, low_open=True)
         for name in ("memory", "gate", "decode_evict"):
-            if not isinstance(getattr(self, name), bool):
-                raise LonglabError(f"indexmem: {name} must be true or false, got {getattr(self, name)!r}")
+            self.check(name, choices=(True, False))
         if self.weights is not None and not (isinstance(self.weights, str) and self.weights):
             raise LonglabError(
                 f"indexmem: weights must be a path to a .safetensors file, got {self.weights!r}"
@@ -387,7 +410,8 @@ class IndexMem(KVPolicy):
     def select_decode(self, ctx) -> torch.Tensor | None:
         """Update ``r_j <- max(gamma r_j, softmax_j I(t, j))``; evict only with ``decode_evict``.
 
-        Overriding this also tells the harness that decoding is not plain attention (the memory is read)."""
+        The harness learns that decoding is not plain attention from ``acts_during_decode`` and
+        ``reads_attention``."""
         if not self.decode_evict:
             return None
         w = self._layer_weights(ctx)

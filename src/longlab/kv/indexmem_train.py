@@ -1,8 +1,8 @@
 """``longlab train indexmem``: train IndexMem's indexer and feature maps with the backbone frozen.
 
 Each step runs the frozen model once on a training text, recording every layer's post-RoPE
-``q [1, H, T, D]``, ``k, v [1, H_kv, T, D]`` (an attention function registered for the run, causal
-SDPA like the model's own), then takes ``inner_steps`` Adam steps on, summed over layers:
+``q [1, H, T, D]``, ``k, v [1, H_kv, T, D]`` (:func:`longlab.capture.capture_attention`: causal SDPA
+like the model's own, unregistered afterwards), then takes ``inner_steps`` Adam steps on, summed over layers:
 
 - **indexer**: ``KL(p_bar_t || softmax_j I(t, j))`` for the last 32 queries and 32 random ones, ``p_bar``
   the true causal attention averaged over the layer's query heads;
@@ -14,7 +14,9 @@ SDPA like the model's own), then takes ``inner_steps`` Adam steps on, summed ove
 Text, all shipped or generated offline: longlab's essay haystack (shuffled sentences) and RULER-style
 prompts with their answers from generators *not* in the standard sweep (``niah_single_2``,
 ``niah_multivalue``, ``niah_multiquery``), seeds from 10 000. Tensors go to safetensors (never pickle)
-with a JSON manifest, by default under ``<longlab cache>/indexmem/<model key>``.
+with a JSON manifest, by default under ``<longlab cache>/indexmem/<model key>``. A non-finite loss stops
+training with an error (lower ``--lr``), and weights that are not all finite are never written; the
+files are written to temporary names and renamed, so a failed run leaves the previous weights intact.
 """
 
 from __future__ import annotations
@@ -29,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
-from ..recipe import LonglabError
+from ..capture import capture_attention
+from ..recipe import LonglabError, check_range
 from .indexmem import (
     D_FEATURE,
     D_INDEX,
@@ -50,29 +52,8 @@ from .indexmem import (
 
 __all__ = ["train_indexmem", "training_texts", "add_train_arguments", "train_main"]
 
-_CAPTURE = "longlab_indexmem_capture"
 RULER_TRAIN_TASKS = ("niah_single_2", "niah_multivalue", "niah_multiquery")
 SINKS, WINDOW, QUERIES = 4, 32, 64
-
-
-class _Capture:
-    """Attention function recording each layer's post-RoPE q, k, v; returns causal SDPA."""
-
-    def __init__(self) -> None:
-        self.records: dict[int, tuple] = {}
-
-    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        scaling = scaling if scaling is not None else query.shape[-1] ** -0.5
-        self.records[module.layer_idx] = (query, key, value, float(scaling))
-        groups = query.shape[1] // key.shape[1]
-        out = F.scaled_dot_product_attention(
-            query, key, value, is_causal=True, scale=scaling, enable_gqa=groups > 1
-        )
-        return out.transpose(1, 2).contiguous(), None
-
-
-def _no_mask(*args: Any, **kwargs: Any) -> None:
-    return None
 
 
 def training_texts(tokenizer: Any, seq_len: int, seed: int = 0) -> Iterator[tuple[str, list[int]]]:
@@ -155,6 +136,53 @@ def _layer_losses(
     return kl, mse_ratio
 
 
+CLI_FLAGS = {
+    "minutes": "--minutes",
+    "max_steps": "--max-steps",
+    "seq_len": "--seq-len",
+    "inner_steps": "--inner-steps",
+    "lr": "--lr",
+    "lr_memory": "--lr-memory",
+    "seed": "--seed",
+}
+
+
+def check_settings(
+    *,
+    minutes: float,
+    max_steps: int | None,
+    seq_len: int,
+    inner_steps: int,
+    lr: float,
+    lr_memory: float,
+    seed: int,
+    flags: dict[str, str] | None = None,
+) -> None:
+    """Refuse settings before any work: learning rates positive and finite (a NaN or negative rate
+    would write NaN weights), counts positive integers. ``flags`` names the arguments in errors."""
+
+    def label(name: str) -> str:
+        return flags[name] if flags else f"train indexmem: {name}"
+
+    check_range(label("minutes"), minutes, 0, low_open=True)
+    if max_steps is not None:
+        check_range(label("max_steps"), max_steps, 1, integer=True)
+    check_range(label("seq_len"), seq_len, 2 * QUERIES, integer=True)
+    check_range(label("inner_steps"), inner_steps, 1, integer=True)
+    check_range(label("lr"), lr, 0, low_open=True)
+    check_range(label("lr_memory"), lr_memory, 0, low_open=True)
+    check_range(label("seed"), seed, 0, 2**32 - 1, integer=True)
+
+
+def _finite_or_raise(tensors: dict[str, torch.Tensor], what: str) -> None:
+    bad = [name for name, t in tensors.items() if not bool(torch.isfinite(t).all())]
+    if bad:
+        raise LonglabError(
+            f"train indexmem: {what} {', '.join(bad[:4])}{' ...' if len(bad) > 4 else ''} not finite; "
+            "nothing was written (lower --lr / --lr-memory)"
+        )
+
+
 def train_indexmem(
     model: Any,
     tokenizer: Any,
@@ -171,30 +199,14 @@ def train_indexmem(
     progress: bool = True,
 ) -> Path:
     """Train for ``minutes`` (or ``max_steps`` model forwards); write safetensors + manifest; return
-    the weights path."""
-    from safetensors.torch import save_file
+    the weights path. Raises :class:`LonglabError` on bad settings, on a non-finite loss during
+    training and on non-finite weights; in each case nothing is written."""
     from tqdm.auto import tqdm
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
 
     from ..paths import __version__
 
-    for name, value, low in (
-        ("minutes", minutes, 0),
-        ("seq_len", seq_len, 2 * QUERIES),
-        ("inner_steps", inner_steps, 1),
-    ):
-        if (
-            not isinstance(value, (int, float))
-            or isinstance(value, bool)
-            or value < low
-            or (name == "minutes" and value <= 0)
-        ):
-            raise LonglabError(
-                f"train indexmem: {name} must be {'> 0' if name == 'minutes' else f'>= {low}'}, got {value!r}"
-            )
-    if max_steps is not None and (not isinstance(max_steps, int) or max_steps < 1):
-        raise LonglabError(f"train indexmem: max_steps must be a positive integer, got {max_steps!r}")
+    check_settings(minutes=minutes, max_steps=max_steps, seq_len=seq_len, inner_steps=inner_steps, lr=lr,
+                   lr_memory=lr_memory, seed=seed)
     config = model.config
     L, H = config.num_hidden_layers, config.num_attention_heads
     H_kv = getattr(config, "num_key_value_heads", None) or H
@@ -206,80 +218,77 @@ def train_indexmem(
 
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
-    capture = _Capture()
-    AttentionInterface.register(_CAPTURE, capture)
-    AttentionMaskInterface.register(_CAPTURE, _no_mask)
     params: list[dict[str, torch.Tensor]] = []
-    with torch.no_grad():
-        dummy = torch.tensor([[tokenizer.eos_token_id or 0] * 4])
-        previous = config._attn_implementation
-        model.set_attn_implementation(_CAPTURE)
-        try:
-            model(input_ids=dummy, use_cache=False)
-        finally:
-            model.set_attn_implementation(previous)
-    for i in range(L):
-        scaling = capture.records[i][3]
-        params.append({n: t.requires_grad_(True) for n, t in init_layer(H, H_kv, D, scaling, gen).items()})
-    indexer = ("wq", "wk", "ww", "wb")  # starts at the backbone's attention: small steps keep that start
-    opt = torch.optim.Adam(
-        [
-            {"params": [p[n] for p in params for n in indexer], "lr": lr},
-            {"params": [t for p in params for n, t in p.items() if n not in indexer], "lr": lr_memory},
-        ]
-    )
-
     texts = training_texts(tokenizer, seq_len, seed)
     budget = minutes * 60.0
-    start = time.perf_counter()
     history: list[tuple[float, float]] = []
     sources: dict[str, int] = {}
     forwards = 0
-    bar = tqdm(
-        total=max_steps if max_steps else round(budget),
-        unit="step" if max_steps else "s",
-        disable=not progress,
-        desc="train indexmem",
-        file=sys.stderr,
-    )
     grads = [p.requires_grad for p in model.parameters()]
-    previous = config._attn_implementation
-    model.set_attn_implementation(_CAPTURE)
+    bar = None
     try:
         for p in model.parameters():
             p.requires_grad_(False)
-        while True:
-            elapsed = time.perf_counter() - start
-            if (max_steps and forwards >= max_steps) or (not max_steps and elapsed >= budget):
-                break
-            source, ids = next(texts)
-            sources[source.split(":")[0]] = sources.get(source.split(":")[0], 0) + 1
-            capture.records.clear()
-            with torch.no_grad():
-                model(input_ids=torch.tensor([ids]), use_cache=False)
-            records = [
-                tuple(t.detach() if torch.is_tensor(t) else t for t in capture.records[i]) for i in range(L)
-            ]
-            for _ in range(inner_steps):
-                kl_sum, mse_sum = 0.0, 0.0
-                loss = 0.0
-                for i in range(L):
-                    q, k, v, scaling = records[i]
-                    kl, mse = _layer_losses(params[i], q, k, v, scaling, gen)
-                    loss = loss + kl + mse
-                    kl_sum, mse_sum = kl_sum + kl.item(), mse_sum + mse.item()
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_([t for p in params for t in p.values()], 10.0)
-                opt.step()
-                history.append((kl_sum / L, mse_sum / L))
-            forwards += 1
-            kl_avg, mse_avg = history[-1]
-            bar.set_postfix(step=forwards, kl=f"{kl_avg:.3f}", mse_ratio=f"{mse_avg:.3f}")
-            bar.update(1 if max_steps else round(time.perf_counter() - start) - bar.n)
+        with capture_attention(model) as capture:
+            with torch.no_grad():  # one short forward: each layer's softmax scale
+                model(input_ids=torch.tensor([[tokenizer.eos_token_id or 0] * 4]), use_cache=False)
+            for i in range(L):
+                scaling = capture.records[i].scaling
+                params.append(
+                    {n: t.requires_grad_(True) for n, t in init_layer(H, H_kv, D, scaling, gen).items()}
+                )
+            indexer = ("wq", "wk", "ww", "wb")  # starts at the backbone's attention: small steps keep it
+            memory = [t for p in params for n, t in p.items() if n not in indexer]
+            opt = torch.optim.Adam(
+                [
+                    {"params": [p[n] for p in params for n in indexer], "lr": lr},
+                    {"params": memory, "lr": lr_memory},
+                ]
+            )
+            start = time.perf_counter()
+            bar = tqdm(
+                total=max_steps if max_steps else round(budget),
+                unit="step" if max_steps else "s",
+                disable=not progress,
+                desc="train indexmem",
+                file=sys.stderr,
+            )
+            while True:
+                elapsed = time.perf_counter() - start
+                if (max_steps and forwards >= max_steps) or (not max_steps and elapsed >= budget):
+                    break
+                source, ids = next(texts)
+                sources[source.split(":")[0]] = sources.get(source.split(":")[0], 0) + 1
+                capture.records.clear()
+                with torch.no_grad():
+                    model(input_ids=torch.tensor([ids]), use_cache=False)
+                records = [capture.records[i] for i in range(L)]
+                for _ in range(inner_steps):
+                    kl_sum, mse_sum = 0.0, 0.0
+                    loss = 0.0
+                    for i in range(L):
+                        _, q, k, v, scaling = records[i]
+                        kl, mse = _layer_losses(params[i], q.detach(), k.detach(), v.detach(), scaling, gen)
+                        loss = loss + kl + mse
+                        kl_sum, mse_sum = kl_sum + kl.item(), mse_sum + mse.item()
+                    if not torch.isfinite(loss):
+                        raise LonglabError(
+                            f"train indexmem: the loss became {float(loss)} at optimizer step "
+                            f"{len(history) + 1} (lr={lr:g}, lr_memory={lr_memory:g}); nothing was written "
+                            "(lower --lr / --lr-memory)"
+                        )
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_([t for p in params for t in p.values()], 10.0)
+                    opt.step()
+                    history.append((kl_sum / L, mse_sum / L))
+                forwards += 1
+                kl_avg, mse_avg = history[-1]
+                bar.set_postfix(step=forwards, kl=f"{kl_avg:.3f}", mse_ratio=f"{mse_avg:.3f}")
+                bar.update(1 if max_steps else round(time.perf_counter() - start) - bar.n)
     finally:
-        bar.close()
-        model.set_attn_implementation(previous)
+        if bar is not None:
+            bar.close()
         for p, g in zip(model.parameters(), grads):
             p.requires_grad_(g)
     seconds = time.perf_counter() - start
@@ -297,6 +306,7 @@ def train_indexmem(
         }
 
     tensors = {f"layers.{i}.{n}": params[i][n].detach().contiguous() for i in range(L) for n in LAYER_TENSORS}
+    _finite_or_raise(tensors, "the trained weights")
     manifest = {
         "format": FORMAT,
         "model": model_name,
@@ -330,14 +340,27 @@ def train_indexmem(
         "torch_version": torch.__version__,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata={"format": FORMAT, "model_key": key})
-    man_tmp = path.with_name(path.name + ".json.tmp")
-    man_tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    tmp.replace(path)
-    man_tmp.replace(manifest_path(path))
+    _write(path, tensors, manifest, key)
     return path
+
+
+def _write(path: Path, tensors: dict[str, torch.Tensor], manifest: dict[str, Any], key: str) -> None:
+    """Both files under temporary names first, then renamed: a failure leaves no half-written file."""
+    from safetensors.torch import save_file
+
+    tmp = path.with_name(path.name + ".tmp")
+    man_tmp = path.with_name(path.name + ".json.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(tmp), metadata={"format": FORMAT, "model_key": key})
+        man_tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+        tmp.replace(path)
+        man_tmp.replace(manifest_path(path))
+    except OSError as exc:
+        raise LonglabError(f"train indexmem: cannot write {path} ({exc.strerror or exc})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+        man_tmp.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -370,13 +393,19 @@ def train_main(args: argparse.Namespace) -> int:
     """Run ``longlab train indexmem`` from parsed arguments."""
     from ..models import load_model
 
+    check_settings(  # before the model loads
+        minutes=args.minutes, max_steps=args.max_steps, seq_len=args.seq_len, inner_steps=args.inner_steps,
+        lr=args.lr, lr_memory=args.lr_memory, seed=args.seed, flags=CLI_FLAGS,
+    )
     if args.threads is not None:
-        if args.threads < 1:
-            raise LonglabError(f"--threads must be >= 1, got {args.threads}")
+        check_range("--threads", args.threads, 1, 1024, integer=True)
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)
-    if args.seq_len > getattr(model.config, "max_position_embeddings", args.seq_len):
-        raise LonglabError("--seq-len exceeds the model's max_position_embeddings")
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if limit is not None and args.seq_len > limit:
+        raise LonglabError(
+            f"--seq-len must be <= the model's max_position_embeddings ({limit}), got {args.seq_len}"
+        )
     path = train_indexmem(
         model,
         tokenizer,

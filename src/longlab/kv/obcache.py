@@ -20,10 +20,13 @@ isolates the score) with the OBCache score in place of accumulated attention:
 
 - ``h2o-obc*``: scores of every query seen (prefill and decode) add up per slot (the ``_fullhist``
   variant of the paper code; longlab's ``h2o`` also accumulates over every query);
-- ``tova-obc*``: the last query only, no recent window, heads of a layer sharing one token set as in
-  TOVA (``share_heads=false`` evicts per KV head);
-- ``snapkv-obc*``: the last ``window_size`` queries, then 1-D pooling; ``pooling=max,kernel_size=7``
-  gives the paper's ``obc*+maxpool`` preset.
+- ``tova-obc*``: the last query only, no recent window, each KV head keeping its own token set as the
+  OBCache code does (its score tracker keeps ``[B, heads, T]`` scores and takes the top-k per head even
+  for the TOVA preset); ``share_heads=true`` sums the scores over the heads of the layer so they keep one
+  token set, as longlab's ``tova`` does;
+- ``snapkv-obc*``: the last ``window_size`` queries, then 1-D pooling over the non-window slots only (the
+  code pools ``score[..., :recent_cutoff]``); ``pooling=max,kernel_size=7`` gives the paper's
+  ``obc*+maxpool`` preset.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ import torch
 
 from ..recipe import LonglabError, register
 from .attention import H2O, TOVA, SnapKV
-from .base import pool_scores
+from .base import outside_window, pool_scores
 
 __all__ = ["obc_scores", "probs_and_logits", "OBCScore", "H2OOBC", "TOVAOBC", "SnapKVOBC"]
 
@@ -122,12 +125,10 @@ class OBCScore:
     cross: bool = True
 
     def _validate_obc(self) -> None:
-        if self.p not in (1, 2) or isinstance(self.p, bool):
-            raise LonglabError(f"{self.name}: p must be 1 or 2, got {self.p!r}")
+        self.check("p", choices=(1, 2))
         if self.p == 1 and self.score_type != "v":
             raise LonglabError(f"{self.name}: p=1 exists only for the value score (obcv), got p={self.p!r}")
-        if not isinstance(self.cross, bool):
-            raise LonglabError(f"{self.name}: cross must be true or false, got {self.cross!r}")
+        self.check("cross", choices=(True, False))
         if not self.cross and self.score_type != "vk":
             raise LonglabError(f"{self.name}: cross=false applies only to the joint score (obcvk)")
 
@@ -172,18 +173,17 @@ class H2OOBC(OBCScore, H2O):
 @dataclass
 class TOVAOBC(OBCScore, TOVA):
     """TOVA pipeline with OBCache scores (arXiv:2510.07651): ``s_j = S_tj`` for the last query ``t``
-    only, no recent window; summed over all heads so the heads of a layer keep the same tokens, as in
-    TOVA (``share_heads=false``: each KV head keeps its own)."""
+    only, no recent window; each KV head keeps its own top entries, as the OBCache code evicts
+    (``share_heads=true``: summed over the heads so the layer keeps one token set, as in TOVA)."""
 
     paper = "arXiv:2510.07651"
     pipeline: ClassVar[str] = "tova"
-    share_heads: bool = True
+    share_heads: bool = False
 
     def validate(self) -> None:
         super().validate()
         self._validate_obc()
-        if not isinstance(self.share_heads, bool):
-            raise LonglabError(f"{self.name}: share_heads must be true or false, got {self.share_heads!r}")
+        self.check("share_heads", choices=(True, False))
 
     def score(self, ctx) -> torch.Tensor:
         T_q = ctx.q.shape[-2]
@@ -206,7 +206,8 @@ class SnapKVOBC(OBCScore, SnapKV):
     def score(self, ctx) -> torch.Tensor:
         T_q = ctx.q.shape[-2]
         s = self.obc_block(ctx, slice(max(0, T_q - self.window_size), T_q))  # [B, H_kv, T]
-        return pool_scores(s, self.kernel_size, self.pooling)
+        region = outside_window(ctx, self.window_size)  # pooled over the non-window slots only
+        return pool_scores(s, self.kernel_size, self.pooling, region).masked_fill(~region, 0.0)
 
 
 def _variant(base: type, score_type: str) -> type:

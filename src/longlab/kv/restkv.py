@@ -14,13 +14,21 @@ exactly the layer's reconstruction error. Per query head ``h`` (``W_o^h`` its sl
 4. ``s_j = a_j/(1 - a_j) * ||W_o^h (o_bar - v_j)||_2^tau`` (``use_wo=false``: the norm in value space),
    evaluated through the Gram matrix ``G_h = W_o^hT W_o^h`` ([D, D]), never a [T, hidden] tensor;
 5. adaptive spatial smoothing (``pooling="adaptive"``): the drift ``t_h`` of the top-(C-W) positions
-   between the first and second halves of the window (batch row 0, rank-aligned) sets a kernel
+   (over every held key, window included, as the code sorts whole attention rows) between the first and
+   second halves of the window (batch row 0, rank-aligned) sets a kernel
    ``k_h = max(k0, 2 floor(|t_h|/sigma) + 1)`` and shift ``floor(t_h/sigma)`` (``+1`` if ``t_h <= 0``),
-   applied as a replicate-padded average pool; with ``sigma = 2000`` this is mostly avg-pool k0 = 5;
+   applied over ``[0, L-W)`` as a replicate-padded average pool; with ``sigma = 2000`` this is mostly
+   avg-pool k0 = 5; ``pooling="avg"`` is the code's ``avgpool``: ``avg_pool1d(k0, padding=k0//2)`` with
+   zero padding counted;
 6. keep the top ``C - W`` of ``[0, L-W)`` plus the last ``W`` tokens.
 
-GQA: the per-query-head scores are averaged over the heads sharing a KV head. Compression runs at
-prefill only (decode appends); ``pyramid=true`` uses PyramidKV's per-layer budgets.
+GQA (``gqa``): the official code (on KVCache-Factory) repeats K/V to the ``H`` query heads before
+scoring and caches the repeated heads, so each *query head* keeps its own ``C`` tokens. ``gqa="query"``
+(default) does the same: the layer is expanded to one KV head per query head
+(:func:`~longlab.kv.base.repeat_kv_heads`), which holds ``H / H_kv`` times the bytes of a per-KV-head
+policy at the same ratio (``nbytes`` counts it). ``gqa="mean"`` averages the per-query-head scores over
+the heads sharing a KV head and keeps ``C`` tokens per KV head. Compression runs at prefill only
+(decode appends); ``pyramid=true`` uses PyramidKV's per-layer budgets.
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..recipe import LonglabError, register
-from .base import ScorerPolicy, group_mean, keep_top, window_attention
+from .base import ScorerPolicy, group_mean, keep_top, pool_scores, repeat_kv_heads, window_attention
 
 __all__ = ["RestKV", "ema_weights", "reconstruction_scores", "wo_gram", "adaptive_pool"]
 
@@ -118,7 +126,8 @@ def adaptive_pool(
 @dataclass
 class RestKV(ScorerPolicy):
     """ReST-KV (An et al. 2026, arXiv:2605.08840): ``s_j = a_j/(1-a_j) ||W_o^h(o_bar - v_j)||`` with EMA
-    temporal smoothing (``alpha``) and adaptive spatial pooling; keeps the last ``window_size`` tokens."""
+    temporal smoothing (``alpha``) and adaptive spatial pooling; keeps the last ``window_size`` tokens and,
+    under GQA, a token set per query head (``gqa="query"``, the official code) or per KV head (``"mean"``)."""
 
     paper = "arXiv:2605.08840"
     window_size: int = 32
@@ -130,26 +139,23 @@ class RestKV(ScorerPolicy):
     scale: float = 2000.0  # sigma
     pyramid: bool = False
     beta: float = 20.0
+    gqa: str = "query"  # query | mean: select per query head (official code) or per KV head (group mean)
 
     def validate(self) -> None:
         super().validate()
-        if self.window_size < 1:
-            raise LonglabError(f"restkv: window_size must be >= 1, got {self.window_size!r}")
-        if not 0.0 < self.alpha <= 1.0:
-            raise LonglabError(f"restkv: alpha must be in (0, 1], got {self.alpha!r}")
-        if not isinstance(self.use_wo, bool) or not isinstance(self.pyramid, bool):
-            raise LonglabError("restkv: use_wo and pyramid must be true or false")
-        if not self.tau > 0:
-            raise LonglabError(f"restkv: tau must be > 0, got {self.tau!r}")
-        if self.pooling not in ("adaptive", "avg", "none"):
-            raise LonglabError(f"restkv: pooling must be 'adaptive', 'avg' or 'none', got {self.pooling!r}")
-        k0 = self.kernel_size
-        if isinstance(k0, bool) or not isinstance(k0, int) or k0 < 1 or k0 % 2 == 0:
+        if self.gqa not in ("query", "mean"):
+            raise LonglabError(f"restkv: gqa must be 'query' or 'mean', got {self.gqa!r}")
+        self.check("window_size", 1, integer=True)
+        self.check("alpha", 0.0, 1.0, low_open=True)
+        self.check("use_wo", choices=(True, False))
+        self.check("pyramid", choices=(True, False))
+        self.check("tau", 0.0, low_open=True)
+        self.check("pooling", choices=("adaptive", "avg", "none"))
+        self.check("kernel_size", 1, integer=True)
+        if self.kernel_size % 2 == 0:
             raise LonglabError(f"restkv: kernel_size must be an odd integer >= 1, got {self.kernel_size!r}")
-        if not self.scale > 0:
-            raise LonglabError(f"restkv: scale must be > 0, got {self.scale!r}")
-        if not self.beta >= 1:
-            raise LonglabError(f"restkv: beta must be >= 1, got {self.beta!r}")
+        self.check("scale", 0.0, low_open=True)
+        self.check("beta", 1.0)
 
     def target(self, ctx) -> torch.Tensor:
         C = super().target(ctx)  # [B] average per-layer budget
@@ -190,9 +196,14 @@ class RestKV(ScorerPolicy):
         T = s.shape[-1]
         n_win = int(protected[0].sum(-1).max())
         region = slice(0, max(1, T - n_win))  # candidate slots [0, L - W) for an unpadded layout
-        if self.pooling != "none":  # "avg": no drift statistic (zero window rows), plain replicate-padded avg
-            stats = probs[0, :, :, region] if self.pooling == "adaptive" else probs[0, :, :0, region]
+        if self.pooling == "adaptive":  # drift from whole attention rows of batch row 0, window included
             n_top = int(C[0]) - n_win
-            s[..., region] = adaptive_pool(s[..., region], stats, n_top, self.kernel_size, self.scale)
-        scores = group_mean(s, ctx.groups)  # [B, H_kv, T]
-        return keep_top(scores, C, valid, protected)
+            s[..., region] = adaptive_pool(s[..., region], probs[0], n_top, self.kernel_size, self.scale)
+        elif self.pooling == "avg":  # the code's avgpool: zero padding counted
+            s[..., region] = pool_scores(s[..., region], self.kernel_size, "avg")
+        g = ctx.groups
+        if self.gqa == "mean" or g == 1:
+            return keep_top(group_mean(s, g), C, valid, protected)  # [B, H_kv, T]
+        repeat_kv_heads(ctx)  # ctx.layer now holds one KV head per query head: [B, H, T, D]
+        valid, protected = valid.repeat_interleave(g, dim=1), protected.repeat_interleave(g, dim=1)
+        return keep_top(s, C, valid, protected)  # [B, H, T], per query head

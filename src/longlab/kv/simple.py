@@ -33,6 +33,10 @@ class RandomPolicy(ScorerPolicy):
     paper = "baseline"
     seed: int = 0
 
+    def validate(self) -> None:
+        super().validate()
+        self.check("seed", 0, 2**32 - 1, integer=True)
+
     def score(self, ctx) -> torch.Tensor:
         gen = torch.Generator(device="cpu").manual_seed(
             self.seed * 1_000_003 + ctx.layer_idx * 7919 + ctx.n_seen

@@ -39,12 +39,6 @@ def resolve_fp_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype | None:
     return dtype
 
 
-def _check_int(method: Method, name: str, low: int) -> None:
-    value = getattr(method, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise LonglabError(f"{method.name}: {name} must be an integer >= {low}, got {value!r}")
-
-
 @dataclass
 class QuantPolicy(Method):
     """A storage policy. Subclasses implement :meth:`make_layer` and :meth:`step`.
@@ -54,19 +48,15 @@ class QuantPolicy(Method):
     float16)."""
 
     kind: ClassVar[str] = "quant"
+    acts_during_decode: ClassVar[bool] = True  # new entries are quantized as decoding proceeds
+    batch_select_safe: ClassVar[bool] = True  # its state is the QuantizedLayer's (rows selected with it)
 
     scale_dtype: str = "float16"
     fp_dtype: str = "model"
 
     def validate(self) -> None:
-        if self.scale_dtype not in SCALE_DTYPES:
-            raise LonglabError(
-                f"{self.name}: scale_dtype must be one of {', '.join(SCALE_DTYPES)}, got {self.scale_dtype!r}"
-            )
-        if self.fp_dtype not in FP_DTYPES:
-            raise LonglabError(
-                f"{self.name}: fp_dtype must be one of {', '.join(FP_DTYPES)}, got {self.fp_dtype!r}"
-            )
+        self.check("scale_dtype", choices=tuple(SCALE_DTYPES))
+        self.check("fp_dtype", choices=tuple(FP_DTYPES))
 
     def make_layer(self, ctx: LayerContext) -> QuantizedLayer | None:
         """A QuantizedLayer taking over ``ctx.layer`` (None: not yet, e.g. fewer entries than sinks)."""

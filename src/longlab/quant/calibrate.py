@@ -42,9 +42,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..recipe import LonglabError
+from ..capture import AttentionCapture, capture_attention
+from ..recipe import LonglabError, check_range
 from .base import FP_DTYPES, resolve_fp_dtype
-from .pmkvq import ALLOCATION_FORMAT, MIB, layer_bytes
+from .pmkvq import ALLOCATION_FORMAT, MIB, PMKVQ, layer_bytes
 from .quantizer import SCALE_DTYPES, dequantize_tokens, quantize_tokens
 
 __all__ = [
@@ -59,7 +60,6 @@ __all__ = [
 
 SENSITIVITY_BITS = (16, 8, 4, 2, 1)
 ALPHA_GRID = tuple(round(1 - 0.05 * i, 2) for i in range(20)) + (0.0,)  # 1, 0.95, ..., 0.05 and 0 (off)
-_CAPTURE = "longlab_calibrate"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -129,29 +129,6 @@ def calibration_samples(
     return label, samples
 
 
-class _Capture:
-    """Attention function recording each layer's post-RoPE q, k, v (causal SDPA, like the model's own)."""
-
-    def __init__(self) -> None:
-        self.records: dict[int, tuple] = {}
-        self.keep_grad = False
-
-    def __call__(self, module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-        if self.keep_grad:
-            key.retain_grad()
-            value.retain_grad()
-        self.records[module.layer_idx] = (module, query, key, value, scaling)
-        groups = query.shape[1] // key.shape[1]
-        out = F.scaled_dot_product_attention(
-            query, key, value, is_causal=True, scale=scaling, enable_gqa=groups > 1
-        )
-        return out.transpose(1, 2).contiguous(), None
-
-
-def _no_mask(*args, **kwargs) -> None:
-    return None
-
-
 def _attention_block(module, q, k, v, scaling) -> torch.Tensor:
     """``o_proj(softmax(q k^T) v)``; q: [1, H, T, D], k, v: [1, H_kv, T, D] -> [1, T, hidden]."""
     groups = q.shape[1] // k.shape[1]
@@ -166,7 +143,7 @@ def _attention_block(module, q, k, v, scaling) -> torch.Tensor:
 @torch.no_grad()
 def _smoothing(
     model,
-    capture: _Capture,
+    capture: AttentionCapture,
     samples: list,
     positions: torch.Tensor,
     group: int,
@@ -208,7 +185,14 @@ def _smoothing(
 
 
 def _sensitivities(
-    model, capture: _Capture, samples: list, positions: torch.Tensor, group: int, scale_dtype, lams: list, log
+    model,
+    capture: AttentionCapture,
+    samples: list,
+    positions: torch.Tensor,
+    group: int,
+    scale_dtype,
+    lams: list,
+    log,
 ) -> tuple[np.ndarray, np.ndarray]:
     """``s^K, s^V``: [L, len(SENSITIVITY_BITS)], averaged over samples."""
     num_layers = model.config.num_hidden_layers
@@ -242,6 +226,69 @@ def _sensitivities(
     return sk, sv
 
 
+# The CLI's names for calibrate_pmkvq's arguments (errors name what the user typed).
+CLI_FLAGS = {
+    "budget_mb": "--budget-mb",
+    "bits_choices": "--bits",
+    "max_tokens": "--max-tokens",
+    "num_samples": "--samples",
+    "sample_tokens": "--sample-tokens",
+    "target_tokens": "--target-tokens",
+    "smooth_samples": "smooth_samples",
+    "sink": "--sink",
+    "window": "--window",
+    "group_size": "group_size",
+    "scale_dtype": "scale_dtype",
+    "fp_dtype": "--fp-dtype",
+    "seed": "--seed",
+}
+
+
+def check_settings(
+    *,
+    budget_mb: float,
+    bits_choices: Sequence[int],
+    max_tokens: int,
+    num_samples: int,
+    sample_tokens: int,
+    target_tokens: int | None,
+    smooth_samples: int,
+    sink: int,
+    window: int,
+    group_size: int,
+    scale_dtype: str,
+    fp_dtype: str,
+    seed: int,
+    flags: dict[str, str] | None = None,
+) -> None:
+    """Refuse, before any work, settings the calibration cannot use or that the recipe reading its file
+    (``pmkvq:allocation=FILE``, whose settings must match) would refuse: the budget, sink, window, group
+    size and dtypes go through :class:`~longlab.quant.pmkvq.PMKVQ`'s own ``validate()``, so both accept
+    the same ranges. ``flags`` names the arguments in errors (the CLI passes :data:`CLI_FLAGS`)."""
+
+    def label(name: str) -> str:
+        return flags[name] if flags else f"pmkvq: {name}"
+
+    for name, value in (("max_tokens", max_tokens), ("num_samples", num_samples),
+                        ("sample_tokens", sample_tokens), ("smooth_samples", smooth_samples)):
+        check_range(label(name), value, 1, integer=True)
+    if target_tokens is not None:
+        check_range(label("target_tokens"), target_tokens, 1, integer=True)
+    check_range(label("seed"), seed, 0, 2**32 - 1, integer=True)
+    if not bits_choices or any(isinstance(b, bool) or b not in (16, 8, 4, 2) for b in bits_choices):
+        raise LonglabError(f"{label('bits_choices')} must be among 16, 8, 4, 2, got {list(bits_choices)}")
+    recipe = {"budget_mb": budget_mb, "sink": sink, "window": window, "group_size": group_size,
+              "scale_dtype": scale_dtype, "fp_dtype": fp_dtype}
+    for name, value in recipe.items():  # one at a time, so the error names the argument
+        try:
+            PMKVQ(**{**{"budget_mb": 1.0}, name: value})
+        except LonglabError as exc:
+            if not flags:
+                raise
+            raise LonglabError(f"{label(name)}: {exc}") from None
+    PMKVQ(**recipe)
+
+
 def calibrate_pmkvq(
     model: Any,
     tokenizer: Any,
@@ -267,20 +314,11 @@ def calibrate_pmkvq(
 
     ``budget_mb``: MiB per sequence for the whole cache at ``max_tokens`` tokens; ``target_tokens``
     (``E``) defaults to ``max_tokens``: samples of ``sample_tokens`` get positions strided by ``E // T``."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface
-
-    if any(b not in (16, 8, 4, 2) for b in bits_choices) or not bits_choices:
-        raise LonglabError(f"pmkvq: bit choices must be among 16, 8, 4, 2, got {list(bits_choices)}")
-    for name, value in (
-        ("max_tokens", max_tokens),
-        ("num_samples", num_samples),
-        ("sample_tokens", sample_tokens),
-    ):
-        if not isinstance(value, int) or value < 1:
-            raise LonglabError(f"pmkvq: {name} must be a positive integer, got {value!r}")
-    if not budget_mb > 0:
-        raise LonglabError(f"pmkvq: budget must be positive, got {budget_mb!r}")
+    check_settings(
+        budget_mb=budget_mb, bits_choices=bits_choices, max_tokens=max_tokens, num_samples=num_samples,
+        sample_tokens=sample_tokens, target_tokens=target_tokens, smooth_samples=smooth_samples, sink=sink,
+        window=window, group_size=group_size, scale_dtype=scale_dtype, fp_dtype=fp_dtype, seed=seed,
+    )
     E = target_tokens or max_tokens
     stride = max(1, E // sample_tokens)
     positions = torch.arange(0, stride * sample_tokens, stride)
@@ -290,8 +328,6 @@ def calibrate_pmkvq(
     D = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     group = min(group_size, D)
     sdtype = SCALE_DTYPES[scale_dtype]
-    if fp_dtype not in FP_DTYPES:
-        raise LonglabError(f"pmkvq: fp_dtype must be one of {', '.join(FP_DTYPES)}, got {fp_dtype!r}")
     model_dtype = next(model.parameters()).dtype
     fp_bytes = (resolve_fp_dtype(fp_dtype, model_dtype) or model_dtype).itemsize
     start = time.perf_counter()
@@ -302,25 +338,20 @@ def calibrate_pmkvq(
         f"head_dim {D}"
     )
 
-    capture = _Capture()
-    AttentionInterface.register(_CAPTURE, capture)
-    AttentionMaskInterface.register(_CAPTURE, _no_mask)
-    previous = model.config._attn_implementation
     grads = [p.requires_grad for p in model.parameters()]
-    model.set_attn_implementation(_CAPTURE)
     try:
         for p in model.parameters():
             p.requires_grad_(False)
-        if smooth:
-            log("key smoothing: grid search per layer")
-            smoothing = _smoothing(model, capture, samples, positions, group, sdtype, smooth_samples, log)
-        else:
-            smoothing = [(0.0, None)] * num_layers
-        lams = [lam for _, lam in smoothing]
-        log("gradient sensitivity")
-        sk, sv = _sensitivities(model, capture, samples, positions, group, sdtype, lams, log)
+        with capture_attention(model) as capture:
+            if smooth:
+                log("key smoothing: grid search per layer")
+                smoothing = _smoothing(model, capture, samples, positions, group, sdtype, smooth_samples, log)
+            else:
+                smoothing = [(0.0, None)] * num_layers
+            lams = [lam for _, lam in smoothing]
+            log("gradient sensitivity")
+            sk, sv = _sensitivities(model, capture, samples, positions, group, sdtype, lams, log)
     finally:
-        model.set_attn_implementation(previous)
         for p, g in zip(model.parameters(), grads):
             p.requires_grad_(g)
 
@@ -459,6 +490,19 @@ def calibrate_main(args: argparse.Namespace) -> int:
         bits = [int(b) for b in str(args.bits).split(",") if b.strip()]
     except ValueError:
         raise LonglabError(f"--bits must be comma-separated integers, got {args.bits!r}") from None
+    check_settings(  # before the model loads: nothing is computed for a file the recipe would refuse
+        budget_mb=args.budget_mb, bits_choices=bits, max_tokens=args.max_tokens, num_samples=args.samples,
+        sample_tokens=args.sample_tokens, target_tokens=args.target_tokens, smooth_samples=2, sink=args.sink,
+        window=args.window, group_size=128, scale_dtype="float16", fp_dtype=args.fp_dtype, seed=args.seed,
+        flags=CLI_FLAGS,
+    )
+    out = Path(args.out or f"pmkvq-{Path(args.model).name}-{args.budget_mb:g}MB.json")
+    if out.is_dir():
+        raise LonglabError(f"--out {out} is a directory; give a file name such as {out / 'pmkvq.json'}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LonglabError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from None
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args.model)
     if args.sample_tokens > getattr(model.config, "max_position_embeddings", args.sample_tokens):
@@ -479,11 +523,13 @@ def calibrate_main(args: argparse.Namespace) -> int:
         seed=args.seed,
         model_name=args.model,
     )
-    out = Path(args.out or f"pmkvq-{Path(args.model).name}-{args.budget_mb:g}MB.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(alloc, indent=1), encoding="utf-8")
-    tmp.replace(out)
+    tmp = out.with_name(out.name + ".tmp")
+    try:  # written whole or not at all
+        tmp.write_text(json.dumps(alloc, indent=1), encoding="utf-8")
+        tmp.replace(out)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise LonglabError(f"--out {out}: cannot write the allocation ({exc.strerror or exc})") from None
     print(f"wrote {out}; use the recipe pmkvq:allocation={out}")
     return 0
 

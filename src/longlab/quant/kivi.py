@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..recipe import LonglabError, register
-from .base import QuantPolicy, _check_int
+from .base import QuantPolicy
 from .storage import ChannelGroupStore, QuantizedLayer, TokenGroupStore
 
 __all__ = ["KIVI", "KIVI2", "KIVI4"]
@@ -45,10 +45,10 @@ class KIVI(QuantPolicy):
 
     def validate(self) -> None:
         super().validate()
-        _check_int(self, "group_size", 1)
-        _check_int(self, "residual", 1)
-        _check_int(self, "sink", 0)
-        _check_int(self, "chunk_tokens", 16)
+        self.check("group_size", 1, integer=True)
+        self.check("residual", 1, integer=True)
+        self.check("sink", 0, integer=True)
+        self.check("chunk_tokens", 16, integer=True)
         if self.residual % self.group_size:
             raise LonglabError(
                 f"{self.name}: residual ({self.residual}) must be a multiple of "

@@ -11,15 +11,22 @@ After every append (each prefill chunk while compressing, each decode step):
 
 1. when the window holds ``n_w`` entries or more, the oldest whole multiples of ``n_w`` are quantized
    at 16 bits, lowered to ``b_l`` with the equivalent right shift and appended to main;
-2. while the layer's bytes exceed ``B_l``, main is re-quantized ``b -> b / 2`` (16 -> 8 -> 4 -> 2)
-   with the integer-only equivalent right shift
+2. if the layer's code words then exceed ``B_l``, main is re-quantized once, ``b -> b / 2``
+   (16 -> 8 -> 4 -> 2), with the integer-only equivalent right shift
    ``q' = ((q (2^(2b') - 2^b' + 1) + 2^(3b'-1) - 2^(2b'-1) + 2^(b'-1)) >> 3b') & (2^b' - 1)``,
    ``s' = s (2^b' + 1)``, offset unchanged (:func:`~longlab.quant.quantizer.equivalent_right_shift`).
-   If 2 bits still exceed the budget the policy raises (the paper stops there too).
+   Over budget at 2 bits, the policy raises (the code raises ``MemoryError`` there too).
 
-Memory is counted honestly: a layer's ``nbytes()`` (packed codes, scales, offsets, the full-precision
-sink and window, the position index, the smoothing vector) is compared with ``B_l * batch``. It can
-exceed ``B_l`` only transiently, between the append of one token and the check that follows it.
+What the budget counts is what the official cache counts (``ProgressiveQuantizedCache``: ``numel`` of the
+code tensors of main, sink and window, times 2 bytes): the **code words** of K and V, i.e. the packed
+main codes at ``b_l`` bits plus the sink and window entries at their 16 bits (their storage size here:
+``fp_dtype="model"`` on an fp32 model stores 32 bits), compared with ``B_l * batch``
+(:meth:`QuantizedLayer.code_nbytes`, :func:`code_bytes`). The **overheads** are not in the budget and
+are reported separately (:meth:`QuantizedLayer.overhead_nbytes`, :func:`memory_report`): scales and
+offsets (``scale_dtype``; the code stores them as bf16, ``scale_dtype=bfloat16``; default float16), the
+int32 position index, the smoothing vector and any other method state. ``nbytes()`` stays the honest
+total of both. As in the code, a layer shrinks at most once per update, so after a long prefill chunk
+its code words can exceed ``B_l`` for a few updates until successive halvings bring them under.
 
 Budgets: ``budget_mb`` (MiB per sequence for the whole cache, split evenly over the layers) or
 ``allocation``, a JSON file written by ``longlab calibrate pmkvq`` (block-wise budgets from gradient
@@ -32,7 +39,6 @@ sensitivity and an integer program, plus optional key-smoothing factors); see
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -40,10 +46,10 @@ from typing import Any, ClassVar
 import torch
 
 from ..recipe import LonglabError, register
-from .base import QuantPolicy, _check_int
+from .base import QuantPolicy
 from .storage import QuantizedLayer, TokenGroupStore
 
-__all__ = ["PMKVQ", "ALLOCATION_FORMAT", "layer_bytes", "load_allocation"]
+__all__ = ["PMKVQ", "ALLOCATION_FORMAT", "layer_bytes", "code_bytes", "memory_report", "load_allocation"]
 
 ALLOCATION_FORMAT = "longlab.pmkvq.allocation"
 MIB = 2**20
@@ -76,6 +82,44 @@ def layer_bytes(
     return tokens * H * 4 + 2 * (s + w) * H * D * fp_bytes + main * per_main + (H * D * 4 if smooth else 0)
 
 
+def code_bytes(
+    tokens: int,
+    bits: int,
+    num_kv_heads: int,
+    head_dim: int,
+    *,
+    sink: int = 1,
+    window: int = 128,
+    fp_bytes: int = 2,
+    window_tokens: int | None = None,
+) -> int:
+    """The part of :func:`layer_bytes` PM-KVQ's budget counts: K and V code words only (main packed at
+    ``bits``, sink and window at ``fp_bytes`` each). Matches :meth:`QuantizedLayer.code_nbytes` (tested)."""
+    H, D = num_kv_heads, head_dim
+    s = min(sink, tokens)
+    w = min(window - 1, tokens - s) if window_tokens is None else window_tokens
+    main = tokens - s - w
+    return 2 * H * D * ((s + w) * fp_bytes + main * bits // 8)
+
+
+def memory_report(cache) -> list[dict[str, int]]:
+    """Per quantized layer of ``cache``: ``bits`` (main width), ``code_bytes`` (what a PM-KVQ budget
+    counts), ``overhead_bytes`` (scales, offsets, index, smoothing, method state) and ``total_bytes``
+    (``nbytes()``). Layers that are not quantized are listed with ``bits=None``."""
+    out = []
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", False):
+            continue
+        total = layer.nbytes()
+        if isinstance(layer, QuantizedLayer):
+            codes = layer.code_nbytes()
+            out.append({"bits": layer.key_store.bits, "code_bytes": codes, "overhead_bytes": total - codes,
+                        "total_bytes": total})
+        else:
+            out.append({"bits": None, "code_bytes": total, "overhead_bytes": 0, "total_bytes": total})
+    return out
+
+
 def load_allocation(path: str | Path) -> dict[str, Any]:
     """Read and check an allocation file (JSON, never pickle)."""
     p = Path(path)
@@ -104,8 +148,10 @@ def load_allocation(path: str | Path) -> dict[str, Any]:
 class PMKVQ(QuantPolicy):
     """PM-KVQ (ICLR 2026): per-block budgets, progressive 16 -> 8 -> 4 -> 2 bits, 16-bit sink and window.
 
-    Set ``budget_mb`` (MiB per sequence, whole cache, split evenly over layers) or ``allocation`` (path
-    of a ``longlab calibrate pmkvq`` JSON file). ``smooth`` applies the file's key-smoothing factors."""
+    Set ``budget_mb`` (MiB of K/V code words per sequence, whole cache, split evenly over layers; scales,
+    offsets and the index are overheads outside it) or ``allocation`` (path of a ``longlab calibrate
+    pmkvq`` JSON file). ``smooth`` applies the file's key-smoothing factors; ``scale_dtype=bfloat16``
+    stores scales and offsets as the official code does."""
 
     paper: ClassVar[str] = "PM-KVQ, ICLR 2026 (thu-nics/PM-KVQ)"
 
@@ -127,17 +173,13 @@ class PMKVQ(QuantPolicy):
                 "pmkvq: set exactly one of budget_mb (MiB per sequence) or allocation (a JSON file)"
             )
         if self.budget_mb is not None:
-            b = self.budget_mb
-            if isinstance(b, bool) or not isinstance(b, (int, float)) or not b > 0 or not math.isfinite(b):
-                raise LonglabError(f"pmkvq: budget_mb must be a positive number, got {b!r}")
-        _check_int(self, "sink", 0)
-        _check_int(self, "window", 1)
-        _check_int(self, "group_size", 1)
-        _check_int(self, "chunk_tokens", 16)
-        if self.init_bits not in (2, 4, 8, 16) or isinstance(self.init_bits, bool):
-            raise LonglabError(f"pmkvq: init_bits must be 16, 8, 4 or 2, got {self.init_bits!r}")
-        if not isinstance(self.smooth, bool):
-            raise LonglabError(f"pmkvq: smooth must be true or false, got {self.smooth!r}")
+            self.check("budget_mb", 0.0, low_open=True)  # MiB per sequence
+        self.check("sink", 0, integer=True)
+        self.check("window", 1, integer=True)
+        self.check("group_size", 1, integer=True)
+        self.check("chunk_tokens", 16, integer=True)
+        self.check("init_bits", choices=(16, 8, 4, 2))
+        self.check("smooth", choices=(True, False))
         if self.allocation is not None:
             self._alloc = load_allocation(self.allocation)
             settings = self._alloc.get("settings") or {}
@@ -196,15 +238,15 @@ class PMKVQ(QuantPolicy):
         layer.quantize_keys(n_flush)
         layer.quantize_values(n_flush)
         budget = self.layer_budget(ctx) * layer.index.shape[0]
-        shrunk = False
-        while layer.nbytes() > budget:
-            if layer.key_store.bits <= 2:
-                raise LonglabError(
-                    f"pmkvq: layer {ctx.layer_idx} needs {layer.nbytes()} B for "
-                    f"{int(layer.lengths().max())} entries at 2 bits, over its budget of {int(budget)} B; "
-                    "raise budget_mb (or shorten the context)"
-                )
-            layer.key_store.shrink()
-            layer.value_store.shrink()
-            shrunk = True
-        return bool(n_flush) or shrunk
+        used = layer.code_nbytes()  # code words only, as the official cache counts (overheads apart)
+        if used <= budget:
+            return bool(n_flush)
+        if layer.key_store.bits <= 2:
+            raise LonglabError(
+                f"pmkvq: layer {ctx.layer_idx} needs {used} B of code words for "
+                f"{int(layer.lengths().max())} entries at 2 bits, over its budget of {int(budget)} B; "
+                "raise budget_mb (or shorten the context)"
+            )
+        layer.key_store.shrink()  # once per update, as the official cache does
+        layer.value_store.shrink()
+        return True

@@ -27,7 +27,7 @@ from earlier chunks are re-quantized.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -270,6 +270,8 @@ class QuantizedLayer(LonglabLayer):
     ``fp_dtype`` is the dtype of the sink and residual (None: the model's dtype).
     """
 
+    batchable: ClassVar[bool] = False  # sink, packed stores and residual cannot be stacked by padding
+
     def __init__(
         self,
         key_store: TokenGroupStore | ChannelGroupStore,
@@ -298,6 +300,9 @@ class QuantizedLayer(LonglabLayer):
         new = cls(key_store, value_store, **kwargs)
         new.__dict__.update({k: v for k, v in layer.__dict__.items() if k not in ("keys", "values")})
         new.key_store, new.value_store = key_store, value_store
+        # Method state travels with the entries: per-slot extras [B, H_kv, T] (H2O's scores) and per-layer
+        # state [B, ...] (Quest pages, decode query buffers, RetroAttention's window, IndexMem's memory).
+        new.extras, new.state = dict(layer.extras), dict(layer.state)
         B, H_kv, T, D = layer.keys.shape
         new.model_dtype = layer.keys.dtype
         dtype = new.fp_dtype or layer.keys.dtype
@@ -324,6 +329,10 @@ class QuantizedLayer(LonglabLayer):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         # New entries join the full-precision residual; returns the residual tensors ([B, H_kv, t, D]).
+        repeat = getattr(self, "kv_repeat", 1)  # heads repeated per query head (kv.base.repeat_kv_heads)
+        if repeat > 1 and self.is_initialized and key_states.shape[1] * repeat == self.index.shape[1]:
+            key_states = key_states.repeat_interleave(repeat, dim=1)
+            value_states = value_states.repeat_interleave(repeat, dim=1)
         if self.is_initialized and self.keys.dtype != key_states.dtype:
             key_states, value_states = key_states.to(self.keys.dtype), value_states.to(self.values.dtype)
         return super().update(key_states, value_states, *args, **kwargs)
@@ -467,9 +476,23 @@ class QuantizedLayer(LonglabLayer):
     def tensors(self) -> list[torch.Tensor]:
         """Every tensor the layer holds (what :meth:`nbytes` counts)."""
         held = [self.keys, self.values, self.sink_keys, self.sink_values, self.index, *self.extras.values()]
+        held += list(self.state.values())  # per-layer method state (Quest pages, query buffers, ...)
         return [t for t in held if t is not None] + self.key_store.tensors() + self.value_store.tensors()
 
     def nbytes(self) -> int:
         if not self.is_initialized:
             return 0
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def code_nbytes(self) -> int:
+        """Bytes of the K/V code words alone: packed main codes plus the full-precision sink and residual
+        (what PM-KVQ's budget counts); :meth:`overhead_nbytes` is the rest of :meth:`nbytes`."""
+        if not self.is_initialized:
+            return 0
+        held = [self.keys, self.values, self.sink_keys, self.sink_values, self.key_store.codes,
+                self.value_store.codes]
+        return sum(t.numel() * t.element_size() for t in held if t is not None)
+
+    def overhead_nbytes(self) -> int:
+        """Scales, offsets, smoothing vector, position index and method state: ``nbytes - code_nbytes``."""
+        return self.nbytes() - self.code_nbytes()

@@ -8,11 +8,14 @@ are the last ``T_q`` of the ``T_k`` key positions::
     out = block_sparse_attention(q, k, v, mask, scaling)   # [B, H, T_q, D]
     out, mask = sparse_prefill(q, k, v, sel, scaling)      # the same, in one call
 
+Every selector is also a recipe prefill policy (``"xattention:tau=0.9"``), registered once with its paper
+in the recipe registry; :data:`SELECTORS` is the registry's view of them.
+
 ``backend="auto"`` uses compiled flex_attention for ``T_q >= 2048`` (first call compiles, ~10-30 s on CPU)
 and the plain-PyTorch gather backend below that.
 """
 
-from longlab.sparse.base import SELECTORS, BlockSelector, make_selector, register
+from longlab.sparse.base import SELECTORS, BlockSelector, make_selector
 from longlab.sparse.blockmask import (
     BlockSparseMask,
     causal_allowed,
@@ -30,6 +33,7 @@ from longlab.sparse.executor import (
 )
 from longlab.sparse.flexprefill import FlexPrefill
 from longlab.sparse.minference import AShape, BlockTopK, VerticalSlash
+from longlab.sparse.prefill import PrefillMetrics, SparsePrefill, collect_prefill_metrics
 from longlab.sparse.prism import Prism, band_dims
 from longlab.sparse.sale import SALE
 from longlab.sparse.xattention import XAttention, antidiagonal_block_scores
@@ -38,7 +42,9 @@ __all__ = [
     "SELECTORS",
     "BlockSelector",
     "make_selector",
-    "register",
+    "SparsePrefill",
+    "PrefillMetrics",
+    "collect_prefill_metrics",
     "BlockSparseMask",
     "causal_allowed",
     "density",

@@ -1,32 +1,35 @@
-"""Selector base class, registry and the small tensor helpers the selectors share.
+"""Selector base class, the selector view of the registry, and the small tensor helpers selectors share.
 
-A selector is a ``@dataclass`` whose fields are its hyper-parameters (validated in ``__post_init__``) and
+A selector is a ``@dataclass`` whose fields are its hyper-parameters (checked in ``validate()``) and
 whose ``select(q, k, scaling)`` returns a :class:`~longlab.sparse.blockmask.BlockSparseMask`:
 
     q: [B, H, T_q, D] and k: [B, H_kv, T_k, D], post-RoPE, queries the last T_q key positions
     -> mask [B, H, ceil(T_q / bq), ceil(T_k / bk)]
 
 Every returned mask has passed through :func:`~longlab.sparse.blockmask.enforce_required` (sink column,
-diagonal, nothing above the causal diagonal).
+diagonal, nothing above the causal diagonal). A selector is a recipe prefill policy
+(:class:`~longlab.sparse.prefill.SparsePrefill`), registered once with ``@register("name")`` and its
+``paper``; :data:`SELECTORS` and :func:`make_selector` read the one recipe registry.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from longlab.recipe import REGISTRY, LonglabError
 from longlab.sparse.blockmask import BlockSparseMask, enforce_required
+from longlab.sparse.prefill import SparsePrefill
 
 __all__ = [
     "BlockSelector",
     "SELECTORS",
-    "register",
     "make_selector",
-    "check_range",
     "repeat_kv",
     "mean_pool",
     "keep_by_cumulative_mass",
@@ -34,68 +37,23 @@ __all__ = [
     "slash_sums",
 ]
 
-SELECTORS: dict[str, type[BlockSelector]] = {}
-
-S = TypeVar("S", bound="type[BlockSelector]")
-
-
-def register(cls: S) -> S:
-    """Class decorator: add a selector to :data:`SELECTORS` under its ``name``."""
-    name = cls.name
-    if name in SELECTORS and SELECTORS[name] is not cls:
-        raise ValueError(f"selector name {name!r} registered twice")
-    SELECTORS[name] = cls
-    return cls
-
-
-def make_selector(name: str, **kwargs: Any) -> BlockSelector:
-    """Build a registered selector by name, e.g. ``make_selector("xattention", tau=0.95)``."""
-    if name not in SELECTORS:
-        raise ValueError(f"unknown selector {name!r}; valid names: {', '.join(sorted(SELECTORS))}")
-    return SELECTORS[name](**kwargs)
-
-
-def check_range(
-    owner: object,
-    field: str,
-    lo: float | None = None,
-    hi: float | None = None,
-    *,
-    lo_open: bool = False,
-    hi_open: bool = False,
-    integer: bool = False,
-) -> None:
-    """Raise ``ValueError`` naming ``Class.field`` and its range unless ``lo (<|<=) value (<|<=) hi``."""
-    value = getattr(owner, field)
-    cls = type(owner).__name__
-    if integer and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"{cls}.{field} must be an integer, got {value!r}")
-    if not integer and (isinstance(value, bool) or not isinstance(value, (int, float))):
-        raise ValueError(f"{cls}.{field} must be a number, got {value!r}")
-    ok = True
-    if lo is not None:
-        ok &= value > lo if lo_open else value >= lo
-    if hi is not None:
-        ok &= value < hi if hi_open else value <= hi
-    if not ok or (not integer and math.isnan(value)):
-        left = "-inf" if lo is None else f"{lo}"
-        right = "inf" if hi is None else f"{hi}"
-        rng = f"{'(' if lo_open or lo is None else '['}{left}, {right}{')' if hi_open or hi is None else ']'}"
-        raise ValueError(f"{cls}.{field} must be in {rng}, got {value!r}")
-
 
 @dataclass
-class BlockSelector:
-    """Base class: subclasses set ``name`` and implement :meth:`_select` (raw mask, any bool blocks)."""
+class BlockSelector(SparsePrefill):
+    """Base class: subclasses are registered with ``@register("name")``, set ``paper`` and implement
+    :meth:`_select` (raw mask, any bool blocks)."""
 
-    name: ClassVar[str] = "base"
-    phase: ClassVar[str] = "prefill"  # capability: acts on prefill attention (T_q > 1)
     bq: int = 64
     bk: int = 64
 
-    def __post_init__(self) -> None:
-        check_range(self, "bq", 1, integer=True)
-        check_range(self, "bk", 1, integer=True)
+    def validate(self) -> None:
+        super().validate()
+        self.check("bq", 1, integer=True)
+        self.check("bk", 1, integer=True)
+
+    def field_label(self, field: str) -> str:
+        """Errors name the class too: ``xattention: XAttention.tau must be in [0, 1], got 1.1``."""
+        return f"{self.name}: {type(self).__name__}.{field}"
 
     def select(self, q: torch.Tensor, k: torch.Tensor, scaling: float | None = None) -> BlockSparseMask:
         """q: [B, H, T_q, D], k: [B, H_kv, T_k, D] -> BlockSparseMask [B, H, n_qb, n_kb]."""
@@ -114,6 +72,36 @@ class BlockSelector:
     def _select(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
         # q: [B, H, T_q, D], k: [B, H_kv, T_k, D] -> [B, H, n_qb, n_kb] bool
         raise NotImplementedError
+
+
+class _Selectors(Mapping):
+    """Read-only view ``name -> class`` of the block selectors in the recipe registry (live: a selector
+    registered later appears here too)."""
+
+    def _table(self) -> dict[str, type[BlockSelector]]:
+        return {n: c for n, c in REGISTRY.items() if isinstance(c, type) and issubclass(c, BlockSelector)}
+
+    def __getitem__(self, name: str) -> type[BlockSelector]:
+        return self._table()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return f"SELECTORS({sorted(self._table())})"
+
+
+SELECTORS: Mapping[str, type[BlockSelector]] = _Selectors()
+
+
+def make_selector(name: str, **kwargs: Any) -> BlockSelector:
+    """Build a registered selector by name, e.g. ``make_selector("xattention", tau=0.95)``."""
+    if name not in SELECTORS:
+        raise LonglabError(f"unknown selector {name!r}; valid names: {', '.join(sorted(SELECTORS))}")
+    return SELECTORS[name](**kwargs)
 
 
 def repeat_kv(x: torch.Tensor, H: int) -> torch.Tensor:

@@ -7,18 +7,16 @@ Inference", ICLR 2025 (arXiv 2502.20766).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from longlab.recipe import register
 from longlab.sparse.base import (
     BlockSelector,
-    check_range,
     keep_by_cumulative_mass,
     last_rows_attention,
     mean_pool,
-    register,
     repeat_kv,
     slash_sums,
 )
@@ -54,7 +52,7 @@ def _top_n_per_head(scores: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     return rank < n[..., None]
 
 
-@register
+@register("flexprefill")
 @dataclass
 class FlexPrefill(BlockSelector):
     """FlexPrefill (Lai et al., ICLR'25, arXiv 2502.20766): JS-divergence pattern choice, cumulative budgets.
@@ -69,21 +67,22 @@ class FlexPrefill(BlockSelector):
     block diagonals of the sum-pooled scores. Block 0 and the diagonal are always kept.
     """
 
-    name: ClassVar[str] = "flexprefill"
+    paper = "arXiv:2502.20766"
     bq: int = 128
     bk: int = 128
     gamma: float = 0.9
     tau: float = 0.1
     min_budget: int = 1024
     max_budget: int | None = None
+    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_range(self, "gamma", 0.0, 1.0, lo_open=True)
-        check_range(self, "tau", 0.0)
-        check_range(self, "min_budget", 0, integer=True)
+    def validate(self) -> None:
+        super().validate()
+        self.check("gamma", 0.0, 1.0, low_open=True)
+        self.check("tau", 0.0)
+        self.check("min_budget", 0, integer=True)
         if self.max_budget is not None:
-            check_range(self, "max_budget", max(1, self.min_budget), integer=True)
+            self.check("max_budget", max(1, self.min_budget), integer=True)
 
     def pattern_distance(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
         """JS distance between pooled-estimate and true vertical block distribution per head. -> [B, H]"""

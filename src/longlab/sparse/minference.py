@@ -9,16 +9,14 @@ converted to the blocks that contain it, so the executor stays one block-sparse 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
+from longlab.recipe import register
 from longlab.sparse.base import (
     BlockSelector,
-    check_range,
     last_rows_attention,
     mean_pool,
-    register,
     repeat_kv,
     slash_sums,
 )
@@ -61,7 +59,7 @@ def slashes_to_blocks(offsets: torch.Tensor, q_len: int, bq: int, bk: int) -> to
     return (count > 0).view(B, H, n_qb, n_kb) & valid
 
 
-@register
+@register("ashape")
 @dataclass
 class AShape(BlockSelector):
     """A-shape (sink + local window), MInference 1.0 (Jiang et al., NeurIPS'24, arXiv 2407.02490).
@@ -73,16 +71,17 @@ class AShape(BlockSelector):
     ``[q_first_i - n_local + 1, q_last_i]``.
     """
 
-    name: ClassVar[str] = "ashape"
+    paper = "arXiv:2407.02490"
     bq: int = 128
     bk: int = 128
     n_sink: int = 128
     n_local: int = 2048
+    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_range(self, "n_sink", 0, integer=True)
-        check_range(self, "n_local", 1, integer=True)
+    def validate(self) -> None:
+        super().validate()
+        self.check("n_sink", 0, integer=True)
+        self.check("n_local", 1, integer=True)
 
     def _select(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
         B, H, T_q = q.shape[:3]
@@ -92,7 +91,7 @@ class AShape(BlockSelector):
         return (sink | local).expand(B, H, -1, -1)
 
 
-@register
+@register("vslash")
 @dataclass
 class VerticalSlash(BlockSelector):
     """Vertical-slash pattern, MInference 1.0 (Jiang et al., NeurIPS'24, arXiv 2407.02490).
@@ -105,7 +104,7 @@ class VerticalSlash(BlockSelector):
     Defaults (100, 750) are one of MInference's search candidates; (1000, 6096) is its fallback config.
     """
 
-    name: ClassVar[str] = "vslash"
+    paper = "arXiv:2407.02490"
     bq: int = 64
     bk: int = 64
     vertical_size: int = 100
@@ -113,14 +112,15 @@ class VerticalSlash(BlockSelector):
     last_q: int = 64
     n_forced_vertical: int = 30
     n_forced_slash: int = 100
+    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_range(self, "vertical_size", 1, integer=True)
-        check_range(self, "slash_size", 1, integer=True)
-        check_range(self, "last_q", 1, integer=True)
-        check_range(self, "n_forced_vertical", 0, integer=True)
-        check_range(self, "n_forced_slash", 0, integer=True)
+    def validate(self) -> None:
+        super().validate()
+        self.check("vertical_size", 1, integer=True)
+        self.check("slash_size", 1, integer=True)
+        self.check("last_q", 1, integer=True)
+        self.check("n_forced_vertical", 0, integer=True)
+        self.check("n_forced_slash", 0, integer=True)
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Vertical and slash scores (without forcing). -> ([B, H, T_k], [B, H, T_k] indexed by offset)"""
@@ -141,7 +141,7 @@ class VerticalSlash(BlockSelector):
         return columns_to_blocks(cols, T_q, self.bq, self.bk) | slashes_to_blocks(offs, T_q, self.bq, self.bk)
 
 
-@register
+@register("blocktopk")
 @dataclass
 class BlockTopK(BlockSelector):
     """Block-sparse pattern, MInference 1.0 (Jiang et al., NeurIPS'24, arXiv 2407.02490).
@@ -150,14 +150,15 @@ class BlockTopK(BlockSelector):
     highest-scoring k-blocks per q-block (MInference: 64-token blocks, top-100).
     """
 
-    name: ClassVar[str] = "blocktopk"
+    paper = "arXiv:2407.02490"
     bq: int = 64
     bk: int = 64
     top_k: int = 100
+    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_range(self, "top_k", 1, integer=True)
+    def validate(self) -> None:
+        super().validate()
+        self.check("top_k", 1, integer=True)
 
     def _select(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
         T_q, T_k = q.shape[2], k.shape[2]

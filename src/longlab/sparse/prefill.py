@@ -1,7 +1,8 @@
-"""Sparse-prefill selectors as recipe prefill policies (``ashape``, ``vslash``, ``prism+snapkv@0.5``, ...).
+"""Sparse prefill as recipe prefill policies (``ashape``, ``vslash``, ``prism+snapkv@0.5``, ...).
 
-Each selector of :data:`longlab.sparse.base.SELECTORS` is registered with the recipe registry as a
-``kind = "prefill"`` method with the same fields. At every prefill chunk the hook calls
+:class:`SparsePrefill` is the base of every block selector (:class:`~longlab.sparse.base.BlockSelector`):
+each selector is registered once, with its paper, by ``@register("name")`` in its own file, so the recipe
+registry (``longlab methods``) is the one list of them. At every prefill chunk the hook calls
 :meth:`SparsePrefill.attend`: the selector picks blocks from the chunk's post-RoPE ``q`` and the held
 keys, and the block-sparse executor computes attention on those blocks only. Layers whose cache is no
 longer the contiguous stream (after eviction, with padding, or sliding-window layers) fall back to
@@ -19,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import copy
-import dataclasses
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,20 +27,13 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..recipe import LonglabError, Method, register
-from . import flexprefill, minference, prism, sale, xattention  # noqa: F401  (fill SELECTORS)
-from .base import SELECTORS
+from ..attention import layer_attention
+from ..recipe import Method
 from .executor import block_sparse_attention, quality_metrics
 
-PAPERS = {
-    "ashape": "arXiv:2407.02490",
-    "vslash": "arXiv:2407.02490",
-    "blocktopk": "arXiv:2407.02490",
-    "flexprefill": "arXiv:2502.20766",
-    "xattention": "arXiv:2503.16428",
-    "prism": "arXiv:2602.08426",
-    "sale": "arXiv:2505.24179",
-}
+__all__ = ["SparsePrefill", "PrefillMetrics", "collect_prefill_metrics", "BACKENDS"]
+
+BACKENDS = ("auto", "flex", "gather", "dense")
 
 
 QUALITY = ("density", "recall", "rel_error")
@@ -138,22 +131,31 @@ def collect_prefill_metrics(metrics: PrefillMetrics | None) -> Iterator[PrefillM
         _COLLECTOR.reset(token)
 
 
-class SparsePrefill:
-    """Mixin: run a block selector + the block-sparse executor as the prefill attention."""
+@dataclass
+class SparsePrefill(Method):
+    """Base of the sparse prefill policies: :meth:`select` a block mask for a chunk, attend on it.
+
+    ``backend``: the executor's backend (``auto``, ``flex``, ``gather`` or ``dense``; see
+    :func:`~longlab.sparse.executor.block_sparse_attention`). Each registered policy declares it as its
+    *last* field, ``backend: str = "auto"``, so recipe names keep it last
+    (``ashape:n_local=128,backend=gather``); the plain class attribute here is the value for a subclass
+    that does not. Subclasses implement :meth:`select`.
+    """
 
     kind: ClassVar[str] = "prefill"
-    backend: str = "auto"
+    reports_prefill_metrics: ClassVar[bool] = True  # PrefillMetrics measures its chunks
+    batch_select_safe: ClassVar[bool] = True  # acts at prefill only: nothing to select at decode
+    backend = "auto"  # not a field here: see above
 
     def validate(self) -> None:
-        if self.backend not in ("auto", "flex", "gather", "dense"):
-            raise LonglabError(
-                f"{self.name}: backend must be auto, flex, gather or dense, got {self.backend!r}"
-            )
+        self.check("backend", choices=BACKENDS)
+
+    def select(self, q: torch.Tensor, k: torch.Tensor, scaling: float | None = None) -> Any:
+        """q: [B, H, T_q, D], k: [B, H_kv, T_k, D] -> BlockSparseMask [B, H, n_qb, n_kb]."""
+        raise NotImplementedError
 
     def attend(self, ctx) -> torch.Tensor:
         """ctx.q: [B, H, T_q, D]; held k, v: [B, H_kv, T, D] -> out [B, H, T_q, D]."""
-        from ..attention import layer_attention
-
         collector = _COLLECTOR.get()
         idx = ctx.key_index
         contiguous = (
@@ -171,30 +173,3 @@ class SparsePrefill:
         if collector is not None:
             collector.add_chunk(ctx.layer_idx, ctx.q, ctx.k, ctx.v, mask, ctx.scaling, out)
         return out  # [B, H, T_q, D]
-
-
-def _make(name: str, selector: type) -> type:
-    namespace = {
-        "__doc__": selector.__doc__,
-        "__module__": __name__,
-        "__annotations__": {"backend": str},
-        "backend": "auto",
-        "kind": "prefill",
-        "paper": PAPERS.get(name, "see docstring"),
-    }
-    cls = type(f"{selector.__name__}Prefill", (SparsePrefill, selector, Method), namespace)
-    cls = dataclasses.dataclass(cls)
-    original = cls.__post_init__
-
-    def __post_init__(self) -> None:
-        try:
-            original(self)
-        except ValueError as exc:
-            raise LonglabError(f"{name}: {exc}") from None
-        SparsePrefill.validate(self)
-
-    cls.__post_init__ = __post_init__
-    return register(name)(cls)
-
-
-PREFILL_POLICIES = {name: _make(name, sel) for name, sel in sorted(SELECTORS.items())}

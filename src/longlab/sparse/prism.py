@@ -9,16 +9,14 @@ the two bands separately and re-scales each with an energy-based temperature.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
+from longlab.recipe import register
 from longlab.sparse.base import (
     BlockSelector,
-    check_range,
     keep_by_cumulative_mass,
     mean_pool,
-    register,
     repeat_kv,
 )
 from longlab.sparse.blockmask import causal_allowed
@@ -54,7 +52,7 @@ def _rms(x: torch.Tensor) -> torch.Tensor:
     return x.pow(2).mean(dim=(-1, -2), keepdim=True).sqrt().clamp_min(1e-12)
 
 
-@register
+@register("prism")
 @dataclass
 class Prism(BlockSelector):
     """Prism (Wang et al., arXiv 2602.08426): per-band pooled scores with energy temperatures, top-p.
@@ -68,7 +66,7 @@ class Prism(BlockSelector):
     The model's ``scaling`` is not used: each band is scaled by ``1 / sqrt(d_x)`` as in the paper.
     """
 
-    name: ClassVar[str] = "prism"
+    paper = "arXiv:2602.08426"
     bq: int = 128
     bk: int = 128
     thr_high: float = 0.95
@@ -76,13 +74,15 @@ class Prism(BlockSelector):
     high_frac: float = 0.5
     low_start_frac: float = 0.25
     calibrate: bool = True
+    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_range(self, "thr_high", 0.0, 1.0)
-        check_range(self, "thr_low", 0.0, 1.0)
-        check_range(self, "high_frac", 0.0, 1.0, lo_open=True)
-        check_range(self, "low_start_frac", 0.0, 1.0, hi_open=True)
+    def validate(self) -> None:
+        super().validate()
+        self.check("thr_high", 0.0, 1.0)
+        self.check("thr_low", 0.0, 1.0)
+        self.check("high_frac", 0.0, 1.0, low_open=True)
+        self.check("low_start_frac", 0.0, 1.0, high_open=True)
+        self.check("calibrate", choices=(True, False))
 
     def band_probs(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Row-softmaxed block scores of the two bands. q: [B, H, T_q, D], k: [B, H_kv, T_k, D]

@@ -11,12 +11,12 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from longlab.sparse.base import BlockSelector, check_range, register, repeat_kv
+from longlab.recipe import LonglabError, check_range, register
+from longlab.sparse.base import BlockSelector, repeat_kv
 from longlab.sparse.blockmask import block_geometry, causal_allowed
 from longlab.sparse.executor import Backend, block_sparse_attention, dense_causal_attention
 
@@ -38,7 +38,7 @@ def quantize_symmetric(x: torch.Tensor, group: int, bits: int = 4) -> tuple[torc
     return xq, scale.view(B, H, n, 1).expand(B, H, n, group).reshape(B, H, n * group)[:, :, :T]
 
 
-@register
+@register("sale")
 @dataclass
 class SALE(BlockSelector):
     """SALE (Ji et al., arXiv 2505.24179): low-bit estimated logits vs exact sink + local statistics.
@@ -54,7 +54,7 @@ class SALE(BlockSelector):
     get a dense mask (repo behaviour).
     """
 
-    name: ClassVar[str] = "sale"
+    paper = "arXiv:2505.24179"
     bq: int = 64
     bk: int = 32
     local_window: int = 128
@@ -64,22 +64,25 @@ class SALE(BlockSelector):
     k_group: int = 8
     min_q_len: int = 1024
     chunk_q: int = 128
+    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_range(self, "local_window", 0, integer=True)
-        check_range(self, "bits", 2, 8, integer=True)
-        check_range(self, "q_group", 1, integer=True)
-        check_range(self, "k_group", 1, integer=True)
-        check_range(self, "min_q_len", 0, integer=True)
-        check_range(self, "chunk_q", 1, integer=True)
+    def validate(self) -> None:
+        super().validate()
+        self.check("local_window", 0, integer=True)
+        self.check("bits", 2, 8, integer=True)
+        self.check("q_group", 1, integer=True)
+        self.check("k_group", 1, integer=True)
+        self.check("min_q_len", 0, integer=True)
+        self.check("chunk_q", 1, integer=True)
         if isinstance(self.tau, (list, tuple)):
+            if not self.tau:
+                raise LonglabError(f"{self.field_label('tau')} must be a number >= 0 or a non-empty list of "
+                                   "them (one per query head), got []")
+            for t in self.tau:
+                check_range(f"{self.field_label('tau')} (per head)", t, 0.0)
             self.tau = tuple(float(t) for t in self.tau)
-            if not self.tau or any(not t >= 0.0 for t in self.tau):
-                raise ValueError(f"SALE.tau must be a float in [0, inf) or a non-empty tuple of them, "
-                                 f"got {self.tau!r}")
         else:
-            check_range(self, "tau", 0.0)
+            self.check("tau", 0.0)
 
     def _tau_tensor(self, H: int, device: torch.device) -> torch.Tensor:
         if isinstance(self.tau, tuple):

@@ -6,12 +6,12 @@ Xu et al., "XAttention: Block Sparse Attention with Antidiagonal Scoring", ICML 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from longlab.sparse.base import BlockSelector, check_range, keep_by_cumulative_mass, register, repeat_kv
+from longlab.recipe import LonglabError, register
+from longlab.sparse.base import BlockSelector, keep_by_cumulative_mass, repeat_kv
 from longlab.sparse.blockmask import causal_allowed, required_blocks
 
 __all__ = ["XAttention", "antidiagonal_block_scores"]
@@ -65,7 +65,7 @@ def antidiagonal_block_scores(
     return out
 
 
-@register
+@register("xattention")
 @dataclass
 class XAttention(BlockSelector):
     """XAttention (Xu et al., ICML'25, arXiv 2503.16428): antidiagonal block scores + cumulative threshold.
@@ -75,21 +75,22 @@ class XAttention(BlockSelector):
     ``forced mass + mass of the blocks before it < tau · row total``.
     """
 
-    name: ClassVar[str] = "xattention"
+    paper = "arXiv:2503.16428"
     bq: int = 128
     bk: int = 128
     stride: int = 8
     tau: float = 0.9
     chunk_q: int = 4096
+    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_range(self, "stride", 1, integer=True)
-        check_range(self, "tau", 0.0, 1.0)
-        check_range(self, "chunk_q", 1, integer=True)
+    def validate(self) -> None:
+        super().validate()
+        self.check("stride", 1, integer=True)
+        self.check("tau", 0.0, 1.0)
+        self.check("chunk_q", 1, integer=True)
         if self.bq % self.stride or self.bk % self.stride:
-            raise ValueError(f"XAttention.bq={self.bq} and XAttention.bk={self.bk} must be multiples of "
-                             f"XAttention.stride={self.stride}")
+            raise LonglabError(f"{self.field_label('bq')}={self.bq} and bk={self.bk} must be multiples of "
+                               f"stride={self.stride}")
 
     def _select(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
         T_q, T_k = q.shape[2], k.shape[2]

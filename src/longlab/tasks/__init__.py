@@ -8,16 +8,31 @@ chat template and ``max_new_tokens`` come on top. Quick use::
     from longlab.tasks import generate, score
     samples = generate("niah_single_2", tokenizer, length=4096, num_samples=10, seed=0)
     score(samples[0].task, prediction, samples[0].answers)
+
+Every task is registered once with its metric (:mod:`longlab.tasks.registry`): a new generator takes
+``@register_task("my_task", metric="exact_match")``; a task read from a file,
+``declare_task("my_task", "token_f1")``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from .classic import niah_grid, passkey
 from .haystacks import Tokenizer, essay_sentences
 from .loaders import load_hf_dataset, load_jsonl, save_jsonl
+from .registry import (
+    DEFAULT_METRIC,
+    TASK_REGISTRY,
+    TASKS,
+    TaskSpec,
+    declare_task,
+    get_task,
+    metric_for,
+    register_task,
+    score,
+    score_sample,
+)
 from .ruler import (
     DEPTHS,
     RULER_TASKS,
@@ -41,9 +56,8 @@ from .scoring import (
     METRICS,
     exact_match,
     first_int_match,
-    metric_for,
+    register_metric,
     rouge_l,
-    score,
     string_match_all,
     string_match_part,
     token_f1,
@@ -53,6 +67,13 @@ __all__ = [
     "Sample",
     "Tokenizer",
     "TASKS",
+    "TASK_REGISTRY",
+    "TaskSpec",
+    "DEFAULT_METRIC",
+    "register_task",
+    "declare_task",
+    "register_metric",
+    "score_sample",
     "RULER_TASKS",
     "DEPTHS",
     "get_task",
@@ -87,18 +108,6 @@ __all__ = [
     "rouge_l",
     "first_int_match",
 ]
-
-TASKS: dict[str, Callable[..., list[Sample]]] = {**RULER_TASKS, "passkey": passkey}
-"""Task name -> generator ``(tokenizer, length, num_samples=1, seed=0, **options) -> list[Sample]``."""
-
-
-def get_task(name: str) -> Callable[..., list[Sample]]:
-    """The generator registered as ``name``; ``ValueError`` listing the valid names otherwise."""
-    try:
-        return TASKS[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(TASKS)}") from None
-
 
 def generate(
     task: str, tokenizer: Tokenizer, length: int, num_samples: int = 1, seed: int = 0, **options: Any

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from .generator import Built, Plan, run
 from .haystacks import NOISE, Tokenizer, check_depth, check_length, essay_sentences, join_with_inserts
+from .registry import register_task
 from .ruler import niah
 from .sample import Sample
 
@@ -28,6 +29,7 @@ CLASSIC_NEEDLE = (
 )
 
 
+@register_task("passkey", metric="first_int_match")
 def passkey(
     tokenizer: Tokenizer,
     length: int,
@@ -107,6 +109,7 @@ def _classic(
     return run("niah_grid", tokenizer, length, num_samples, seed, plan, 64)
 
 
+@register_task("niah_grid", metric="string_match_all", kind="grid")
 def niah_grid(
     tokenizer: Tokenizer,
     lengths: Sequence[int],

@@ -9,33 +9,51 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..recipe import LonglabError
 from .sample import Sample
 
 __all__ = ["load_jsonl", "save_jsonl", "load_hf_dataset"]
 
 
-def load_jsonl(path: str | os.PathLike) -> list[Sample]:
-    """Samples from a JSONL file; blank lines are skipped.
+def _check_sample(sample: Sample) -> None:
+    """What ``Sample.from_dict`` lets through but no run can use: an empty context."""
+    if not sample.context.strip():
+        raise ValueError("'context' is empty (a sample needs a non-empty context string)")
 
-    ``answers`` may be a string or a list, ``answer`` is an alias. A malformed line or a missing key
-    raises ``ValueError`` naming the file and line number.
+
+def load_jsonl(path: str | os.PathLike) -> list[Sample]:
+    """Samples from a UTF-8 JSONL file; blank lines are skipped.
+
+    ``answers`` may be a string or a list, ``answer`` is an alias. A malformed line, a missing key, an
+    empty ``context`` or bytes that are not UTF-8 raise :class:`~longlab.recipe.LonglabError` (a
+    ``ValueError``) naming the file and line number, before any sample is used.
     """
     path = Path(path)
+    if path.is_dir():
+        raise LonglabError(f"{path} is a directory, not a JSONL file")
     samples: list[Sample] = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
+    with path.open("rb") as fh:
+        for lineno, raw in enumerate(fh, start=1):
+            try:
+                line = raw.decode("utf-8-sig" if lineno == 1 else "utf-8")  # a leading BOM is fine
+            except UnicodeDecodeError as err:
+                raise LonglabError(
+                    f"{path}:{lineno}: not UTF-8 text (byte {err.start} of the line: {err.reason}); "
+                    "JSONL files must be UTF-8"
+                ) from None
             if not line.strip():
                 continue
             try:
                 data = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(
+                raise LonglabError(
                     f"{path}:{lineno}: malformed JSON ({err.msg} at column {err.colno})"
                 ) from None
             try:
                 sample = Sample.from_dict(data)
+                _check_sample(sample)
             except ValueError as err:
-                raise ValueError(f"{path}:{lineno}: {err}") from None
+                raise LonglabError(f"{path}:{lineno}: {err}") from None
             if not sample.sample_id:
                 sample.sample_id = f"{path.stem}-{lineno}"
             samples.append(sample)
@@ -107,8 +125,9 @@ def load_hf_dataset(path: str | os.PathLike, split: str | None = None) -> list[S
     for i, row in enumerate(ds):
         try:
             sample = Sample.from_dict(dict(row))
+            _check_sample(sample)
         except ValueError as err:
-            raise ValueError(f"{path} row {i}: {err}") from None
+            raise LonglabError(f"{path} row {i}: {err}") from None
         if not sample.sample_id:
             sample.sample_id = f"{path.stem}-{i}"
         samples.append(sample)

@@ -33,6 +33,7 @@ from .haystacks import (
     join_with_inserts,
     words,
 )
+from .registry import register_task
 from .sample import Sample
 
 __all__ = [
@@ -231,7 +232,7 @@ def _niah_task(name: str, **config: object) -> Callable[..., list[Sample]]:
     generate.__name__ = generate.__qualname__ = name
     cfg = ", ".join(f"{k}={v!r}" for k, v in config.items())
     generate.__doc__ = f"RULER ``{name}`` (Hsieh et al. 2024): :func:`niah` with {cfg}."
-    return generate
+    return register_task(name, metric="string_match_all")(generate)
 
 
 niah_single_1 = _niah_task("niah_single_1", haystack="noise", key_type="words", value_type="numbers")
@@ -282,6 +283,7 @@ def _vt_prefix(count: int, value: int) -> str:
     )
 
 
+@register_task("vt", metric="string_match_all")
 def vt(
     tokenizer: Tokenizer,
     length: int,
@@ -383,6 +385,7 @@ _CWE_INTRO = (
 )
 
 
+@register_task("cwe", metric="string_match_all")
 def cwe(
     tokenizer: Tokenizer,
     length: int,
@@ -474,6 +477,7 @@ def _zipf_counts(n: int, vocab_size: int, alpha: float) -> list[int]:
     return [int(n * k**-alpha / zeta) for k in range(1, vocab_size + 1)]
 
 
+@register_task("fwe", metric="string_match_all")
 def fwe(
     tokenizer: Tokenizer,
     length: int,
@@ -769,6 +773,7 @@ def _qa(
     return run(task, tokenizer, length, num_samples, seed, plan, max_new_tokens)
 
 
+@register_task("qa_1", metric="string_match_part")
 def qa_1(
     tokenizer: Tokenizer, length: int, num_samples: int = 1, seed: int = 0, *, max_new_tokens: int = 32
 ) -> list[Sample]:
@@ -777,6 +782,7 @@ def qa_1(
     return _qa("qa_1", 1, tokenizer, length, num_samples, seed, max_new_tokens)
 
 
+@register_task("qa_2", metric="string_match_part")
 def qa_2(
     tokenizer: Tokenizer, length: int, num_samples: int = 1, seed: int = 0, *, max_new_tokens: int = 32
 ) -> list[Sample]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .scoring import METRICS
+
 __all__ = ["Sample", "DEFAULT_MAX_NEW_TOKENS"]
 
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -25,6 +27,7 @@ _FIELDS = (
     "length",
     "depth",
     "sample_id",
+    "metric",
     "metadata",
 )
 
@@ -37,6 +40,8 @@ class Sample:
     query-agnostic mode compresses ``context`` alone, then appends ``question``); decoding starts
     after ``answer_prefix``. ``length`` is the target prompt size in the model's tokens (0 when
     unknown); ``depth`` is the needle's relative position in [0, 1] for single-needle tasks.
+    ``metric`` names the scorer of this sample (a name in :data:`~longlab.tasks.scoring.METRICS`) when
+    the file declares one; empty means the metric its task is registered with.
     """
 
     context: str
@@ -49,10 +54,12 @@ class Sample:
     depth: float | None = None
     sample_id: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    metric: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict in the common format (metadata kept under ``metadata``)."""
-        return {
+        """A JSON-serialisable dict in the common format (metadata kept under ``metadata``; ``metric``
+        only when declared)."""
+        out = {
             "context": self.context,
             "question": self.question,
             "answer_prefix": self.answer_prefix,
@@ -64,6 +71,9 @@ class Sample:
             "sample_id": self.sample_id,
             "metadata": dict(self.metadata),
         }
+        if self.metric:
+            out["metric"] = self.metric
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Sample:
@@ -100,6 +110,9 @@ class Sample:
             if isinstance(depth, bool) or not isinstance(depth, (int, float)):
                 raise ValueError(f"'depth' must be a number or null, got {depth!r}")
             depth = float(depth)
+        metric = data.get("metric") or ""
+        if metric and (not isinstance(metric, str) or metric not in METRICS):
+            raise ValueError(f"'metric' must be one of {', '.join(sorted(METRICS))}, got {metric!r}")
         metadata = data.get("metadata") or {}
         if not isinstance(metadata, dict):
             raise ValueError(f"'metadata' must be an object, got {type(metadata).__name__}")
@@ -118,6 +131,7 @@ class Sample:
             depth=depth,
             sample_id=str(data.get("sample_id") or ""),
             metadata=metadata,
+            metric=metric,
         )
 
 

@@ -6,7 +6,8 @@
 * ``rouge_l``: ROUGE-L F-measure (Lin 2004) from the maintained ``rouge-score`` package.
 * ``first_int_match``: pass-key accuracy (Mohtashami & Jaggi 2023), the first integer generated.
 
-``score(task, prediction, answers)`` picks the metric a task is reported with.
+Which metric a task is scored with is recorded where the task is registered
+(:mod:`longlab.tasks.registry`: ``metric_for``, ``score``); :func:`register_metric` adds a metric.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ __all__ = [
     "first_int_match",
     "normalize_answer",
     "METRICS",
-    "metric_for",
-    "score",
+    "register_metric",
 ]
 
 Refs = str | Sequence[str]
@@ -130,16 +130,13 @@ METRICS: dict[str, Callable[[str, Refs], float]] = {
 }
 
 
-def metric_for(task: str) -> str:
-    """The metric RULER reports ``task`` with: ``string_match_part`` for ``qa_*``, pass-key accuracy for
-    ``passkey``, ``string_match_all`` otherwise (NIAH, vt, cwe, fwe, niah_grid, unknown tasks)."""
-    if task.startswith("qa_") or task == "qa":
-        return "string_match_part"
-    if task == "passkey":
-        return "first_int_match"
-    return "string_match_all"
+def register_metric(name: str) -> Callable[[Callable[[str, Refs], float]], Callable[[str, Refs], float]]:
+    """Decorator: make ``fn(prediction, refs) -> float in [0, 1]`` available as metric ``name``."""
 
+    def wrap(fn: Callable[[str, Refs], float]) -> Callable[[str, Refs], float]:
+        if name in METRICS and METRICS[name] is not fn:
+            raise ValueError(f"metric {name!r} registered twice")
+        METRICS[name] = fn
+        return fn
 
-def score(task: str, prediction: str, answers: Refs) -> float:
-    """Score one prediction with the task's metric (:func:`metric_for`); a float in [0, 1]."""
-    return METRICS[metric_for(task)](prediction, answers)
+    return wrap

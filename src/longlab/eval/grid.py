@@ -1,0 +1,319 @@
+"""The grid driver: ``run_eval`` runs model x recipe x task x length x sample into a results store.
+
+It validates the configuration, loads the model once, checks the lengths against the model and this
+machine's memory, builds the samples, skips the rows already stored (a killed run resumes where it
+stopped) and hands each sample with the recipes it still lacks to a
+:class:`~longlab.eval.sample_runner.SampleRunner` — in this process (``backend="serial"``) or on Ray
+workers (``backend="ray"``, :mod:`longlab.eval.ray_backend`); the choice of backend is made here only.
+The driver is the single writer of the store, one transaction per row.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..recipe import LonglabError
+from .config import DEFAULT_LENGTHS, DEFAULT_TASKS, GRID_TASK, EvalConfig
+from .sample_runner import METRICS_KEY, SampleRunner
+
+__all__ = ["EvalSummary", "build_samples", "check_lengths", "kv_bytes_per_token", "run_eval"]
+
+
+@dataclass
+class EvalSummary:
+    """What a call to :func:`run_eval` did."""
+
+    out: Path
+    total: int
+    skipped: int
+    written: int
+    seconds: float
+    load_s: float = 0.0  # model load (driver side), included in ``seconds``
+    sweep_s: float = 0.0  # the grid itself: wall seconds (included in ``seconds``)
+    sweep_cpu_s: float = 0.0  # the grid itself: CPU seconds of this process (serial backend)
+    report: dict[str, Path] = field(default_factory=dict)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------------------------------
+# samples
+
+
+def build_samples(config: EvalConfig, tokenizer: Any, warn: Callable[[str], None] | None = None) -> list[Any]:
+    """The samples of the grid, task-major then length then index; ``--limit`` keeps the first N.
+
+    A (task, length) cell too short for the task's template is skipped with a warning. Two JSONL
+    samples with the same (task, length, sample_id) would be one row of the store: refused, naming them."""
+    warn = warn or _stderr
+    from ..tasks import generate, load_jsonl, niah_grid
+
+    if config.jsonl is not None:
+        try:
+            samples = load_jsonl(config.jsonl)
+        except (OSError, ValueError) as err:
+            raise LonglabError(f"--jsonl: {err}") from None
+        default_task = Path(config.jsonl).stem
+        for s in samples:
+            s.task = s.task or default_task
+        _refuse_duplicate_ids(config.jsonl, samples)
+        if config.tasks:
+            samples = [s for s in samples if s.task in config.tasks]
+        if config.lengths:
+            samples = [s for s in samples if s.length in config.lengths]
+        if not samples:
+            raise LonglabError(f"--jsonl: no sample of {config.jsonl} matches --tasks/--lengths")
+    else:
+        samples = []
+        lengths = list(config.lengths or DEFAULT_LENGTHS)
+        too_small: list[str] = []
+        for task in config.tasks or DEFAULT_TASKS:
+            for length in lengths:
+                try:
+                    if task == GRID_TASK:
+                        samples += niah_grid(tokenizer, [length], config.depths, config.samples, config.seed)
+                    else:
+                        samples += generate(task, tokenizer, length, config.samples, config.seed)
+                except ValueError as err:  # a length below what the task's template needs
+                    too_small.append(f"{task}@{length}")
+                    last_error = err
+        if too_small:
+            warn(f"longlab eval: skipping {', '.join(too_small)}: too short for the task with this tokenizer")
+        if not samples:
+            raise LonglabError(f"no sample could be generated: {last_error}")
+    return samples[: config.limit] if config.limit else samples
+
+
+def _refuse_duplicate_ids(path: str, samples: list[Any]) -> None:
+    """A row is keyed by (task, length, sample_id): duplicates would silently share one row."""
+    counts = Counter((s.task, s.length, s.sample_id) for s in samples)
+    dups = [(key, n) for key, n in counts.items() if n > 1]
+    if not dups:
+        return
+    shown = ", ".join(f"{sid!r} (task {task!r}, {n} times)" for (task, _, sid), n in dups[:5])
+    more = f" and {len(dups) - 5} more" if len(dups) > 5 else ""
+    raise LonglabError(
+        f"--jsonl: {path} has duplicate sample_id values: {shown}{more}; every sample of a task and length "
+        "must have its own sample_id (or none: then the line number is used)"
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# lengths vs the model and the machine
+
+
+def _text_config(model: Any) -> Any:
+    config = model.config
+    return getattr(config, "text_config", None) or config
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes one token of an uncompressed cache holds (keys and values, every layer)."""
+    cfg = _text_config(model)
+    heads = cfg.num_attention_heads
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    elem = next(model.parameters()).element_size()
+    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem
+
+
+def _available_bytes(model: Any) -> int | None:
+    """Free memory where the cache lives (GPU memory for a CUDA model, else RAM), None if unknown."""
+    import torch
+
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return int(psutil.virtual_memory().available)
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def check_lengths(
+    config: EvalConfig, model: Any, warn: Callable[[str], None] | None = None, available: int | None = None
+) -> None:
+    """Refuse prompt lengths this machine cannot hold, warn about risky ones, before generating samples.
+
+    A length ``L`` needs at least two uncompressed caches (the shared prefix and one fork:
+    ``2 L kv_bytes_per_token``) plus the attention workspace of one prefill chunk (about
+    ``2 H chunk_size L`` floats): beyond the available memory it is refused with the allowed range.
+    Beyond the model's ``max_position_embeddings`` it warns (quality degrades); when the whole sample
+    (one branch per recipe, kept for the batched decode) may not fit, it warns too."""
+    warn = warn or _stderr
+    if config.jsonl is not None and not config.lengths:
+        return  # the file's own samples: nothing to generate
+    lengths = sorted(set(config.lengths or DEFAULT_LENGTHS))
+    cfg = _text_config(model)
+    per_token = kv_bytes_per_token(model)
+    work_per_token = 2 * cfg.num_attention_heads * config.chunk_size * 4
+    available = available if available is not None else _available_bytes(model)
+    longest = lengths[-1]
+    if available is not None:
+        per_len = 2 * per_token + work_per_token
+        allowed = max(1, available // per_len)
+        if longest > allowed:
+            raise LonglabError(
+                f"--lengths {longest} cannot be held here: a {longest}-token prompt of {config.model} needs "
+                f"about {_gib(longest * per_len)} (two {_gib(longest * per_token)} caches plus the attention "
+                f"workspace) and {_gib(available)} is free; allowed range: 1..{allowed} tokens"
+            )
+        whole = (2 + len(config.recipes)) * per_token * longest + work_per_token * longest
+        if whole > available:
+            warn(
+                f"longlab eval: --lengths {longest} with {len(config.recipes)} recipes may need about "
+                f"{_gib(whole)} (one cache per recipe until the batch decodes) and {_gib(available)} is "
+                "free: fewer recipes per run or --no-batch-decode need less"
+            )
+    limit = getattr(cfg, "max_position_embeddings", None)
+    beyond = [n for n in lengths if limit and n > limit]
+    if beyond:
+        warn(
+            f"longlab eval: --lengths {','.join(map(str, beyond))} is beyond {config.model}'s "
+            f"max_position_embeddings={limit}; quality will degrade"
+        )
+
+
+# --------------------------------------------------------------------------------------------------
+# the grid
+
+
+def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) -> EvalSummary:
+    """Run the grid of ``config`` into ``config.out``; rows already stored are skipped."""
+    from ..models import load_model
+    from .store import ResultStore, config_hash, make_run_key
+
+    log = log or (lambda msg: print(msg, flush=True))
+    config.validate()
+    if config.backend == "ray":
+        from .ray_backend import require_ray
+
+        require_ray()  # fail before loading anything
+    start = time.perf_counter()
+    if config.threads and config.backend == "serial":
+        import torch
+
+        torch.set_num_threads(config.threads)
+    if config.progress:
+        _stderr(f"longlab eval: loading {config.model} ...")
+    model, tokenizer = load_model(config.model)
+    load_s = time.perf_counter() - start
+    check_lengths(config, model)
+    samples = build_samples(config, tokenizer)
+    chash = config_hash(config.identity())
+    runner = SampleRunner(model, tokenizer, config, chash, config.backend)
+    store = ResultStore(config.out)
+    try:
+        done = store.done_keys()
+        todo: list[tuple[Any, list[str]]] = []
+        skipped = 0
+        for s in samples:
+            missing = [r for r in config.recipes if make_run_key(**runner.identity(s, r)) not in done]
+            skipped += len(config.recipes) - len(missing)
+            if missing:
+                todo.append((s, missing))
+        total = len(samples) * len(config.recipes)
+        log(
+            f"longlab eval: {len(samples)} samples x {len(config.recipes)} recipes = {total} rows "
+            f"({skipped} already in {store.path}); model {config.model}, backend {config.backend}"
+        )
+        progress = _Progress(todo, len(samples), config.recipes, config.progress)
+        written = 0
+        sweep_start, cpu_start = time.perf_counter(), time.process_time()
+
+        def write(row: dict[str, Any]) -> None:
+            nonlocal written
+            metrics = row.pop(METRICS_KEY, None)
+            written += store.add(row, metrics=metrics)  # one transaction per row (and its metrics)
+            progress.row(row)
+
+        try:
+            if config.backend == "ray":
+                from .ray_backend import run_ray
+
+                del model, runner  # the workers load their own copies
+                run_ray(config, chash, todo, write)
+            else:
+                for sample, recipes in todo:
+                    progress.start(sample)
+                    for row in runner.run(sample, recipes):
+                        write(row)
+        finally:
+            progress.close()
+        sweep_s, sweep_cpu_s = time.perf_counter() - sweep_start, time.process_time() - cpu_start
+    finally:
+        store.close()
+    summary = EvalSummary(
+        Path(config.out), total, skipped, written, time.perf_counter() - start, load_s, sweep_s, sweep_cpu_s
+    )
+    if config.report:
+        from .report import write_report
+
+        if config.progress:
+            _stderr("longlab eval: writing the report and plots ...")
+        summary.report = write_report(config.out)
+    return summary
+
+
+class _Progress:
+    """A tqdm bar over samples (the rows done in its postfix), and when every row of a (task, length)
+    cell has arrived, one line with each recipe's mean score on the cell's new rows."""
+
+    def __init__(self, todo: list[tuple[Any, list[str]]], n_samples: int, recipes: list[str], enabled: bool):
+        from tqdm import tqdm
+
+        self.enabled = enabled
+        self.recipes = recipes
+        self.left: dict[str, int] = defaultdict(int)  # sample key -> rows still to come
+        self.cell_left: dict[tuple[str, int], int] = defaultdict(int)
+        self.scores: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for sample, missing in todo:
+            self.left[self._key(sample.task, sample.length, sample.sample_id)] += len(missing)
+            self.cell_left[(sample.task, sample.length)] += len(missing)
+        self.bar = tqdm(
+            total=n_samples, initial=n_samples - len(todo), desc="eval", unit="sample", disable=not enabled,
+            dynamic_ncols=True, file=sys.stderr, smoothing=0.1,
+        )
+        self.rows = 0
+
+    @staticmethod
+    def _key(task: str, length: int, sample_id: str) -> str:
+        return f"{task}\0{length}\0{sample_id}"
+
+    def start(self, sample: Any) -> None:
+        self.bar.set_postfix_str(f"{sample.task}@{sample.length} {sample.sample_id}", refresh=True)
+
+    def row(self, row: dict[str, Any]) -> None:
+        self.rows += 1
+        key = self._key(row["task"], row["length"], row["sample_id"])
+        self.left[key] -= 1
+        if self.left[key] == 0:
+            self.bar.update(1)
+        cell = (row["task"], row["length"])
+        if row.get("score") is not None:
+            self.scores[cell][row["recipe"]].append(float(row["score"]))
+        self.cell_left[cell] -= 1
+        if self.cell_left[cell] == 0 and self.enabled:
+            self.bar.write(self._cell_line(cell), file=sys.stderr)
+
+    def _cell_line(self, cell: tuple[str, int]) -> str:
+        scores = self.scores.pop(cell, {})
+        n = max((len(v) for v in scores.values()), default=0)
+        parts = [f"{r} {100 * sum(v) / len(v):.0f}" for r in self.recipes if (v := scores.get(r))]
+        return f"  {cell[0]} @ {cell[1]} tokens, {n} new samples, score ×100: " + " | ".join(parts)
+
+    def close(self) -> None:
+        self.bar.close()
