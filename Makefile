@@ -80,7 +80,8 @@ $(KVPRESS_STAMP):
 
 kvpress-venv: $(KVPRESS_STAMP)
 
-# VS_KVPRESS_ARGS: e.g. "--samples 18" (36 samples per recipe); see docs/results/vs-kvpress.md.
+# VS_KVPRESS_ARGS, e.g. "--lengths 800,1600 --samples 9 --max-new-tokens 32" (36 samples per recipe,
+# ~40 min on a quiet core); see docs/results/vs-kvpress.md.
 VS_KVPRESS_ARGS ?=
 vs-kvpress: $(STAMP) $(KVPRESS_STAMP)
 	HF_HUB_OFFLINE=1 $(PY) bench/vs_kvpress.py --kvpress-python $(KVPRESS_VENV)/bin/python $(VS_KVPRESS_ARGS)

@@ -388,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     if any(not 0 < r < 1 for r in ratios) or any(n < 1 for n in lengths):
         return fail("--ratios must lie in (0, 1) and --lengths must be positive")
     if not args.kvpress_python.exists():
-        return fail(f"no kvpress venv at {args.kvpress_python.parent.parent}: run `make kvpress-venv` first "
+        return fail(f"no kvpress python at {args.kvpress_python}: run `make kvpress-venv` first "
                     "(kvpress goes into its own venv: it pins an older transformers)")
     check = subprocess.run([str(args.kvpress_python), "-c", "import kvpress"], capture_output=True, text=True,
                            env={**os.environ, "PYTHONPATH": ""})
@@ -505,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
 
     n = len(order)
     for m in modes:
-        print(f"\nlonglab ({m} decode) vs kvpress, {n} samples per recipe; accuracy % with 95% CI "
+        what = "generate, compress after every chunk" if m == "chunked" else f"{m} decode"
+        print(f"\nlonglab ({what}) vs kvpress, {n} samples per recipe; accuracy % with 95% CI "
               "(Wilson / bootstrap), difference = paired bootstrap over the same samples")
         print("| recipe | kvpress press | kvpress | longlab | longlab - kvpress | same predictions |")
         print("|---|---|---:|---:|---:|---:|")
