@@ -375,3 +375,13 @@ def test_allocation_file_sets_budgets_and_smoothing(llama, tokenizer, text, tmp_
     assert first.key_store.bits > second.key_store.bits
     assert torch.equal(first.key_store.channel_scale[0, :, 0], lam)
     assert second.key_store.channel_scale is None
+
+
+def test_pmkvq_code_bytes_packs_each_entry_whole():
+    """Code words are packed per entry (D * bits / 8 bytes per head), so a count of main entries that
+    is not a multiple of 8 / bits is not rounded down: 1 KV head, D=16, 2 bits, sink 1 + window 3 kept at
+    fp16, 6 main entries -> 2 * (4 * 16 * 2 + 6 * 4) = 304 bytes (K and V)."""
+    assert code_bytes(10, 2, 1, 16, sink=1, window=4, window_tokens=3) == 304
+    # and the total adds, per main entry, fp16 scale + offset per group for K and V, plus the int32 index
+    total = layer_bytes(10, 2, 1, 16, sink=1, window=4, window_tokens=3, group_size=16)
+    assert total == 304 + 6 * 2 * 2 * 2 + 10 * 4

@@ -27,6 +27,7 @@ import re
 import sys
 import types
 import typing
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -190,6 +191,26 @@ class Method:
 
 
 REGISTRY: dict[str, type[Method]] = {}
+
+
+class LiveView(Mapping):
+    """Read-only, live view ``name -> value`` computed from a registry on each access, so an entry
+    registered later appears too (``SELECTORS`` over the method registry, ``TASKS`` over the tasks)."""
+
+    def __init__(self, label: str, table: Callable[[], dict[str, Any]]) -> None:
+        self._label, self._table = label, table
+
+    def __getitem__(self, name: str) -> Any:
+        return self._table()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
+
+    def __len__(self) -> int:
+        return len(self._table())
+
+    def __repr__(self) -> str:
+        return f"{self._label}({list(self._table())})"
 
 
 def register(name: str):

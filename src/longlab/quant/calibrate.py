@@ -17,9 +17,10 @@ PM-KVQ (ICLR 2026; official code ``thu-nics/PM-KVQ``), three offline steps on ca
        s.t. sum_b x_{l,b} = 1,   x in {0, 1},   sum_{l,b} x_{l,b} M_l(b) <= M_total
 
    solved with :func:`scipy.optimize.milp`. ``M_l(b)`` is the bytes a layer holds at ``T_max`` tokens with
-   main at ``b`` bits, counted exactly as :meth:`QuantizedLayer.nbytes` counts them
-   (:func:`~longlab.quant.pmkvq.layer_bytes`: codes, scales, offsets, full-precision sink and window, index,
-   smoothing vector). Each layer's budget is ``B_l = M_l(b*_l)``.
+   main at ``b`` bits as the paper counts them, code words only, exactly as the runtime budget counts
+   (:meth:`QuantizedLayer.code_nbytes`, :func:`~longlab.quant.pmkvq.code_bytes`: packed main entries plus
+   the full-precision sink and window; scales, offsets and the index are overheads reported apart).
+   Each layer's budget is ``B_l = M_l(b*_l)``.
 
 Deviations, for the CPU budget of this project: samples of 1024 tokens (paper: 512 x 2048 from RedPajama),
 text from longlab's own essay haystack, smoothing searched on activations of the full-precision model
@@ -45,7 +46,7 @@ import torch.nn.functional as F
 from ..capture import AttentionCapture, capture_attention
 from ..recipe import LonglabError, check_range
 from .base import FP_DTYPES, resolve_fp_dtype
-from .pmkvq import ALLOCATION_FORMAT, MIB, PMKVQ, layer_bytes
+from .pmkvq import ALLOCATION_FORMAT, MIB, PMKVQ, code_bytes
 from .quantizer import SCALE_DTYPES, dequantize_tokens, quantize_tokens
 
 __all__ = [
@@ -361,18 +362,7 @@ def calibrate_pmkvq(
     memory = np.array(
         [
             [
-                layer_bytes(
-                    max_tokens,
-                    b,
-                    H_kv,
-                    D,
-                    sink=sink,
-                    window=window,
-                    group_size=group_size,
-                    fp_bytes=fp_bytes,
-                    scale_bytes=sdtype.itemsize,
-                    smooth=lams[layer] is not None,
-                )
+                code_bytes(max_tokens, b, H_kv, D, sink=sink, window=window, fp_bytes=fp_bytes)
                 for b in choices
             ]
             for layer in range(num_layers)

@@ -74,12 +74,19 @@ def layer_bytes(
     ``window_tokens`` defaults to the worst case after a flush, ``min(window - 1, tokens - sink)``.
     Matches :meth:`QuantizedLayer.nbytes` exactly (tested)."""
     H, D = num_kv_heads, head_dim
-    group = min(group_size, D)
+    main = tokens - _full_precision_tokens(tokens, sink, window, window_tokens)
+    codes = code_bytes(
+        tokens, bits, H, D, sink=sink, window=window, fp_bytes=fp_bytes, window_tokens=window_tokens
+    )
+    scales_offsets = main * 2 * H * 2 * (D // min(group_size, D)) * scale_bytes  # K and V, per group
+    return codes + scales_offsets + tokens * H * 4 + (H * D * 4 if smooth else 0)  # + index, smoothing
+
+
+def _full_precision_tokens(tokens: int, sink: int, window: int, window_tokens: int | None) -> int:
+    """Entries held at full precision: the sink plus the recent window (worst case after a flush,
+    ``min(window - 1, tokens - sink)``, unless ``window_tokens`` is given)."""
     s = min(sink, tokens)
-    w = min(window - 1, tokens - s) if window_tokens is None else window_tokens
-    main = tokens - s - w
-    per_main = 2 * H * (D * bits // 8 + 2 * (D // group) * scale_bytes)  # K and V codes + scales + offsets
-    return tokens * H * 4 + 2 * (s + w) * H * D * fp_bytes + main * per_main + (H * D * 4 if smooth else 0)
+    return s + (min(window - 1, tokens - s) if window_tokens is None else window_tokens)
 
 
 def code_bytes(
@@ -95,11 +102,9 @@ def code_bytes(
 ) -> int:
     """The part of :func:`layer_bytes` PM-KVQ's budget counts: K and V code words only (main packed at
     ``bits``, sink and window at ``fp_bytes`` each). Matches :meth:`QuantizedLayer.code_nbytes` (tested)."""
-    H, D = num_kv_heads, head_dim
-    s = min(sink, tokens)
-    w = min(window - 1, tokens - s) if window_tokens is None else window_tokens
-    main = tokens - s - w
-    return 2 * H * D * ((s + w) * fp_bytes + main * bits // 8)
+    held_fp = _full_precision_tokens(tokens, sink, window, window_tokens)
+    per_token = head_dim * bits // 8  # one head's packed code words for one entry
+    return 2 * num_kv_heads * (held_fp * head_dim * fp_bytes + (tokens - held_fp) * per_token)
 
 
 def memory_report(cache) -> list[dict[str, int]]:

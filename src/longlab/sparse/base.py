@@ -15,14 +15,14 @@ diagonal, nothing above the causal diagonal). A selector is a recipe prefill pol
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from longlab.recipe import REGISTRY, LonglabError
+from longlab.recipe import REGISTRY, LiveView, LonglabError
 from longlab.sparse.blockmask import BlockSparseMask, enforce_required
 from longlab.sparse.prefill import SparsePrefill
 
@@ -74,27 +74,11 @@ class BlockSelector(SparsePrefill):
         raise NotImplementedError
 
 
-class _Selectors(Mapping):
-    """Read-only view ``name -> class`` of the block selectors in the recipe registry (live: a selector
-    registered later appears here too)."""
-
-    def _table(self) -> dict[str, type[BlockSelector]]:
-        return {n: c for n, c in REGISTRY.items() if isinstance(c, type) and issubclass(c, BlockSelector)}
-
-    def __getitem__(self, name: str) -> type[BlockSelector]:
-        return self._table()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table())
-
-    def __len__(self) -> int:
-        return len(self._table())
-
-    def __repr__(self) -> str:
-        return f"SELECTORS({sorted(self._table())})"
-
-
-SELECTORS: Mapping[str, type[BlockSelector]] = _Selectors()
+SELECTORS: Mapping[str, type[BlockSelector]] = LiveView(
+    "SELECTORS",
+    lambda: {n: c for n, c in REGISTRY.items() if isinstance(c, type) and issubclass(c, BlockSelector)},
+)
+"""Read-only, live view ``name -> class`` of the block selectors in the recipe registry."""
 
 
 def make_selector(name: str, **kwargs: Any) -> BlockSelector:

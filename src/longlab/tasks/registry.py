@@ -15,11 +15,11 @@ into :attr:`Sample.metric`, which :func:`score_sample` prefers). A task nobody r
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..recipe import LonglabError
+from ..recipe import LiveView, LonglabError
 from .sample import Sample
 from .scoring import METRICS, Refs
 
@@ -119,27 +119,9 @@ def declare_task(name: str, metric: str = DEFAULT_METRIC, *, replace: bool = Fal
     return _add(TaskSpec(name, metric, "file"), replace)
 
 
-class _Generators(Mapping):
-    """Read-only, live view ``name -> generator`` of the registered ``"generated"`` tasks (registration
-    order: RULER's 13 in the paper's order, then ``passkey``, then any registered later)."""
-
-    def _table(self) -> dict[str, Callable[..., list[Sample]]]:
-        return {n: s.generator for n, s in TASK_REGISTRY.items() if s.kind == "generated"}
-
-    def __getitem__(self, name: str) -> Callable[..., list[Sample]]:
-        return self._table()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._table())
-
-    def __len__(self) -> int:
-        return len(self._table())
-
-    def __repr__(self) -> str:
-        return f"TASKS({list(self._table())})"
-
-
-TASKS: Mapping[str, Callable[..., list[Sample]]] = _Generators()
+TASKS: Mapping[str, Callable[..., list[Sample]]] = LiveView(
+    "TASKS", lambda: {n: s.generator for n, s in TASK_REGISTRY.items() if s.kind == "generated"}
+)
 """Task name -> generator ``(tokenizer, length, num_samples=1, seed=0, **options) -> list[Sample]``."""
 
 
