@@ -37,8 +37,10 @@ way).
 Statistics per recipe: the score's mean with a 95% interval on each side (Wilson when every score is
 0/1, else a percentile bootstrap) and the paired bootstrap of longlab - kvpress over the same samples
 (``longlab.eval.stats``); "equal accuracy" means that interval contains 0 for every recipe. Wall time:
-both sweeps run one after the other in this process's run (model loads excluded), with CPU seconds
-and the load average before/after each, since wall time on a shared machine is noisy.
+the sides are interleaved by (task, length) block -- kvpress on a block's samples, then longlab on the
+same samples, then the next block -- so a load that drifts during the run weighs on both alike; each
+side's sweep time is its sum over blocks (model loads excluded), with CPU seconds and the load average
+before/after every block, since wall time on a shared machine is noisy.
 
 ``--kept-check`` instead compares the kept indices of KnormPress/StreamingLLMPress with longlab's
 ``knorm``/``streaming`` on each side's own forward of the same prompt ids (one chunk, compression once).
@@ -321,6 +323,30 @@ def kept_check(args: argparse.Namespace, samples: list, jsonl: Path, model_dir: 
     return 0
 
 
+def _merge(parts: list[dict]) -> dict:
+    """One side's result over the interleaved blocks: times and counts summed, rows concatenated, dicts
+    merged, per-block load averages listed, anything else from the first block."""
+    out: dict = {}
+    for part in parts:
+        for key, value in part.items():
+            if key == "load_average":
+                out.setdefault("load_average_per_block", []).append(value)
+            elif key not in out:
+                copied = list(value) if isinstance(value, list) else value
+                out[key] = dict(copied) if isinstance(copied, dict) else copied
+            elif isinstance(value, bool) or not isinstance(value, (int, float, list, dict)):
+                continue
+            elif isinstance(value, list):
+                out[key] += value
+            elif isinstance(value, dict):
+                out[key].update(value)
+            else:
+                out[key] += value
+    blocks = out.get("load_average_per_block", [])
+    out["load_average"] = [blocks[0][0], blocks[-1][1]] if blocks else []
+    return out
+
+
 def _cis(a: list[float], b: list[float]) -> dict:
     """Per-side estimates and the paired difference a - b (same samples, same order)."""
     from longlab.eval.stats import paired_difference, score_estimate
@@ -424,23 +450,42 @@ def main(argv: list[str] | None = None) -> int:
             return kept_check(args, samples, jsonl, model_dir, tmp)
         print(f"{len(samples)} samples ({args.tasks} at {args.lengths} tokens) x {len(cells)} recipes, "
               f"{args.threads} thread(s); load average {_load()}", flush=True)
-        load_before_kv = _load()
-        try:
-            kv = run_kvpress(args, jsonl, model_dir, cells, tmp)
-        except RuntimeError as err:
-            return fail(str(err))
-        kv["load_average"] = [load_before_kv, _load()]
-        print(f"kvpress: sweep {kv['sweep_s']:.1f}s wall, {kv['sweep_cpu_s']:.1f}s CPU", flush=True)
-        sides = {}
-        for mode in modes:
+        # interleaved: per (task, length) block, kvpress then each longlab mode, so both sides run under
+        # the same load as it drifts; the sweep times are the sums over blocks (model loads excluded)
+        blocks: dict[tuple[str, int], list] = {}
+        for s in samples:
+            blocks.setdefault((s.task, s.length), []).append(s)
+        kv_parts: list[dict] = []
+        side_parts: dict[str, list[dict]] = {m: [] for m in modes}
+        for b, ((task, length), block) in enumerate(blocks.items()):
+            block_jsonl = tmp / f"block{b}.jsonl"
+            save_jsonl(block, block_jsonl)
             load_before = _load()
-            if mode == "chunked":
-                sides[mode] = run_generate(args, samples, cells)
-            else:
-                sides[mode] = run_longlab(args, jsonl, cells, tmp, MODES[mode])
-            sides[mode]["load_average"] = [load_before, _load()]
-            print(f"longlab {mode}: sweep {sides[mode]['sweep_s']:.1f}s wall, "
-                  f"{sides[mode]['sweep_cpu_s']:.1f}s CPU", flush=True)
+            try:
+                part = run_kvpress(args, block_jsonl, model_dir, cells, tmp)
+            except RuntimeError as err:
+                return fail(str(err))
+            part["load_average"] = [load_before, _load()]
+            kv_parts.append(part)
+            print(f"[{b + 1}/{len(blocks)}] {task}@{length}: kvpress {part['sweep_s']:.1f}s wall, "
+                  f"{part['sweep_cpu_s']:.1f}s CPU", flush=True)
+            for mode in modes:
+                load_before = _load()
+                if mode == "chunked":
+                    part = run_generate(args, block, cells)
+                else:
+                    part = run_longlab(args, block_jsonl, cells, tmp, MODES[mode])
+                    ids = {s.sample_id for s in block}
+                    part["rows"] = [r for r in part["rows"] if r["sample_id"] in ids]
+                part["load_average"] = [load_before, _load()]
+                side_parts[mode].append(part)
+                print(f"[{b + 1}/{len(blocks)}] {task}@{length}: longlab {mode} {part['sweep_s']:.1f}s wall, "
+                      f"{part['sweep_cpu_s']:.1f}s CPU", flush=True)
+        kv = _merge(kv_parts)
+        sides = {m: _merge(parts) for m, parts in side_parts.items()}
+        for m in modes:
+            print(f"longlab {m}: sweep {sides[m]['sweep_s']:.1f}s wall, {sides[m]['sweep_cpu_s']:.1f}s CPU; "
+                  f"kvpress {kv['sweep_s']:.1f}s wall, {kv['sweep_cpu_s']:.1f}s CPU", flush=True)
 
     by_id = {s.sample_id: s for s in samples}
     for row in kv["rows"]:

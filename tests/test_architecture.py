@@ -15,14 +15,16 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "longlab"
 # Within one layer the import graph must still be acyclic.
 LAYERS: list[tuple[str, ...]] = [
     ("paths", "recipe", "tasks", "sparse.blockmask", "sparse.synthetic", "quant.quantizer", "eval.store"),
-    ("attention",),
+    ("attention", "masks", "context_parallel"),  # masks: LongCA slice masks; context-parallel attention
     ("cache",),
-    ("kv", "quant", "sparse", "decode", "methods"),  # method families
+    ("kv", "quant", "sparse", "decode", "methods", "kernels"),  # method families; kernels: one call
     ("hook",),
     ("models",),
+    ("reuse",),  # per-document KV store, assembly and reuse methods: drive a model's layers, below pipeline
+    ("spec",),  # speculative decoding: drives the model on the cache, below the pipeline that calls it
     ("pipeline",),
     # tools and the harness drive models and pipelines (capture: q/k/v capture for calibration, training)
-    ("capture", "kv.indexmem_train", "quant.calibrate", "eval"),
+    ("capture", "kv.indexmem_train", "quant.calibrate", "eval", "cp_generate"),  # cp_generate: CP prefill
     ("cli",),
     ("",),  # the package face: longlab/__init__.py
 ]

@@ -87,7 +87,7 @@ def test_summary_table_hand_computed_means_and_intervals() -> None:
     # the avg takes 0.5, 0.75, 1.0 and its 2.5% / 97.5% quantiles are 0.5 and 1.0 exactly.
     t = _tables(summary_table(HAND_ROWS))
     one = t["m · length 1k · score ×100 [95% CI]"]
-    assert one["recipe"] == ["recipe", "a", "b", "avg", "n", "KV bytes after", "KV kept"]
+    assert one["recipe"] == ["recipe", "a", "b", "avg", "n", "KV bytes after", "KV vs dense"]
     assert one["full"] == ["full", "50.0 [9.5, 90.5]", "100.0 [34.2, 100.0]", "75.0 [50.0, 100.0]", "2",
                            "1000 B", "100%"]
     assert one["snapkv@0.5"] == ["snapkv@0.5", "0.0 [0.0, 65.8]", "50.0 [9.5, 90.5]", "25.0 [0.0, 50.0]", "2",

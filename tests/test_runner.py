@@ -124,6 +124,24 @@ def test_batch_decode_equals_one_stream_per_recipe(tiny_models, tokenizer, model
         assert batched["kv_bytes_after"] == one["kv_bytes_after"]
 
 
+def test_batch_decode_leaves_out_layers_that_cannot_stack(tiny_models, tokenizer):
+    """ReST-KV's layers hold one head per query head: its branch decodes alone, the others together,
+    with the same answers as one stream per recipe."""
+    model = tiny_models["tiny-llama"][0]
+    assert model.config.num_attention_heads > model.config.num_key_value_heads  # GQA: restkv repeats heads
+    recipes = ["full", "restkv@0.5", "snapkv@0.5"]
+    rows = {}
+    for batch_decode in (False, True):
+        config = EvalConfig(out="unused", model="tiny-llama", chunk_size=128, max_new_tokens=8,
+                            batch_decode=batch_decode)
+        rows[batch_decode] = {r["recipe"]: r for r in SampleRunner(model, tokenizer, config, "t").run(
+            _sample(), recipes)}
+    assert rows[True]["restkv@0.5"]["extra"]["decode_batch"] == 1
+    assert rows[True]["full"]["extra"]["decode_batch"] == 2
+    for recipe in recipes:
+        assert rows[True][recipe]["prediction"] == rows[False][recipe]["prediction"], recipe
+
+
 def test_batch_decode_drops_finished_rows_and_keeps_every_row(tiny_models, tokenizer, monkeypatch):
     """Rows that emit EOS leave the batched decode; every row still equals its own stream's."""
     model = tiny_models["tiny-llama"][0]

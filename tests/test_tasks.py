@@ -80,7 +80,7 @@ def haystack(sample: Sample) -> str:
 
 def test_registry_names():
     assert list(TASKS)[:13] == RULER_13
-    assert set(TASKS) == set(RULER_13) | {"passkey"}
+    assert set(TASKS) == set(RULER_13) | {"passkey", "multidoc_qa_1", "multidoc_qa_2"}
     assert get_task("vt") is TASKS["vt"]
 
 

@@ -9,7 +9,7 @@ from .hook import use_longlab_attention
 from .models import load_model
 from .paths import __version__
 from .pipeline import GenerationResult, generate
-from .recipe import LonglabError, Recipe, parse_recipe
+from .recipe import LonglabError, LonglabTypeError, Recipe, parse_recipe
 
 __all__ = [
     "LonglabCache",
@@ -17,6 +17,7 @@ __all__ = [
     "generate",
     "GenerationResult",
     "LonglabError",
+    "LonglabTypeError",
     "Recipe",
     "parse_recipe",
     "use_longlab_attention",

@@ -9,7 +9,7 @@ Shapes: ``q [B, H, T_q, D]`` post-RoPE queries, ``k, v [B, H_kv, T, D]`` what th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -189,6 +189,9 @@ def layer_attention(ctx: LayerContext, softcap: float | None) -> torch.Tensor:
     comparison ``index >= 0`` (:func:`_decode_attention`). With every slot valid, a forward whose
     queries are every held slot (``T_q == T``, in stream order) is plain causal. Otherwise the
     visibility mask of the slots' positions is used (prefill chunks after the first, sliding windows)."""
+    rows = _ragged_rows(ctx)
+    if rows is not None:
+        return torch.cat([layer_attention(row, softcap) for row in rows], dim=0)
     T_q, T = ctx.q.shape[-2], ctx.key_index.shape[-1]
     if ctx.sliding_window is None and T_q == 1 and softcap is None:
         return _decode_attention(ctx)
@@ -199,6 +202,29 @@ def layer_attention(ctx: LayerContext, softcap: float | None) -> torch.Tensor:
         for rows in ctx.query_blocks()
     ]
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+
+
+def _ragged_rows(ctx: LayerContext) -> list[LayerContext] | None:
+    """Batch rows of unequal length, each held after leading empty slots (``layer.lead_pad [B]``, set
+    when the harness stacks several branches into one batch), as one context per row over its own
+    slots ``[lead_pad[b]:]``; None when the batch is uniform enough (under a quarter of the slots are
+    leading padding) that one padded call costs less than a call per row. Exact either way: a row's
+    empty slots are invisible to its queries."""
+    lead = getattr(ctx.layer, "lead_pad", None)
+    B, T = ctx.q.shape[0], ctx.key_index.shape[-1]
+    if lead is None or B == 1:
+        return None
+    starts = lead.tolist()
+    if 4 * sum(starts) < B * T:
+        return None
+    k, v, kidx = ctx.k, ctx.v, ctx.key_index
+    return [
+        replace(
+            ctx, q=ctx.q[b : b + 1], query_index=ctx.query_index[b : b + 1], layer=None, cache=None,
+            fallback_kv=(k[b : b + 1, :, s:], v[b : b + 1, :, s:], kidx[b : b + 1, :, s:]), attn_output=None,
+        )
+        for b, s in enumerate(starts)
+    ]
 
 
 def _decode_attention(ctx: LayerContext) -> torch.Tensor:

@@ -23,6 +23,7 @@ held, so transformers gives the next token the RoPE position it would have had w
 
 from __future__ import annotations
 
+import copy
 from typing import Any, ClassVar
 
 import torch
@@ -65,6 +66,7 @@ class _Slots:
         obj.__dict__[self.key] = (value, 0 if value is None else value.shape[2], None)
         if self.key == "_slots_index":
             obj.__dict__["_valid_all"] = obj.__dict__["_heads_shared"] = None  # recomputed when asked
+            obj.__dict__["lead_pad"] = None  # a new layout: no known leading empty slots
 
 
 class LonglabLayer(CacheLayerMixin):
@@ -89,6 +91,9 @@ class LonglabLayer(CacheLayerMixin):
         self.n_seen = 0  # tokens written so far, padding included (the stream length)
         self.n_real: torch.Tensor | None = None  # [B] non-padding tokens seen per row
         self.sliding_window: int | None = None  # set by the hook for sliding-window layers
+        # [B] leading empty slots of each row (rows of unequal length stacked as one batch), or None:
+        # attention may then skip them per row (longlab.attention._ragged_rows)
+        self.lead_pad: torch.Tensor | None = None
 
     # --- transformers' layer protocol -------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -154,11 +159,14 @@ class LonglabLayer(CacheLayerMixin):
     def _select_batch(self, fn) -> None:
         if not self.is_initialized:
             return
+        lead = self.lead_pad  # assigning index forgets it
         self.keys, self.values, self.index, self.n_real = map(
             fn, (self.keys, self.values, self.index, self.n_real)
         )
         self.extras = {k: fn(v) for k, v in self.extras.items()}
         self.state = {k: fn(v) for k, v in self.state.items()}
+        if lead is not None:
+            self.lead_pad = fn(lead)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._select_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -258,6 +266,52 @@ class LonglabLayer(CacheLayerMixin):
         tensors = [self.keys, self.values, self.index, *self.extras.values(), *self.state.values()]
         return sum(t.numel() * t.element_size() for t in tensors)
 
+    @classmethod
+    def stacked(cls, rows: list[LonglabLayer], reserve: int = 0) -> LonglabLayer:
+        """One layer whose batch rows are ``rows`` (layers of batch 1 that saw the same tokens), each
+        after leading empty slots up to the longest (position -1, never attended; ``lead_pad``), so a
+        row's slots stay contiguous as it appends. ``reserve``: spare slots allocated now for the
+        appends to come (the question and the answer), so they never re-allocate the batch."""
+        first = rows[0]
+        if any(type(x) is not type(first) or x.keys.shape[1] != first.keys.shape[1] for x in rows):
+            raise LonglabError("stacked: every row must be a layer of the same kind and head count")
+        layer = copy.copy(first)
+        T = max(x.keys.shape[2] for x in rows)
+        lead = [T - x.keys.shape[2] for x in rows]
+        B, (_, H_kv, _, D) = len(rows), first.keys.shape
+        keys = first.keys.new_empty(B, H_kv, T + reserve, D)  # [B, H_kv, T + reserve, D]
+        values = first.values.new_empty(B, H_kv, T + reserve, first.values.shape[-1])
+        index = torch.full((B, H_kv, T + reserve), -1, dtype=first.index.dtype, device=keys.device)
+        for b, (x, s) in enumerate(zip(rows, lead)):
+            keys[b, :, :s] = values[b, :, :s] = 0.0  # empty slots hold finite values (weight 0 x value)
+            keys[b, :, s:T], values[b, :, s:T], index[b, :, s:T] = x.keys[0], x.values[0], x.index[0]
+        layer.index = index[:, :, :T]  # resets the layout flags; the owned buffers are set below
+        for name, buf in (("keys", keys), ("values", values), ("index", index)):
+            layer.__dict__["_slots_" + name] = (buf, T, id(layer))
+        layer.lead_pad = torch.tensor(lead, device=keys.device)  # [B]
+        layer.n_real = torch.cat([x.n_real for x in rows])  # [B]
+        layer.extras, layer.state = {}, {}
+        return layer
+
+    def share(self) -> LonglabLayer:
+        """A copy that reads this layer's key/value/index buffers without copying them (copy on write).
+
+        The twin's first append re-allocates (it owns no buffer), eviction (:meth:`keep`) gathers into
+        new tensors, and its per-slot extras, per-layer state and ``n_real`` are its own; so neither
+        layer ever sees the other's later writes. Only for methods that never write into held slots in
+        place (``batchable`` recipes; RetroAttention's decode-time corrections do write in place)."""
+        twin = copy.copy(self)
+        for name in ("keys", "values", "index"):
+            key = "_slots_" + name
+            if key in self.__dict__:
+                buf, n, _ = self.__dict__[key]
+                twin.__dict__[key] = (buf, n, None)  # owner None: never written past n in place
+        if self.n_real is not None:
+            twin.n_real = self.n_real.clone()
+        twin.extras = {k: v.clone() for k, v in self.extras.items()}
+        twin.state = {k: v.clone() for k, v in self.state.items()}
+        return twin
+
     def spare_nbytes(self) -> int:
         """Bytes allocated for spare slots past the held ones (decode headroom, not counted by
         :meth:`nbytes`; at most ``DECODE_RESERVE`` slots of keys, values and index)."""
@@ -325,6 +379,22 @@ class LonglabCache(Cache):
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def share(self, recipe: str | Recipe | None = None) -> LonglabCache:
+        """A copy under ``recipe`` (default: this one's) whose layers read this cache's buffers
+        without copying them (:meth:`LonglabLayer.share`); a layer of another kind is deep-copied. For
+        recipes that never write into held slots in place, where a fork would copy the whole
+        uncompressed cache only to evict half of it. Refused while methods hold outside resources."""
+        if self.resources:
+            raise LonglabError(f"cannot share a cache holding resources {sorted(self.resources)}; fork it")
+        twin = copy.copy(self)
+        twin.recipe = self.recipe if recipe is None else parse_recipe(recipe)
+        twin.stats = dict(self.stats)
+        twin.resources = {}
+        twin.layers = [
+            layer.share() if type(layer) is LonglabLayer else copy.deepcopy(layer) for layer in self.layers
+        ]
+        return twin
 
     def nbytes(self) -> int:
         """Bytes of every tensor the cache holds (keys, values, indices, method state)."""

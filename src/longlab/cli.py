@@ -75,6 +75,8 @@ def _cmd_generate(args: argparse.Namespace) -> int:
     from .models import load_model
     from .pipeline import generate
 
+    if args.docs or args.reuse:
+        return _generate_docs(args)
     if args.context_file and args.context is not None:
         raise LonglabError("give the context with --context-file FILE or --context TEXT, not both")
     if args.context_file:
@@ -83,9 +85,19 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         context = args.context
     else:
         raise LonglabError("give the context with --context-file FILE or --context TEXT")
+    if args.context_parallel is not None:  # longlab.cp_generate: the prefill split over processes
+        from .cp_generate import cli_generate
+
+        return cli_generate(args, context)
     from .recipe import parse_recipe
 
     parse_recipe(args.recipe)  # fail on a bad recipe before loading the model
+    spec = {}
+    if args.speculative is not None or args.verify is not None or args.gamma is not None:
+        from .spec.api import prepare
+
+        prepare(args.speculative, args.verify, args.gamma)  # checked before the model loads
+        spec = dict(speculative=args.speculative, verify=args.verify, gamma=args.gamma)
     model, tokenizer = load_model(args.model)
     result = generate(
         model,
@@ -100,9 +112,47 @@ def _cmd_generate(args: argparse.Namespace) -> int:
         top_p=args.top_p,
         seed=args.seed,
         strict=args.strict,
+        **spec,
     )
     print(result.text)
-    print(result.summary(), file=sys.stderr if args.quiet_summary else sys.stdout)
+    summary = result.summary()
+    if result.speculation:
+        s = result.speculation
+        summary += (f" | {s['spec']}: acceptance {s['acceptance_rate']:.2f}, "
+                    f"{s['tokens_per_forward']:.2f} tokens/target forward")
+    print(summary, file=sys.stderr if args.quiet_summary else sys.stdout)
+    return 0
+
+
+def _generate_docs(args: argparse.Namespace) -> int:
+    """``longlab generate --docs A B --reuse METHOD [--store DIR]`` (longlab.reuse)."""
+    from .models import load_model
+    from .pipeline import generate
+    from .reuse import DocStore, parse_reuse
+    from .reuse.cli import default_store_dir
+
+    if not args.docs:
+        raise LonglabError("--reuse needs --docs FILE [FILE ...]: the documents whose KV is reused")
+    if args.context_file or args.context is not None:
+        raise LonglabError("give the prompt with --docs or with --context/--context-file, not both")
+    if not args.question:
+        raise LonglabError("--docs needs --question")
+    docs = [read_context_file(f, args.encoding, "--docs") for f in args.docs]
+    method = parse_reuse(args.reuse or "full-prefill")  # checked before the model loads
+    store = DocStore(args.store or default_store_dir())
+    model, tokenizer = load_model(args.model)
+    result = generate(
+        model, tokenizer, docs=docs, question=args.question, reuse=method, store=store,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+    )
+    pre = result.reuse
+    print(result.text)
+    print(
+        f"{result.summary()} | fetch {pre.fetch_s:.2f}s assemble {pre.assemble_s:.2f}s "
+        f"compute {pre.compute_s:.2f}s"
+        f" | recomputed {pre.recompute_fraction:.1%} of document token-layers | store {pre.store_stats}",
+        file=sys.stderr if args.quiet_summary else sys.stdout,
+    )
     return 0
 
 
@@ -261,6 +311,20 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="query rows sampled per chunk for recall and output error (default: 32)",
     )
     parser.add_argument("--no-report", action="store_true", help="do not write report.md and the plots")
+    parser.add_argument(
+        "--reuse", type=_recipe_list, metavar="METHODS",
+        help="KV-reuse methods as the grid axis instead of --recipes, on multi-document tasks "
+             "(multidoc_qa_1/2 or a --jsonl of {documents, question, answers}), "
+             "e.g. full-prefill,cacheblend@0.15,prophetkv@0.2",
+    )
+    parser.add_argument("--num-docs", type=int, default=8, help="with --reuse: documents per sample")
+    parser.add_argument(
+        "--speculative", nargs="+", metavar="DRAFT",
+        help="speculative decoding as the grid axis: drafts (lookup, self:streaming:budget=256, model:NAME), "
+             "each x every --verify, next to plain decoding (longlab.eval.spec_grid)",
+    )
+    parser.add_argument("--verify", nargs="+", metavar="VERIFIER", help="with --speculative: full, dustin")
+    parser.add_argument("--gamma", type=int, help="with --speculative: draft tokens per step")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -277,10 +341,106 @@ def _print_score_tables(out: str) -> None:
         print(prefill + "\n")
 
 
+def _reuse_samples(args: argparse.Namespace, tokenizer: Any, make_samples: Callable) -> list:
+    """The generated samples of ``longlab eval --reuse`` (a generator's ValueError becomes a LonglabError)."""
+    try:
+        return [
+            s
+            for task in args.tasks or ["multidoc_qa_1"]
+            for length in args.lengths or [2048]
+            for s in make_samples(
+                task, tokenizer, length, args.samples, args.seed,
+                **({"num_docs": args.num_docs} if task.startswith("multidoc_") else {}),
+            )
+        ]
+    except LonglabError:
+        raise
+    except ValueError as exc:
+        raise LonglabError(f"--tasks/--lengths: {exc}") from None
+
+
+def _eval_reuse(args: argparse.Namespace) -> int:
+    """``longlab eval --reuse ...`` (longlab.eval.reuse_grid): reuse methods x multi-document samples."""
+    from .eval.reuse_grid import run_reuse_eval
+    from .eval.store import check_results_dir
+    from .models import load_model
+    from .reuse import parse_reuse
+    from .tasks import generate as make_samples
+    from .tasks.multidoc import load_multidoc_jsonl
+
+    for spec in args.reuse:
+        parse_reuse(spec)  # every method checked before the model loads
+    check_results_dir(args.out)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model)
+    if args.jsonl:
+        try:
+            samples = load_multidoc_jsonl(args.jsonl)
+        except ValueError as exc:
+            raise LonglabError(f"--jsonl: {exc}") from None
+    else:
+        samples = _reuse_samples(args, tokenizer, make_samples)
+    samples = samples[: args.limit] if args.limit else samples
+    summary = run_reuse_eval(
+        args.out, args.model, args.reuse, samples, seed=args.seed, max_new_tokens=args.max_new_tokens,
+        model=model, tokenizer=tokenizer, log=None if args.no_progress else print,
+    )
+    print(
+        f"longlab eval --reuse: {summary.written} new rows, {summary.skipped} skipped, "
+        f"{summary.total} in the grid; {summary.seconds:.1f}s"
+    )
+    _print_score_tables(args.out)
+    return 0
+
+
+def _eval_spec(args: argparse.Namespace) -> int:
+    """``longlab eval --speculative ...`` (longlab.eval.spec_grid): plain + drafts x verifiers per sample."""
+    from .eval.config import DEFAULT_RECIPES
+    from .eval.spec_grid import run_spec_eval, spec_configs, spec_table
+    from .eval.store import check_results_dir
+    from .models import load_model
+    from .tasks import generate as make_samples
+    from .tasks import load_jsonl
+
+    specs = spec_configs(args.speculative, args.verify, args.gamma)  # checked before the model loads
+    recipes = ["full"] if args.recipes == list(DEFAULT_RECIPES) else args.recipes
+    check_results_dir(args.out)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model)
+    try:
+        samples = load_jsonl(args.jsonl) if args.jsonl else [
+            s for task in args.tasks or ["passkey"] for length in args.lengths or [1024]
+            for s in make_samples(task, tokenizer, length, args.samples, args.seed)
+        ]
+    except LonglabError:
+        raise
+    except ValueError as exc:
+        raise LonglabError(f"--tasks/--lengths/--jsonl: {exc}") from None
+    samples = samples[: args.limit] if args.limit else samples
+    written, skipped = run_spec_eval(
+        args.out, args.model, recipes, specs, samples, seed=args.seed, max_new_tokens=args.max_new_tokens,
+        model=model, tokenizer=tokenizer, log=None if args.no_progress else print,
+    )
+    print(f"longlab eval --speculative: {written} new rows, {skipped} skipped")
+    print(spec_table(args.out))
+    return 0
+
+
 def _cmd_eval(args: argparse.Namespace) -> int:
     """``longlab eval``: run the grid, then print the summary table and the report's paths."""
     from .eval.config import EvalConfig
     from .eval.grid import run_eval
+
+    if args.reuse:
+        return _eval_reuse(args)
+    if args.speculative:
+        return _eval_spec(args)
 
     config = EvalConfig(
         out=args.out, model=args.model, recipes=list(args.recipes), tasks=args.tasks, lengths=args.lengths,
@@ -333,7 +493,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--strict", action="store_true", help="error (not warn) beyond the model's context length")
     g.add_argument("--quiet-summary", action="store_true", help="print the summary line to stderr")
+    g.add_argument("--context-parallel", type=int, metavar="N",
+                   help="prefill over N processes (ring attention, gloo); needs --recipe full")
+    g.add_argument("--docs", nargs="+", metavar="FILE", help="RAG prompt: documents, each prefilled alone")
+    g.add_argument("--reuse", help="with --docs: e.g. prophetkv:ratio=0.2, cacheblend@0.15, epic:k=16")
+    g.add_argument("--store", metavar="DIR", help="with --docs: document KV store (default: cache docstore)")
+    g.add_argument("--speculative", help="draft: lookup, self:streaming:budget=256, model:NAME, ...")
+    g.add_argument("--verify", help="with --speculative: full (exact, default) or dustin:budget=1024")
+    g.add_argument("--gamma", type=int, help="with --speculative: draft tokens per step (default: draft's)")
     g.set_defaults(func=_cmd_generate)
+
+    from .reuse.cli import add_store_arguments, store_main
+
+    st = sub.add_parser("store", help="per-document KV store for --docs: add | list | rm | gc")
+    add_store_arguments(st)
+    st.set_defaults(func=lambda a: store_main(a, read_context_file))
 
     m = sub.add_parser("methods", help="list every registered method")
     m.add_argument("--markdown", action="store_true")

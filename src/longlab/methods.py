@@ -1,6 +1,6 @@
 """Importing this module registers every built-in method family (see ``longlab methods``)."""
 
-from .decode import quest, retro  # noqa: F401
+from .decode import losa, quest, retro  # noqa: F401
 from .kv import attention, decoding, indexmem, obcache, restkv, simple  # noqa: F401
 from .quant import kivi, pmkvq  # noqa: F401
 from .sparse import prefill  # noqa: F401

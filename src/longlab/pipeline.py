@@ -106,8 +106,17 @@ class Stream:
     def batch_size(self) -> int:
         return self.seen_mask.shape[0]
 
-    def fork(self, recipe: str | Recipe | None = None) -> Stream:
-        """An independent copy (cache tensors included), optionally with another recipe."""
+    def fork(self, recipe: str | Recipe | None = None, *, share: bool = False) -> Stream:
+        """An independent copy (cache tensors included), optionally with another recipe.
+
+        ``share``: the copy reads the cache's key/value buffers instead of copying them
+        (:meth:`LonglabCache.share`, copy on write), for recipes that never write into held slots in
+        place; the harness uses it for branches it batches."""
+        if share:
+            twin = copy.copy(self)
+            twin.cache = self.cache.share(recipe)
+            twin.next_pos = self.next_pos.clone()  # feed() adds to it in place
+            return twin
         model, self.model = self.model, None
         try:
             twin = copy.deepcopy(self)
@@ -239,6 +248,8 @@ class GenerationResult:
     decode_s: float
     recipe: str
     cache: LonglabCache | None = field(default=None, repr=False)
+    reuse: Any = field(default=None, repr=False)  # longlab.reuse.ReusePrefill when generated from docs=
+    speculation: dict | None = field(default=None, repr=False)  # longlab.spec counters (acceptance, ...)
 
     @property
     def text(self) -> str:
@@ -355,10 +366,13 @@ def _check_attention(model: Any, recipe: Recipe) -> None:
 def generate(
     model: Any,
     tokenizer: Any,
-    context: str | list[str],
+    context: str | list[str] | None = None,
     question: str | list[str] | None = None,
     recipe: str | Recipe | None = "snapkv@0.5",
     *,
+    docs: list[str] | None = None,
+    reuse: Any = None,
+    store: Any = None,
     max_new_tokens: int = 32,
     chunk_size: int = 1024,
     query_aware: bool = False,
@@ -369,6 +383,9 @@ def generate(
     seed: int = 0,
     strict: bool = False,
     chat_template: bool = True,
+    speculative: Any = None,
+    verify: Any = None,
+    gamma: int | None = None,
 ) -> GenerationResult:
     """Answer ``question`` about ``context`` with the KV cache managed by ``recipe``.
 
@@ -377,9 +394,19 @@ def generate(
     are one value for every row or a list with one per row. ``compress="chunk"`` compresses after
     every prefill chunk (bounded memory while the context streams in); ``"end"`` compresses once after
     the whole context. ``chat_template=False`` writes the prompt as plain completion text even when the
-    tokenizer has a chat template. Every argument is checked before the model runs: a bad one raises
-    :class:`~longlab.recipe.LonglabError` (a ``TypeError`` too when its type is wrong) naming it."""
+    tokenizer has a chat template. ``speculative`` decodes with a draft (``"lookup"``,
+    ``"self:streaming:budget=256"``, ``"model:NAME"``; :mod:`longlab.spec`), verified by ``verify``
+    (``"full"``, exact; ``"dustin:budget=1024"``, sparse) with ``gamma`` draft tokens per step; the result's
+    ``speculation`` holds acceptance and bytes read. Every argument is checked before the model runs: a
+    bad one raises :class:`~longlab.recipe.LonglabError` (a ``TypeError`` too when its type is wrong)
+    naming it."""
     _check_model(model, tokenizer)
+    if docs is not None or reuse is not None:  # RAG prompt from per-document KV (longlab.reuse)
+        if context is not None:
+            raise LonglabError("give the prompt as context= or as docs= (with reuse=), not both")
+        if docs is None:
+            raise LonglabError("reuse= needs docs=: the documents whose stored KV is reused")
+        context = "docs"  # placeholder for the shared checks below; longlab.reuse checks the documents
     many = _texts(context, "context")
     contexts = many if many is not None else [_text(context, "context")]
     if not contexts:
@@ -404,8 +431,22 @@ def generate(
         raise LonglabError(f"compress must be 'chunk' or 'end', got {shorten(compress)}")
     for flag, value in (("query_aware", query_aware), ("strict", strict), ("chat_template", chat_template)):
         _flag(value, flag)
+    spec = None  # speculative decoding (longlab.spec): draft, verifier, gamma, checked before any forward
+    if speculative is not None or verify is not None or gamma is not None:
+        from .spec.api import prepare
+
+        if docs is not None:
+            raise LonglabError("speculative= does not combine with docs= yet")
+        spec = prepare(speculative, verify, gamma)
+    if docs is not None:
+        return _generate_from_docs(
+            model, tokenizer, docs, question, reuse, store, recipe, max_new_tokens, answer_prefix,
+            temperature, top_p, seed, chat_template,
+        )
     recipe = parse_recipe(recipe)
     _check_attention(model, recipe)
+    if spec is not None:
+        spec.check_recipe(recipe)
     questions = _per_row(question, len(contexts), "question", allow_none=True)
     prefixes = _per_row(answer_prefix, len(contexts), "answer_prefix")
     ctx_ids, q_ids = encode_prompts(tokenizer, contexts, questions, prefixes, chat_template)
@@ -428,7 +469,14 @@ def generate(
             logits = stream.feed(q_ids, chunk_size, compress="none")
     compress_s = cache.stats["compress_s"]
     start = time.perf_counter()
-    tokens = stream.decode(logits, max_new_tokens, eos_token_ids(model, tokenizer), temperature, top_p, seed)
+    eos = eos_token_ids(model, tokenizer)
+    speculation = None
+    if spec is not None:
+        prompts = [c + q for c, q in zip(ctx_ids, q_ids)]
+        tokens, speculation = spec.run(model, tokenizer, stream, logits, prompts, max_new_tokens, eos,
+                                       temperature, top_p, seed)
+    else:
+        tokens = stream.decode(logits, max_new_tokens, eos, temperature, top_p, seed)
     decode_s = time.perf_counter() - start
     texts = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens]
     return GenerationResult(
@@ -442,6 +490,37 @@ def generate(
         decode_s,
         recipe.name,
         cache,
+        speculation=speculation,
+    )
+
+
+def _generate_from_docs(
+    model, tokenizer, docs, question, reuse, store, recipe, max_new_tokens, answer_prefix, temperature, top_p,
+    seed, chat_template,
+) -> GenerationResult:
+    """``generate(docs=..., reuse=...)``: prefill with :func:`longlab.reuse.reuse_prefill`, then decode."""
+    from .reuse.api import reuse_prefill
+
+    if recipe not in (None, "full", "snapkv@0.5") and not parse_recipe(recipe).is_empty:
+        raise LonglabError("recipe= does not combine with docs= yet: leave it out (the method is reuse=)")
+    if isinstance(answer_prefix, (list, tuple)) or isinstance(question, (list, tuple)):
+        raise LonglabError("with docs=, question and answer_prefix are single strings (one prompt)")
+    pre = reuse_prefill(
+        model, tokenizer, docs, question, reuse, store=store, answer_prefix=answer_prefix,
+        chat_template=chat_template,
+    )
+    stream = Stream(model, pre.cache, 1)
+    stream.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    stream.seen_mask = torch.ones(1, pre.n_positions, dtype=torch.bool, device=stream.device)
+    stream.next_pos = torch.full((1,), pre.n_positions, dtype=torch.long, device=stream.device)
+    start = time.perf_counter()
+    eos = eos_token_ids(model, tokenizer)
+    tokens = stream.decode(pre.logits, max_new_tokens, eos, temperature, top_p, seed)
+    decode_s = time.perf_counter() - start
+    texts = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens]
+    return GenerationResult(
+        texts, tokens, [pre.prompt_tokens], pre.cache.full_nbytes(), pre.cache.nbytes(), pre.ttft_s, 0.0,
+        decode_s, f"reuse={pre.method}", pre.cache, pre,
     )
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "LonglabError",
     "check_range",
     "check_choice",
+    "build_method",
     "LonglabTypeError",
     "shorten",
     "Method",
@@ -338,6 +339,17 @@ def parse_method(spec: str) -> Method:
             raise LonglabError(
                 f"in {shown}: compression ratio after '@' must be a number in [0, 1), got {shorten(ratio)}"
             ) from None
+    return build_method(cls, name, params, shown, kwargs)
+
+
+def build_method(
+    cls: type, name: str, params: str, shown: str, kwargs: dict[str, Any] | None = None, kind: str = ""
+) -> Any:
+    """``cls(**kwargs, k=v, ...)`` from the ``"k=v,k2=v2"`` text of a method spec, every value parsed as a
+    literal (never evaluated) and checked against the dataclass field's type; a :class:`LonglabError`
+    names the bad item (``shown``: the spec as the message quotes it; ``kind``: e.g. ``"reuse method "``).
+    The one parameter parser of every registry: recipes, reuse methods, drafts and verifiers."""
+    kwargs = dict(kwargs or {})
     if params:
         for item in params.split(","):
             key, eq, value = item.partition("=")
@@ -352,7 +364,7 @@ def parse_method(spec: str) -> Method:
     if unknown:
         listed = ", ".join(u if len(u) <= 40 else shorten(u, 40) for u in sorted(unknown))
         raise LonglabError(
-            f"{name} has no parameter {listed}; "
+            f"{kind}{name} has no parameter {listed}; "
             f"parameters: {', '.join(sorted(fields)) or 'none'}"
         )
     hints = _field_types(cls)

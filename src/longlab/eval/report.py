@@ -125,6 +125,12 @@ def _render(
     if prefill:
         md += ["", "## Sparse prefill", "", "\n\n".join(table_md(t) for t in prefill)]
         html_parts += ["<h2>Sparse prefill</h2>", *(table_html(t) for t in prefill)]
+    from .spec_grid import spec_markdown  # rows of `longlab eval --speculative` (longlab.spec)
+
+    speculation = spec_markdown(rows)
+    if speculation:
+        md += ["", "## Speculative decoding", "", speculation]
+        html_parts += ["<h2>Speculative decoding</h2>", f"<pre>{_html.escape(speculation)}</pre>"]
     figures: list[tuple[str, str]] = []
     for key, title, fn in _PLOTS:
         written = fn(kept, plot_path(key))

@@ -195,7 +195,8 @@ class SampleRunner:
         if shared_metrics is not None:
             tail_s -= shared_metrics.seconds - measured
         for name, recipe in members:
-            stream, fork_s = _fork(shared, group, recipe)
+            # a batched branch only evicts (new tensors) before it is stacked: share the buffers
+            stream, fork_s = _fork(shared, group, recipe, share=cfg.batch_decode and batchable(recipe))
             replay_compression(stream.cache, recorder.records)
             before, after = stream.cache.full_nbytes(), stream.cache.nbytes()
             compress_s = float(stream.cache.stats["compress_s"])
@@ -300,7 +301,9 @@ class SampleRunner:
         if not plain:
             return
         batch = plain
-        stream = _stack([b.stream for b in batch])
+        ask = len(q) if not (cfg.query_aware and q) else 0
+        reserve = ask + self.config.max_new_for(sample.max_new_tokens)
+        stream = _stack([b.stream for b in batch], reserve)
         for b in batch:
             b.stream = None  # free the per-branch caches
         if not (cfg.query_aware and q) and q:
@@ -331,47 +334,28 @@ class _Branch:
     metrics: PrefillMetrics | None = None  # sparse-prefill quality (with ``prefill_metrics``)
 
 
-def _fork(shared: Any, group: PrefixGroup, recipe: Recipe) -> tuple[Any, float]:
+def _fork(shared: Any, group: PrefixGroup, recipe: Recipe, share: bool = False) -> tuple[Any, float]:
     """A copy of the shared stream under ``recipe`` keeping only the observer state the recipe owns,
-    and the seconds the copy took."""
+    and the seconds the copy took. ``share``: copy on write (the recipe never writes into held slots)."""
     t0 = time.perf_counter()
-    stream = shared.fork(recipe)
+    stream = shared.fork(recipe, share=share)
     keep = group.owned_state(recipe)
     for layer in stream.cache.layers:
         layer.extras = {k: v for k, v in layer.extras.items() if k in keep}
     return stream, time.perf_counter() - t0
 
 
-def _stack(streams: list[Any]) -> Any:
+def _stack(streams: list[Any], reserve: int = 0) -> Any:
     """One stream whose batch rows are ``streams`` (each of batch 1, same tokens seen), under the
-    empty recipe. Layers are padded to the longest with empty slots (position -1, never attended)."""
-    import copy
-
+    empty recipe (:meth:`LonglabLayer.stacked`: leading empty slots pad the shorter rows, which
+    attention skips per row; ``reserve`` spare slots for the question and the answer)."""
     import torch
 
-    from ..cache import LonglabCache
+    from ..cache import LonglabCache, LonglabLayer
     from ..pipeline import Stream
 
     cache = LonglabCache(None)
-    layers = []
-    for per_branch in zip(*(s.cache.layers for s in streams)):
-        layer = copy.copy(per_branch[0])
-        T = max(x.keys.shape[-2] for x in per_branch)
-
-        def pad(t: torch.Tensor, fill: float, T: int = T) -> torch.Tensor:  # [1, H_kv, T_i, ...] -> T
-            extra = T - t.shape[2]
-            if extra == 0:
-                return t
-            shape = list(t.shape)
-            shape[2] = extra
-            return torch.cat([t, t.new_full(shape, fill)], dim=2)
-
-        layer.keys = torch.cat([pad(x.keys, 0.0) for x in per_branch])  # [B, H_kv, T, D]
-        layer.values = torch.cat([pad(x.values, 0.0) for x in per_branch])
-        layer.index = torch.cat([pad(x.index, -1) for x in per_branch])  # [B, H_kv, T]
-        layer.n_real = torch.cat([x.n_real for x in per_branch])  # [B]
-        layer.extras = {}
-        layers.append(layer)
+    layers = [LonglabLayer.stacked(list(rows), reserve) for rows in zip(*(s.cache.layers for s in streams))]
     cache.layers = layers
     first = streams[0]
     stacked = Stream(first.model, cache, len(streams))

@@ -180,6 +180,8 @@ class RepeatedKVLayer(LonglabLayer):
     entry ``kv_repeat`` times along the head axis, so every query head keeps its own token set."""
 
     kv_repeat: int = 1
+    # its rows hold H heads, not H_kv: it cannot be stacked with other branches' layers as batch rows
+    batchable: ClassVar[bool] = False
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         # key_states: [B, H_kv, t, D] -> stored as [B, H_kv * kv_repeat, t, D]

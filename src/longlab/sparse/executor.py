@@ -8,6 +8,9 @@ Backends behind :func:`block_sparse_attention`:
 * ``"gather"``: plain PyTorch. Loops over q-blocks; per q-block it gathers only the selected k-blocks of
   every head (padded to the largest count among heads) and runs SDPA with an element mask of shape
   ``[B, H, bq, n_sel * bk]``. Never materialises ``T_q x T_k``.
+* ``"split"``: per q-block, one fused CPU SDPA call over the diagonal blocks (shared by all heads, additive
+  causal mask, a view of k/v) and mask-free calls over each head's fully visible blocks (one call for all
+  heads when they share them), merged by log-sum-exp; GQA packed as query rows. Forward only.
 * ``"dense"``: the oracle, SDPA over all keys with an element causal mask (ignores the block mask).
 * ``"auto"``: ``"flex"`` for ``T_q >= FLEX_MIN_Q_LEN`` where the compile cost pays off, else ``"gather"``
   (also if flex fails to compile, with one warning).
@@ -41,9 +44,12 @@ __all__ = [
     "to_flex_block_mask",
     "quality_metrics",
     "sample_rows",
+    "split_block_sparse_attention",
+    "sdpa_with_lse",
+    "merge_by_lse",
 ]
 
-Backend = Literal["auto", "flex", "gather", "dense"]
+Backend = Literal["auto", "flex", "gather", "split", "dense"]
 FLEX_MIN_Q_LEN = 2048
 _FLEX_RECOMPILE_LIMIT = 64
 
@@ -198,7 +204,125 @@ def block_sparse_attention(
         return _gather_attention(q, k, v, mask, scaling)
     if backend == "flex":
         return _flex_attention(q, k, v, mask, scaling)
-    raise ValueError(f"backend must be one of 'auto', 'flex', 'gather', 'dense'; got {backend!r}")
+    if backend == "split":
+        return split_block_sparse_attention(q, k, v, mask, scaling)
+    raise ValueError(f"backend must be one of 'auto', 'flex', 'gather', 'split', 'dense'; got {backend!r}")
+
+
+def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float,
+                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention that also returns the row log-sum-exp. q: [B, H, t, D], k/v: [B, H, s, D] (same H),
+    mask: additive float [t, s] (0 or -inf) or None -> (out [B, H, t, D], lse [B, H, t] fp32; a row whose
+    keys are all masked gets lse -inf and out 0). CPU: aten's fused flash kernel (it reports lse 0 for such
+    rows, fixed here); elsewhere a plain fp32 computation."""
+    if q.device.type == "cpu":
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False,
+                                                                             attn_mask=mask, scale=scaling)
+        lse = lse.float()
+    else:
+        s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
+        if mask is not None:
+            s = s + mask.float()
+        lse = torch.logsumexp(s, -1)
+        out = torch.matmul(torch.softmax(s, -1).nan_to_num(0.0), v.float()).to(q.dtype)
+    if mask is not None:
+        empty = torch.isinf(mask).all(-1)  # [t]
+        if bool(empty.any()):
+            lse = lse.masked_fill(empty, float("-inf"))
+            out = out.masked_fill(empty[:, None], 0.0)
+    return out, lse
+
+
+def split_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask, scaling: float
+                                 ) -> torch.Tensor:
+    """Causal block-sparse attention in two kinds of dense calls per query tile, merged by log-sum-exp.
+
+    q: [B, H, T_q, D], k, v: [B, H_kv, T_k, D], mask: :class:`~longlab.sparse.blockmask.BlockSparseMask`
+    ``[B, H, n_qb, n_kb]`` (sink and diagonal blocks added as the executor does). For q-tile ``i``:
+
+    * the blocks that are not fully visible (the diagonal ones, the same for every head) form one key range
+      ``[c0, c1)``: one fused SDPA call over all heads, a view of k/v, an additive causal mask;
+    * the selected fully-visible blocks: one mask-free call over all heads when the heads share them (a view
+      of k/v when they are contiguous), else one mask-free call per head over its gathered blocks;
+    * GQA by packing: the ``g`` query heads of a KV head are ``g x rows`` query rows of one call;
+    * ``O = sum_p O_p * exp(lse_p - logaddexp_p lse_p)``.
+
+    Exact: the two key sets are disjoint and together are the tile's selected keys."""
+    mask = enforce_required(mask)
+    B, H, T_q, D = q.shape
+    H_kv, T_k = k.shape[1], k.shape[2]
+    g = H // H_kv
+    bq, bk = mask.bq, mask.bk
+    full_vis = fully_visible(T_q, T_k, bq, bk, mask.mask.device)  # [n_qb, n_kb]
+    sel = mask.mask  # [B, H, n_qb, n_kb]
+    pad = mask.n_kb * bk - T_k
+    kb = F.pad(k, (0, 0, 0, pad)).view(B, H_kv, mask.n_kb, bk, D)
+    vb = F.pad(v, (0, 0, 0, pad)).view(B, H_kv, mask.n_kb, bk, v.shape[-1])
+    out = q.new_empty(B, H, T_q, v.shape[-1])
+    kv_pos = torch.arange(T_k, device=q.device)
+    for i in range(mask.n_qb):
+        r0, r1 = i * bq, min((i + 1) * bq, T_q)
+        qi = q[:, :, r0:r1]
+        diag = (sel[:, :, i] & ~full_vis[i]).any(0).any(0).nonzero().flatten()  # [n_d] partial blocks
+        parts = []
+        t = r1 - r0
+        qp = qi.reshape(B, H_kv, g * t, D)  # pack GQA: the g query heads of a KV head become g x t rows
+        if diag.numel():
+            c0, c1 = int(diag[0]) * bk, min((int(diag[-1]) + 1) * bk, T_k)
+            qpos = torch.arange(r0, r1, device=q.device) + (T_k - T_q)
+            vis = kv_pos[None, c0:c1] <= qpos[:, None]  # [rows, c1 - c0]
+            add = torch.zeros(vis.shape, dtype=q.dtype, device=q.device).masked_fill_(~vis, float("-inf"))
+            o, lse = sdpa_with_lse(qp, k[:, :, c0:c1], v[:, :, c0:c1], scaling, add.repeat(g, 1))
+            parts.append((o.reshape(B, H, t, -1), lse.reshape(B, H, t)))
+        full_sel = sel[:, :, i] & full_vis[i]  # [B, H, n_kb]
+        if bool(full_sel.any()) and bool((full_sel == full_sel[:, :1]).all()):  # heads share the blocks
+            o_f = q.new_empty(B, H, t, v.shape[-1])
+            l_f = torch.empty(B, H, t, device=q.device)
+            for b in range(B):
+                js = full_sel[b, 0].nonzero().flatten()
+                if js.numel() == 0:
+                    o_f[b], l_f[b] = 0.0, float("-inf")
+                    continue
+                j0, j1 = int(js[0]), int(js[-1])
+                if j1 - j0 + 1 == js.numel():  # one contiguous run: a view, no copy
+                    ks = k[b: b + 1, :, j0 * bk: min((j1 + 1) * bk, T_k)]
+                    vs = v[b: b + 1, :, j0 * bk: min((j1 + 1) * bk, T_k)]
+                else:
+                    ks = kb[b: b + 1, :, js].reshape(1, H_kv, -1, D)
+                    vs = vb[b: b + 1, :, js].reshape(1, H_kv, -1, v.shape[-1])
+                o, lse = sdpa_with_lse(qp[b: b + 1], ks, vs, scaling)
+                o_f[b], l_f[b] = o.reshape(H, t, -1), lse.reshape(H, t)
+            parts.append((o_f, l_f))
+        elif bool(full_sel.any()):
+            o_f = torch.zeros_like(qi)
+            l_f = torch.full(qi.shape[:3], float("-inf"), device=q.device)
+            for b in range(B):
+                for h in range(H):
+                    js = full_sel[b, h].nonzero().flatten()
+                    if js.numel() == 0:
+                        continue
+                    ks = kb[b: b + 1, h // g, js].reshape(1, 1, -1, D)
+                    vs = vb[b: b + 1, h // g, js].reshape(1, 1, -1, v.shape[-1])
+                    o, lse = sdpa_with_lse(qi[b: b + 1, h: h + 1], ks, vs, scaling)
+                    o_f[b, h], l_f[b, h] = o[0, 0], lse[0, 0]
+            parts.append((o_f, l_f))
+        out[:, :, r0:r1] = merge_by_lse(parts)
+    return out
+
+
+def merge_by_lse(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Combine outputs over disjoint key sets by their row log-sum-exp (a row seeing nothing -> 0)."""
+    o, lse = parts[0]
+    if len(parts) == 1:
+        return torch.where(torch.isinf(lse)[..., None], 0.0, o)
+    for o2, l2 in parts[1:]:
+        new = torch.logaddexp(lse, l2)
+        safe = torch.where(torch.isinf(new), 0.0, new)
+        w1 = torch.exp(lse - safe)[..., None].to(o.dtype)
+        w2 = torch.exp(l2 - safe)[..., None].to(o.dtype)
+        o = torch.where(w1 > 0, o * w1, 0.0) + torch.where(w2 > 0, o2 * w2, 0.0)
+        lse = new
+    return o
 
 
 class _Selector(Protocol):

@@ -21,6 +21,7 @@ from typing import Any
 from .classic import niah_grid, passkey
 from .haystacks import Tokenizer, essay_sentences
 from .loaders import load_hf_dataset, load_jsonl, save_jsonl
+from .multidoc import load_multidoc_jsonl, multidoc_qa_1, multidoc_qa_2
 from .registry import (
     DEFAULT_METRIC,
     TASK_REGISTRY,
@@ -98,6 +99,9 @@ __all__ = [
     "load_jsonl",
     "save_jsonl",
     "load_hf_dataset",
+    "multidoc_qa_1",
+    "multidoc_qa_2",
+    "load_multidoc_jsonl",
     "METRICS",
     "metric_for",
     "score",

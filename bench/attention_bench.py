@@ -1,0 +1,693 @@
+"""LongCA-bench on this machine: attention kernels x masks, and context-parallel strategies x world sizes.
+
+    python bench/attention_bench.py --quick                       # a few minutes on 2 cores
+    python bench/attention_bench.py                               # kernels at 1k-32k, CP at ws 1/2/4
+    python bench/attention_bench.py --part kernels --lengths 8192,16384 --masks CAUSAL,RANDOM_BLOCK_0.5
+    python bench/attention_bench.py --device cuda --dtype bfloat16 --cp-backend nccl   # GPU machine
+    python bench/attention_bench.py --report bench/results/attention_bench_quick.json  # tables of a saved run
+    torchrun --nproc-per-node 4 bench/attention_bench.py --part cp --cp-backend nccl   # one world, torchrun
+
+Part ``kernels`` (Bu et al., arXiv 2510.17896, section "dense/sparse kernels"): for each head shape (SmolLM2
+GQA 9:3 and MHA 9:9, D = 64), length and mask, every available kernel of :mod:`longlab.kernels` is timed
+with interleaved repeats (the kernels take turns inside each repeat; medians reported): mask generation
+(slices), mask construction for the kernel (dense bool / BlockMask / gather plan), forward, backward where
+the kernel has one. FLOPs are LongCA's ``4 * area * H * D`` (backward 2.5x), peak memory is the growth of the
+process's peak RSS during the call (``/proc/self/clear_refs``; CUDA: ``max_memory_allocated``), and every
+output is checked against an fp64 reference on sampled query rows. Kernels that would materialise more
+than ``--mem-cap-gb`` (naive, SDPA with a dense mask) are skipped with the reason, as are unavailable ones.
+
+Part ``cp``: Ulysses, Ring-P2P, Ring-AllGather and USP at world sizes 1/2/4 (processes on one machine,
+gloo; each rank one thread), FULL / CAUSAL / CAUSAL_DOCUMENT masks: forward and backward time (median,
+slowest rank), bytes each rank sent next to the paper's volume formula, and the max error of outputs and
+gradients against one process's fp64 attention (lengths up to ``--cp-check-max``).
+
+Writes ``--out`` (JSON, with a hardware header) and PNGs beside it, and prints Markdown tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+from common import hardware, write_json
+
+from longlab.context_parallel import (
+    STRATEGIES,
+    CommStats,
+    Layout,
+    Mesh,
+    context_parallel_attention,
+    spawn,
+    theoretical_bytes,
+)
+from longlab.kernels import (
+    KERNELS,
+    backward_unsupported_reason,
+    flops,
+    prepare,
+    run,
+    unavailable_reason,
+)
+from longlab.masks import MASKS, SliceMask, make_mask
+
+SHAPES = {"gqa": (9, 3, 64), "mha": (9, 9, 64)}  # SmolLM2-135M heads: 9 query heads, 3 KV heads, D = 64
+DEFAULT_KERNELS = ["naive", "sdpa-math", "sdpa", "flex", "gather", "executor-gather", "executor-flex",
+                   "executor-split", "flash-attn", "flashinfer"]
+CP_MASKS = ["FULL", "CAUSAL", "CAUSAL_DOCUMENT"]
+
+
+# ---- measurement helpers ---------------------------------------------------------------------------
+def _rss_kb(field: str = "VmRSS") -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_mb(fn, device: torch.device) -> tuple[float | None, Any]:
+    """Growth of peak memory during ``fn()`` in MiB (CPU: peak RSS over the RSS before; CUDA: allocator)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = fn()
+        torch.cuda.synchronize()
+        return (torch.cuda.max_memory_allocated() - base) / 2**20, out
+    if not _reset_peak():
+        return None, fn()
+    base = _rss_kb()
+    out = fn()
+    return (_rss_kb("VmHWM") - base) / 1024, out
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(fn, device: torch.device) -> tuple[float, Any]:
+    _sync(device)
+    t0 = time.perf_counter()
+    out = fn()
+    _sync(device)
+    return time.perf_counter() - t0, out
+
+
+def _dense_bytes(kernel: str, mask: SliceMask, H: int, elem: int) -> int:
+    """What a kernel materialises beyond q, k, v: the dense mask and, for naive / math, the score matrix."""
+    TT = mask.q_len * mask.k_len
+    if kernel in ("naive", "sdpa-math"):
+        return TT * (1 + 3 * H * 4)  # mask + fp32 logits, probs, and a copy
+    if kernel == "sdpa" and not (len(mask) == 1 and int(mask.types[0]) in (0, 1)):
+        return TT * (1 + 4)  # bool mask (+ the float mask SDPA's CPU kernel builds)
+    return 0
+
+
+def _ref_rows(q, k, v, mask: SliceMask, rows: torch.Tensor, scaling: float) -> torch.Tensor:
+    """fp64 attention for some query rows. -> [B, H, R, D]"""
+    lay = mask.to_block_layout(128, 128)
+    m = lay.element_mask(rows, torch.arange(mask.k_len))  # [R, T_k]
+    g = q.shape[1] // k.shape[1]
+    qr = q[:, :, rows.to(q.device)].double().cpu()
+    kr = k.double().cpu().repeat_interleave(g, 1)
+    vr = v.double().cpu().repeat_interleave(g, 1)
+    s = (qr @ kr.transpose(-1, -2)) * scaling
+    p = torch.softmax(s.masked_fill(~m, float("-inf")), -1).nan_to_num(0.0)
+    return p @ vr
+
+
+# ---- part 1: kernels x masks -----------------------------------------------------------------------
+def bench_kernels(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> list[dict]:
+    rows_out: list[dict] = []
+    kernels = args.kernels.split(",")
+    masks = list(MASKS) if args.masks == "all" else args.masks.split(",")
+    elem = torch.tensor([], dtype=dtype).element_size()
+    cap = args.mem_cap_gb * 2**30
+    for shape in args.shapes.split(","):
+        H, H_kv, D = SHAPES[shape]
+        for T in [int(x) for x in args.lengths.split(",")]:
+            g = torch.Generator(device="cpu").manual_seed(args.seed)
+            q = torch.randn(1, H, T, D, generator=g).to(device, dtype)
+            k = torch.randn(1, H_kv, T, D, generator=g).to(device, dtype)
+            v = torch.randn(1, H_kv, T, D, generator=g).to(device, dtype)
+            dout = torch.randn(1, H, T, D, generator=g).to(device, dtype)
+            scaling = 1.0 / math.sqrt(D)
+            check_rows = torch.linspace(0, T - 1, min(T, args.check_rows)).long()
+            for mname in masks:
+                t0 = time.perf_counter()
+                mask = make_mask(mname, T, seed=args.seed) if "DOCUMENT" in mname or "RANDOM" in mname \
+                    else make_mask(mname, T)
+                gen_s = time.perf_counter() - t0
+                area = mask.area()
+                ref = _ref_rows(q, k, v, mask, check_rows, scaling)
+                base = {"shape": shape, "H": H, "H_kv": H_kv, "D": D, "T": T, "mask": mname,
+                        "density": area / (T * T), "area": area, "mask_gen_s": gen_s,
+                        "flops_fwd": flops(mask, H, D), "flops_bwd": flops(mask, H, D, backward=True),
+                        "dtype": str(dtype).removeprefix("torch.")}
+                live: dict[str, dict] = {}
+                for kern in kernels:
+                    reason = unavailable_reason(kern, mask, device, args.block)
+                    if reason is None and _dense_bytes(kern, mask, H, elem) > cap:
+                        reason = (f"would materialise {_dense_bytes(kern, mask, H, elem) / 2**30:.1f} GiB "
+                                  f"(> --mem-cap-gb {args.mem_cap_gb})")
+                    if reason is None and kern in ("flex", "executor-flex") and T > args.flex_max:
+                        reason = f"T > --flex-max {args.flex_max}"
+                    if reason is not None:
+                        rows_out.append({**base, "kernel": kern, "skipped": reason})
+                        continue
+                    try:
+                        build_s, prep = _timed(partial(prepare, kern, mask, device, args.block), device)
+                        first_s, out = _timed(partial(run, q, k, v, prep, scaling), device)  # compiles flex
+                    except Exception as exc:  # noqa: BLE001 - a kernel that fails is reported, not fatal
+                        why = f"{type(exc).__name__}: {exc}"[:300]
+                        rows_out.append({**base, "kernel": kern, "skipped": why})
+                        continue
+                    err = float((out[:, :, check_rows.to(device)].double().cpu() - ref).abs().max())
+                    bwd_reason = backward_unsupported_reason(kern, device)
+                    if bwd_reason is None and T > args.bwd_max:
+                        bwd_reason = f"T > --bwd-max {args.bwd_max}"
+                    live[kern] = {"prep": prep, "build": [build_s], "fwd": [], "bwd": [], "first_s": first_s,
+                                  "err": err, "bwd_reason": bwd_reason, "peak_fwd": None, "peak_bwd": None}
+                    del out
+                for rep in range(args.repeats):  # interleaved: every kernel once per repeat
+                    for kern, st in live.items():
+                        if rep > 0:
+                            rebuild = partial(prepare, kern, mask, device, args.block)
+                            st["build"].append(_timed(rebuild, device)[0])
+                        fwd_call = partial(run, q, k, v, st["prep"], scaling)
+                        if rep == 0:
+                            st["peak_fwd"], _ = _peak_mb(fwd_call, device)
+                        st["fwd"].append(_timed(fwd_call, device)[0])
+                        if st["bwd_reason"] is None:
+                            qg, kg, vg = (x.detach().requires_grad_() for x in (q, k, v))
+                            out = run(qg, kg, vg, st["prep"], scaling)
+                            if rep == 0:
+                                bwd_call = partial(out.backward, dout, retain_graph=True)
+                                st["peak_bwd"], _ = _peak_mb(bwd_call, device)
+                            st["bwd"].append(_timed(partial(out.backward, dout), device)[0])
+                            del out, qg, kg, vg
+                for kern, st in live.items():
+                    fwd = statistics.median(st["fwd"])
+                    row = {**base, "kernel": kern, "fwd_s": fwd, "fwd_q20_s": _q(st["fwd"], 0.2),
+                           "fwd_q80_s": _q(st["fwd"], 0.8), "mask_build_s": statistics.median(st["build"]),
+                           "first_call_s": st["first_s"], "tflops_fwd": base["flops_fwd"] / fwd / 1e12,
+                           "max_abs_err": st["err"], "peak_fwd_mb": st["peak_fwd"], "repeats": args.repeats}
+                    if st["bwd"]:
+                        bwd = statistics.median(st["bwd"])
+                        row.update(bwd_s=bwd, tflops_bwd=base["flops_bwd"] / bwd / 1e12,
+                                   peak_bwd_mb=st["peak_bwd"])
+                    else:
+                        row["bwd_skipped"] = st["bwd_reason"]
+                    rows_out.append(row)
+                    print(f"[{shape} T={T} {mname}] {kern}: fwd {fwd * 1e3:.1f} ms "
+                          f"({row['tflops_fwd'] * 1e3:.1f} GFLOP/s) build {row['mask_build_s'] * 1e3:.1f} ms "
+                          f"err {st['err']:.1e}" + (f" bwd {row['bwd_s'] * 1e3:.1f} ms" if st["bwd"] else ""),
+                          file=sys.stderr, flush=True)
+    return rows_out
+
+
+def _q(xs: list[float], p: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))]
+
+
+# ---- part 3: the sparse-prefill executor at density rho vs rho x dense ----------------------------------
+def _exec_call(backend: str, q, k, v, m, scaling: float):
+    from longlab.kernels import split_block_sparse_attention
+    from longlab.sparse.executor import block_sparse_attention
+
+    if backend == "sdpa-causal":  # queries are the last T_q keys (a prefill chunk when T_q < T_k)
+        from longlab.sparse.executor import dense_causal_attention
+
+        return dense_causal_attention(q, k, v, scaling)
+    if backend == "split":
+        return split_block_sparse_attention(q, k, v, m, scaling)
+    return block_sparse_attention(q, k, v, m, scaling, backend=backend)
+
+
+def bench_executor(args: argparse.Namespace) -> list[dict]:
+    """Per-head random causal block masks (what selectors hand the executor) at several densities, and a
+    head-shared sink + 2k-window mask: each backend's time next to the ideal ``density x`` SDPA causal
+    time, interleaved repeats, medians."""
+    from longlab.sparse.blockmask import BlockSparseMask, causal_allowed, density, enforce_required
+
+    H, H_kv, D = SHAPES["gqa"]
+    rows: list[dict] = []
+    backends = ["sdpa-causal", *args.exec_backends.split(",")]
+    bs = args.block
+    for T in [int(x) for x in args.exec_lengths.split(",")]:
+        T_q = min(T, args.exec_chunk) if args.exec_chunk else T  # a chunk of queries at the end of T keys
+        g = torch.Generator().manual_seed(args.seed)
+        q = torch.randn(1, H, T_q, D, generator=g)
+        k, v = (torch.randn(1, H_kv, T, D, generator=g) for _ in range(2))
+        scaling = 1.0 / math.sqrt(D)
+        n_q, n_k = -(-T_q // bs), -(-T // bs)
+        allowed = causal_allowed(T_q, T, bs, bs)
+        masks = {}
+        for keep in [float(x) for x in args.exec_keep.split(",")]:
+            raw = (torch.rand(1, H, n_q, n_k, generator=g) < keep) & allowed
+            masks[f"random-per-head keep={keep:g}"] = enforce_required(BlockSparseMask(raw, bs, bs, T_q, T))
+        band = allowed & ~allowed.tril(T // bs - T_q // bs - (2048 // bs) - 1)
+        band[:, 0] = True
+        masks["sink+2k window"] = enforce_required(BlockSparseMask(band.expand(1, H, -1, -1).clone(), bs, bs,
+                                                                   T_q, T))
+        for name, m in masks.items():
+            times: dict[str, list[float]] = {c: [] for c in backends}
+            for c in backends:  # warm-up (flex compiles here)
+                _exec_call(c, q, k, v, m, scaling)
+            for _ in range(args.repeats):
+                for c in backends:
+                    call = partial(_exec_call, c, q, k, v, m, scaling)
+                    times[c].append(_timed(call, torch.device("cpu"))[0])
+            dens = density(m)
+            dense_s = statistics.median(times["sdpa-causal"])
+            from longlab.sparse.executor import to_flex_block_mask
+
+            build = statistics.median(_timed(partial(to_flex_block_mask, enforce_required(m)),
+                                             torch.device("cpu"))[0] for _ in range(3))
+            for c in backends:
+                t = statistics.median(times[c])
+                rows.append({"T": T, "T_q": T_q, "mask": name, "backend": c, "density": dens, "s": t,
+                             "dense_s": dense_s, "ideal_s": dens * dense_s, "efficiency": dens * dense_s / t,
+                             "speedup_vs_dense": dense_s / t,
+                             "flex_block_mask_build_s": build if c == "flex" else None})
+                print(f"[executor T={T} T_q={T_q} {name} rho={dens:.3f}] {c}: {t * 1e3:.0f} ms "
+                      f"(ideal {dens * dense_s * 1e3:.0f} ms, efficiency {dens * dense_s / t:.2f})",
+                      file=sys.stderr, flush=True)
+    return rows
+
+
+# ---- part 2: context parallel ------------------------------------------------------------------------
+def _cp_worker(rank: int, world: int, cfg: dict) -> dict:
+    device = torch.device("cuda", rank) if cfg["backend"] == "nccl" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dtype = getattr(torch, cfg["dtype"])
+    out: dict[str, Any] = {}
+    meshes: dict[int, Mesh] = {}
+    for shape in cfg["shapes"]:
+        H, H_kv, D = SHAPES[shape]
+        for T in cfg["lengths"]:
+            g = torch.Generator().manual_seed(cfg["seed"])
+            q = torch.randn(1, H, T, D, generator=g)
+            k = torch.randn(1, H_kv, T, D, generator=g)
+            v = torch.randn(1, H_kv, T, D, generator=g)
+            dout = torch.randn(1, H, T, D, generator=g)
+            lay = Layout(T, world)
+            for mname in cfg["masks"]:
+                mask = make_mask(mname, T, seed=cfg["seed"]) if "DOCUMENT" in mname else make_mask(mname, T)
+                ref = None
+                if T <= cfg["check_max"]:
+                    ref = _cp_reference(q, k, v, dout, mask)
+                for strategy in cfg["strategies"]:
+                    u = world if strategy == "ulysses" else 1 if strategy.startswith("ring") else \
+                        (2 if world >= 4 else 1)
+                    if strategy == "usp" and world < 4:
+                        continue  # USP needs a 2-D mesh: u >= 2 and a ring >= 2
+                    if world == 1 and strategy != "ring-p2p":
+                        continue  # one process: every strategy is the same local attention
+                    if u not in meshes:
+                        meshes[u] = Mesh.build(u, world) if world > 1 else Mesh(1, 1, (0,), (0,), None, None)
+                    ql, kl, vl, dl = (lay.shard(x, rank).to(device, dtype) for x in (q, k, v, dout))
+                    key = f"{shape}/{T}/{mname}/{strategy}"
+                    fwd, bwd = [], []
+                    stats = CommStats()
+                    errs = None
+                    for rep in range(cfg["repeats"] + 1):
+                        qg, kg, vg = (x.detach().requires_grad_() for x in (ql, kl, vl))
+                        st = CommStats()
+                        if world > 1:
+                            torch.distributed.barrier()
+                        t0 = time.perf_counter()
+                        o = context_parallel_attention(qg, kg, vg, mask, lay, strategy, ulysses_size=u,
+                                                       mesh=meshes[u], stats=st, head_fallback="pad")
+                        _sync(device)
+                        t1 = time.perf_counter()
+                        o.backward(dl)
+                        _sync(device)
+                        t2 = time.perf_counter()
+                        if rep > 0:  # the first is a warm-up
+                            fwd.append(t1 - t0)
+                            bwd.append(t2 - t1)
+                        stats = st
+                        if rep == 0 and ref is not None:
+                            got = (o, qg.grad, kg.grad, vg.grad)
+                            errs = {n: float((a.detach().double().cpu() - lay.shard(b, rank)).abs().max())
+                                    for n, a, b in zip(("out", "dq", "dk", "dv"), got, ref)}
+                    elem = torch.tensor([], dtype=dtype).element_size()
+                    out[key] = {"shape": shape, "T": T, "mask": mname, "strategy": strategy, "world": world,
+                                "u": u, "fwd_s": statistics.median(fwd), "bwd_s": statistics.median(bwd),
+                                "fwd_bytes": stats.total("fwd"), "bwd_bytes": stats.total("bwd"),
+                                "fwd_bytes_theory": theoretical_bytes(strategy, T, world, H, H_kv, D, elem,
+                                                                      u),
+                                "bwd_bytes_theory": theoretical_bytes(strategy, T, world, H, H_kv, D, elem,
+                                                                      u, backward=True),
+                                "errors": errs, "heads_padded": strategy in ("ulysses", "usp") and
+                                (H % u != 0 or (H_kv % u != 0 and u % H_kv != 0))}
+    return out
+
+
+def _cp_reference(q, k, v, dout, mask: SliceMask):
+    """fp64 single-process attention and its gradients, one query head at a time (bounded memory)."""
+    q, k, v = (x.double().requires_grad_() for x in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    lay = mask.to_block_layout(128, 128)
+    ar = torch.arange(mask.q_len)
+    m = lay.element_mask(ar, ar)
+    outs = []
+    for h in range(q.shape[1]):
+        s = q[:, h] @ k[:, h // g].transpose(-1, -2) / q.shape[-1] ** 0.5
+        o = torch.softmax(s.masked_fill(~m, float("-inf")), -1) @ v[:, h // g]
+        o.backward(dout[:, h].double())
+        outs.append(o.detach())
+    return torch.stack(outs, 1), q.grad, k.grad, v.grad
+
+
+def bench_cp(args: argparse.Namespace) -> list[dict]:
+    cfg = {"shapes": args.cp_shapes.split(","), "lengths": [int(x) for x in args.cp_lengths.split(",")],
+           "masks": CP_MASKS, "strategies": list(STRATEGIES), "repeats": args.cp_repeats, "seed": args.seed,
+           "check_max": args.cp_check_max, "backend": args.cp_backend, "dtype": args.cp_dtype}
+    rows: list[dict] = []
+    launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # under torchrun: one world, this process
+    for world in [int(os.environ["WORLD_SIZE"])] if launched else [int(x) for x in args.cp_worlds.split(",")]:
+        t0 = time.perf_counter()
+        if launched:
+            per_rank = _torchrun_ranks(cfg, args)
+            if per_rank is None:  # not rank 0
+                return []
+        else:
+            per_rank = spawn(_cp_worker, world, (cfg,), backend=args.cp_backend,
+                             start_method="spawn" if args.cp_backend == "nccl" else "fork")
+        for key in per_rank[0]:
+            rs = [r[key] for r in per_rank]
+            row = dict(rs[0])
+            row["fwd_s"] = max(r["fwd_s"] for r in rs)  # the slowest rank sets the pace
+            row["bwd_s"] = max(r["bwd_s"] for r in rs)
+            row["fwd_bytes"] = max(r["fwd_bytes"] for r in rs)
+            row["bwd_bytes"] = max(r["bwd_bytes"] for r in rs)
+            if rs[0]["errors"] is not None:
+                row["errors"] = {n: max(r["errors"][n] for r in rs) for n in rs[0]["errors"]}
+            rows.append(row)
+            e = row["errors"]
+            print(f"[cp ws={world}] {key}: fwd {row['fwd_s'] * 1e3:.1f} ms bwd {row['bwd_s'] * 1e3:.1f} ms "
+                  f"sent {row['fwd_bytes'] / 2**20:.2f} MiB (theory {row['fwd_bytes_theory'] / 2**20:.2f})"
+                  + (f" err {max(e.values()):.1e}" if e else ""), file=sys.stderr, flush=True)
+        print(f"[cp ws={world}] {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    return rows
+
+
+def _torchrun_ranks(cfg: dict, args: argparse.Namespace) -> list[dict] | None:
+    """``torchrun --nproc-per-node N bench/attention_bench.py --part cp``: every rank runs the worker and
+    writes its JSON beside ``--out`` (a file system all ranks see); rank 0 reads them all after a barrier."""
+    import json
+
+    dist = torch.distributed
+    dist.init_process_group(args.cp_backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.cp_backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    base = Path(args.out or "bench/results/attention_bench.json")
+    base.parent.mkdir(parents=True, exist_ok=True)
+    base.with_suffix(f".rank{rank}.json").write_text(json.dumps(_cp_worker(rank, world, cfg)))
+    dist.barrier()
+    out = None
+    if rank == 0:
+        out = [json.loads(base.with_suffix(f".rank{r}.json").read_text()) for r in range(world)]
+    dist.barrier()
+    dist.destroy_process_group()
+    if rank == 0:
+        for r in range(world):
+            base.with_suffix(f".rank{r}.json").unlink()
+    return out
+
+
+# ---- tables and plots ---------------------------------------------------------------------------------
+def print_tables(result: dict) -> None:
+    m = result["meta"]
+    print(f"# LongCA-bench here: torch {m['torch']}, {m['cpu']}, {m['threads']} threads, "
+          f"load {m['load_avg_1m']}, device {m['device']}, dtype {m['dtype']}, "
+          f"median of {m['repeats']} interleaved repeats\n")
+    krows = [r for r in result.get("kernels", []) if "fwd_s" in r]
+    if krows:
+        kern_order = [k for k in KERNELS if any(r["kernel"] == k for r in krows)]
+        for shape in sorted({r["shape"] for r in krows}):
+            for T in sorted({r["T"] for r in krows if r["shape"] == shape}):
+                sub = [r for r in krows if r["shape"] == shape and r["T"] == T]
+                head = f"H={sub[0]['H']}, H_kv={sub[0]['H_kv']}, D={sub[0]['D']}"
+                print(f"## kernels, {shape} ({head}), T={T}: forward ms (GFLOP/s) [mask build ms]\n")
+                print("| mask | density | " + " | ".join(kern_order) + " | fastest |")
+                print("|---|---|" + "---|" * (len(kern_order) + 1))
+                for mname in dict.fromkeys(r["mask"] for r in sub):
+                    cells, best = [], None
+                    for kern in kern_order:
+                        r = next((x for x in sub if x["mask"] == mname and x["kernel"] == kern), None)
+                        if r is None:
+                            cells.append("-")
+                            continue
+                        cells.append(f"{r['fwd_s'] * 1e3:.1f} ({r['tflops_fwd'] * 1e3:.0f}) "
+                                     f"[{r['mask_build_s'] * 1e3:.1f}]")
+                        if best is None or r["fwd_s"] < best["fwd_s"]:
+                            best = r
+                    dens = next(x["density"] for x in sub if x["mask"] == mname)
+                    print(f"| {mname} | {dens:.3f} | " + " | ".join(cells) + f" | {best['kernel']} |")
+                print()
+        eff = _efficiency(krows)
+        if eff:
+            print("## block-sparse efficiency: (area / causal area) x SDPA causal time / kernel time "
+                  "(goal >= 0.8)\n")
+            print("| shape | T | mask | rel. density | kernel | ms | ideal ms | efficiency |")
+            print("|---|---|---|---|---|---|---|---|")
+            for e in eff:
+                print(f"| {e['shape']} | {e['T']} | {e['mask']} | {e['rho']:.3f} | {e['kernel']} | "
+                      f"{e['ms']:.1f} | {e['ideal_ms']:.1f} | {e['efficiency']:.2f} |")
+            print()
+        brows = [r for r in krows if "bwd_s" in r]
+        if brows:
+            print("## backward ms (GFLOP/s), kernels with a CPU backward\n")
+            print("| shape | T | mask | kernel | bwd ms | GFLOP/s | peak fwd MiB | peak bwd MiB |")
+            print("|---|---|---|---|---|---|---|---|")
+            for r in brows:
+                print(f"| {r['shape']} | {r['T']} | {r['mask']} | {r['kernel']} | {r['bwd_s'] * 1e3:.1f} | "
+                      f"{r['tflops_bwd'] * 1e3:.0f} | {_mb(r['peak_fwd_mb'])} | {_mb(r['peak_bwd_mb'])} |")
+            print()
+        skipped = {(r["kernel"], r["skipped"].split(";")[0][:90]) for r in result["kernels"]
+                   if "skipped" in r}
+        if skipped:
+            print("skipped: " + "; ".join(f"{k}: {why}" for k, why in sorted(skipped)) + "\n")
+    erows = result.get("executor", [])
+    if erows:
+        print("## sparse-prefill executor: per-head causal block masks, time vs density x SDPA causal\n")
+        print("| T | T_q | mask | density | backend | ms | ideal ms | efficiency | speedup vs dense | "
+              "of which BlockMask build ms |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
+        for r in erows:
+            print(f"| {r['T']} | {r.get('T_q', r['T'])} | {r['mask']} | {r['density']:.3f} | "
+                  f"{r['backend']} | {r['s'] * 1e3:.0f} | "
+                  f"{r['ideal_s'] * 1e3:.0f} | {r['efficiency']:.2f} | {r['speedup_vs_dense']:.2f} | "
+                  f"{_ms(r.get('flex_block_mask_build_s'))} |")
+        print()
+    crows = result.get("cp", [])
+    if crows:
+        print("## context parallel (processes on this machine, 1 thread each; slowest rank)\n")
+        print("| shape | T | mask | strategy | ws | u | fwd ms | bwd ms | fwd MiB sent | theory | "
+              "bwd MiB sent | theory | max err |")
+        print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+        for r in crows:
+            e = r.get("errors")
+            err = f"{max(e.values()):.1e}" if e else "-"
+            pad = " (pad)" if r["heads_padded"] else ""
+            name = "single process" if r["world"] == 1 else r["strategy"]
+            print(f"| {r['shape']} | {r['T']} | {r['mask']} | {name}{pad} | {r['world']} | "
+                  f"{r['u']} | {r['fwd_s'] * 1e3:.1f} | {r['bwd_s'] * 1e3:.1f} | "
+                  f"{r['fwd_bytes'] / 2**20:.2f} | "
+                  f"{r['fwd_bytes_theory'] / 2**20:.2f} | {r['bwd_bytes'] / 2**20:.2f} | "
+                  f"{r['bwd_bytes_theory'] / 2**20:.2f} | {err} |")
+        print()
+
+
+def _efficiency(krows: list[dict]) -> list[dict]:
+    """For causal-subset masks: ideal time = (area / causal area) x the SDPA causal time at the same T."""
+    out = []
+    for r in krows:
+        if not (r["mask"].startswith("RANDOM_BLOCK") or r["mask"] in ("CAUSAL", "SLIDING_WINDOW_CAUSAL",
+                                                                     "CAUSAL_DOCUMENT")):
+            continue
+        dense = next((x for x in krows if x["shape"] == r["shape"] and x["T"] == r["T"]
+                      and x["mask"] == "CAUSAL" and x["kernel"] == "sdpa"), None)
+        if dense is None or r["kernel"] in ("naive", "sdpa-math"):
+            continue
+        rho = r["area"] / dense["area"]
+        ideal = rho * dense["fwd_s"]
+        out.append({"shape": r["shape"], "T": r["T"], "mask": r["mask"], "kernel": r["kernel"], "rho": rho,
+                    "ms": r["fwd_s"] * 1e3, "ideal_ms": ideal * 1e3, "efficiency": ideal / r["fwd_s"]})
+    return out
+
+
+def _ms(x: float | None) -> str:
+    return "" if x is None else f"{x * 1e3:.1f}"
+
+
+def _mb(x: float | None) -> str:
+    return "-" if x is None else f"{x:.0f}"
+
+
+def plot(result: dict, path: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    krows = [r for r in result.get("kernels", []) if "fwd_s" in r]
+    if krows:
+        shape = "gqa" if any(r["shape"] == "gqa" for r in krows) else krows[0]["shape"]
+        masks = list(dict.fromkeys(r["mask"] for r in krows))
+        cols = 5
+        fig, axes = plt.subplots(math.ceil(len(masks) / cols), cols, figsize=(3.4 * cols,
+                                 2.8 * math.ceil(len(masks) / cols)), squeeze=False)
+        for ax, mname in zip(axes.flat, masks):
+            for kern in dict.fromkeys(r["kernel"] for r in krows):
+                pts = sorted((r["T"], r["tflops_fwd"] * 1e3) for r in krows
+                             if r["mask"] == mname and r["kernel"] == kern and r["shape"] == shape)
+                if pts:
+                    ax.plot(*zip(*pts), marker="o", ms=3, label=kern)
+            ax.set_xscale("log", base=2)
+            ax.set_title(mname, fontsize=8)
+            ax.tick_params(labelsize=7)
+        for ax in list(axes.flat)[len(masks):]:
+            ax.axis("off")
+        axes[0][0].set_ylabel("forward GFLOP/s")
+        axes[0][0].legend(fontsize=6)
+        fig.suptitle(f"kernels x masks, {shape}, forward GFLOP/s vs T", fontsize=9)
+        fig.tight_layout()
+        p = path.with_name(path.stem + "_kernels.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+    crows = result.get("cp", [])
+    if crows:
+        T = max(r["T"] for r in crows)
+        shape = crows[0]["shape"]
+        sub = [r for r in crows if r["T"] == T and r["shape"] == shape]
+        masks = list(dict.fromkeys(r["mask"] for r in sub))
+        fig, axes = plt.subplots(2, len(masks), figsize=(4 * len(masks), 6), squeeze=False)
+        for c, mname in enumerate(masks):
+            single = next((r for r in sub if r["mask"] == mname and r["world"] == 1), None)
+            for strategy in STRATEGIES:
+                pts = sorted((r["world"], r) for r in sub if r["mask"] == mname and r["strategy"] == strategy
+                             and r["world"] > 1)
+                if single is not None:
+                    pts = [(1, single)] + pts
+                if len(pts) < 2:
+                    continue
+                ws = [w for w, _ in pts]
+                line = axes[0][c].plot(ws, [(r["fwd_s"] + r["bwd_s"]) * 1e3 for _, r in pts], marker="o",
+                                       label=strategy)[0]
+                axes[1][c].plot(ws, [r["fwd_bytes"] / 2**20 for _, r in pts], marker="o",
+                                color=line.get_color())
+                axes[1][c].plot(ws, [r["fwd_bytes_theory"] / 2**20 for _, r in pts], ls="--",
+                                color=line.get_color())
+            axes[0][c].set_title(mname, fontsize=9)
+            for ax in (axes[0][c], axes[1][c]):
+                ax.set_xticks([1, 2, 4])
+                ax.set_xlabel("world size")
+        axes[0][0].set_ylabel("fwd + bwd ms (slowest rank)")
+        axes[1][0].set_ylabel("fwd MiB sent per rank (-- theory)")
+        axes[0][0].legend(fontsize=7)
+        fig.suptitle(f"context parallel, {shape}, T={T}, processes on this machine (gloo)", fontsize=9)
+        fig.tight_layout()
+        p = path.with_name(path.stem + "_cp.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+    return written
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--part", default="all", choices=["all", "kernels", "cp", "executor"])
+    p.add_argument("--quick", action="store_true", help="lengths 1024,2048 (kernels) and 2048 (cp)")
+    p.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
+    p.add_argument("--shapes", default="gqa,mha", help=f"head shapes: {','.join(SHAPES)}")
+    p.add_argument("--masks", default="all", help=f"comma list of {','.join(MASKS)} or 'all'")
+    p.add_argument("--kernels", default=",".join(DEFAULT_KERNELS))
+    p.add_argument("--block", type=int, default=128, help="block size of flex / gather / executor")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--check-rows", type=int, default=32, help="query rows checked against fp64")
+    p.add_argument("--mem-cap-gb", type=float, default=3.0)
+    p.add_argument("--bwd-max", type=int, default=4096, help="longest T timed backward")
+    p.add_argument("--flex-max", type=int, default=1 << 20)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for the kernels part")
+    p.add_argument("--cp-worlds", default="1,2,4")
+    p.add_argument("--cp-lengths", default="2048,4096")
+    p.add_argument("--cp-shapes", default="gqa")
+    p.add_argument("--cp-repeats", type=int, default=2)
+    p.add_argument("--cp-check-max", type=int, default=2048)
+    p.add_argument("--cp-backend", default="gloo", choices=["gloo", "nccl"])
+    p.add_argument("--cp-dtype", default="float32")
+    p.add_argument("--exec-lengths", default="8192,16384,32768")
+    p.add_argument("--exec-keep", default="0.2,0.5,0.8", help="fraction of causal blocks each head keeps")
+    p.add_argument("--exec-backends", default="gather,flex,split")
+    p.add_argument("--exec-chunk", type=int, default=0, help="queries per call (chunked prefill); 0 = T")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="default bench/results/attention_bench[_quick].json")
+    p.add_argument("--report", metavar="JSON", help="print the tables and redraw the plots of a saved run")
+    args = p.parse_args(argv)
+    if args.report:
+        import json
+
+        saved = json.loads(Path(args.report).read_text())
+        pngs = plot(saved, Path(args.report))
+        print_tables(saved)
+        print("wrote " + ", ".join(str(x) for x in pngs))
+        return
+    if args.quick:
+        args.lengths, args.cp_lengths, args.repeats, args.cp_repeats = "1024,2048", "2048", 3, 2
+        args.exec_lengths = "4096"
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), getattr(torch, args.dtype)
+    out_path = Path(args.out or f"bench/results/attention_bench{'_quick' if args.quick else ''}.json")
+    meta = {**hardware(), "device": str(device), "dtype": args.dtype, "repeats": args.repeats,
+            "argv": sys.argv[1:] if argv is None else argv, "uptime": os.popen("uptime").read().strip()}
+    result: dict[str, Any] = {"meta": meta}
+    if args.part in ("all", "kernels"):
+        result["kernels"] = bench_kernels(args, device, dtype)
+    if args.part in ("all", "executor"):
+        result["executor"] = bench_executor(args)
+    if args.part in ("all", "cp"):
+        result["cp"] = bench_cp(args)
+        if "RANK" in os.environ and os.environ["RANK"] != "0":
+            return
+    result["meta"]["uptime_end"] = os.popen("uptime").read().strip()
+    write_json(out_path, result)
+    pngs = plot(result, out_path)
+    print_tables(result)
+    print(f"wrote {out_path}" + "".join(f", {p}" for p in pngs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,404 @@
+"""KV reuse for RAG prompts (issue #11): accuracy vs recompute ratio, TTFT vs full prefill, bytes per doc.
+
+    # accuracy (resumable; rows in bench/results/rag_reuse/<task>/results.sqlite), 1 torch thread:
+    OMP_NUM_THREADS=1 python bench/rag_reuse.py accuracy --task multidoc_qa_1 --samples 40
+    # TTFT, every method side by side, interleaved rounds, medians (documents read from a disk store):
+    python bench/rag_reuse.py ttft --num-docs 4,8 --doc-tokens 400 --rounds 5
+    # tables, PNG curve and JSON summary from what was measured:
+    python bench/rag_reuse.py report
+
+Accuracy: ``multidoc_qa_1``/``multidoc_qa_2`` samples (``--num-docs`` documents of ``--doc-tokens`` tokens),
+every method at every ratio on the same samples, scored "forced" (greedy decoding would emit exactly the
+answer; see ``longlab.eval.reuse_grid``). ``ρ = 1`` is not re-run: every method at ratio 1 is the full
+prefill token for token (``tests/test_reuse.py``), and ``ρ = 0`` is ``no-recompute``.
+TTFT: ``fetch`` (read + digest check of the stored documents) + ``assemble`` (RoPE fix) + ``compute``;
+the full prefill reads nothing. Each figure is the median over rounds; methods run in a rotated order per
+round so drift in machine load hits all of them alike. ``uptime`` is recorded before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from common import ROOT, hardware, write_json
+
+from longlab import load_model
+from longlab.tasks import generate as make_samples
+
+OUT = Path(os.environ.get("RAG_REUSE_OUT", ROOT / "bench" / "results" / "rag_reuse"))
+METHODS = ("epic", "cacheblend", "prophetkv")
+FIXED = ("full-prefill", "no-recompute", "ape")
+
+
+def _uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _specs(ratios: list[float], extra: list[str]) -> list[str]:
+    specs = list(FIXED)
+    for m in METHODS:
+        for r in ratios:
+            specs.append(f"epic:ratio={r:g}" if m == "epic" else f"{m}@{r:g}")
+    return specs + extra
+
+
+def cmd_accuracy(args: argparse.Namespace) -> int:
+    from longlab.eval.reuse_grid import run_reuse_eval
+
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model)
+    length = args.num_docs * args.doc_tokens + 200
+    samples = make_samples(
+        args.task,
+        tokenizer,
+        length,
+        args.samples,
+        args.seed,
+        num_docs=args.num_docs,
+        doc_tokens=args.doc_tokens,
+        digits=args.digits,
+    )
+    shard, shards = (int(x) for x in args.shard.split("/"))
+    samples = samples[shard::shards]
+    ratios = [float(r) for r in args.ratios.split(",")]
+    specs = _specs(ratios, [s for s in args.extra.split(";") if s])
+    out = OUT / args.task
+    print(f"{len(samples)} samples x {len(specs)} methods -> {out}; {_uptime()}", flush=True)
+    deadline = time.time() + args.max_minutes * 60
+    for s in samples:
+        if time.time() > deadline:
+            print("time budget reached; re-run to continue (stored rows are skipped)")
+            break
+        summary = run_reuse_eval(
+            str(out), args.model, specs, [s], seed=args.seed, model=model, tokenizer=tokenizer, log=print
+        )
+        if summary.written:
+            print(f"  {summary.seconds:.1f}s", flush=True)
+    print(_uptime())
+    return 0
+
+
+def cmd_ttft(args: argparse.Namespace) -> int:
+    from longlab.reuse import DocStore, reuse_prefill
+
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model)
+    store = DocStore(OUT / "store")
+    specs = [s for s in args.methods.split(";") if s]
+    result = {"hardware": hardware(), "uptime_before": _uptime(), "threads": args.threads, "runs": []}
+    for m in (int(x) for x in args.num_docs.split(",")):
+        (sample,) = make_samples(
+            "multidoc_qa_1",
+            tokenizer,
+            m * args.doc_tokens + 200,
+            1,
+            100 + m,
+            num_docs=m,
+            doc_tokens=args.doc_tokens,
+        )
+        docs, q, prefix = sample.metadata["documents"], sample.question, sample.answer_prefix
+        for spec in specs:  # warm-up, and puts every document (and APE's prefixed entries) in the store
+            reuse_prefill(model, tokenizer, docs, q, spec, store=store, answer_prefix=prefix)
+        times: dict[str, list[dict]] = {s: [] for s in specs}
+        for rnd in range(args.rounds):
+            order = specs[rnd % len(specs) :] + specs[: rnd % len(specs)]
+            for spec in order:
+                start = time.perf_counter()
+                pre = reuse_prefill(model, tokenizer, docs, q, spec, store=store, answer_prefix=prefix)
+                wall = time.perf_counter() - start
+                times[spec].append(
+                    {
+                        "wall": wall,
+                        "ttft": pre.ttft_s,
+                        "fetch": pre.fetch_s,
+                        "assemble": pre.assemble_s,
+                        "compute": pre.compute_s,
+                        "recompute_fraction": pre.recompute_fraction,
+                        "tokens": pre.prompt_tokens,
+                    }
+                )
+            print(
+                f"m={m} round {rnd + 1}/{args.rounds}: "
+                + " ".join(f"{s}={times[s][-1]['wall']:.2f}s" for s in specs),
+                flush=True,
+            )
+        for spec in specs:
+            med = {
+                k: statistics.median(t[k] for t in times[spec])
+                for k in ("wall", "ttft", "fetch", "assemble", "compute")
+            }
+            result["runs"].append(
+                {
+                    "num_docs": m,
+                    "method": spec,
+                    "prompt_tokens": times[spec][0]["tokens"],
+                    "recompute_fraction": times[spec][0]["recompute_fraction"],
+                    "median": med,
+                    "all": times[spec],
+                }
+            )
+    result["uptime_after"] = _uptime()
+    result["store_entries"] = [
+        {"n_tokens": e.n_tokens, "nbytes": e.nbytes, "dtype": e.dtype, "start": e.start}
+        for e in store.entries()
+    ]
+    path = write_json(OUT / "ttft.json", result)
+    shutil.rmtree(OUT / "store", ignore_errors=True)  # hundreds of MB of KV: not a result to keep
+    print(f"wrote {path}; {result['uptime_after']}")
+    return 0
+
+
+def _display(label: str) -> str:
+    """``prophetkv@0.2:dual_stage=true`` -> ``prophetkv:dual_stage=true`` (the ratio has its own column)."""
+    name, _, rest = label.partition("@")
+    params = rest.partition(":")[2]
+    return name + (f":{params}" if params else "")
+
+
+def _acc_table(task: str) -> tuple[list[str], list[dict]]:
+    from longlab.eval.report import load_rows
+    from longlab.eval.stats import paired_difference, wilson_interval
+
+    rows = load_rows(OUT / task)
+    if not rows:
+        return [], []
+    by: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        by.setdefault(r["recipe"], {})[r["sample_id"]] = r
+    full = by.get("full", {})
+    ids = sorted(set.intersection(*(set(v) for v in by.values())))  # samples every method has
+    out, summary = [], []
+    out.append(
+        f"n = {len(ids)} samples; accuracy with 95% Wilson interval; Δ vs full: paired bootstrap 95% CI.\n"
+    )
+    out.append(
+        "| method | ρ | accuracy % | 95% CI | % of full | Δ vs full (pts) | fidelity % [95% CI] | "
+        "recomputed % | cost % |"
+    )
+    out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+
+    def key(label: str) -> tuple:
+        name, _, ratio = label.partition("@")
+        order = {"full": 0, "no-recompute": 1, "ape": 2}
+        return (order.get(name, 3), name.split(":")[0], float(ratio.split(":")[0]) if ratio else -1, label)
+
+    full_scores = [full[i]["score"] for i in ids]
+    full_acc = sum(full_scores) / len(ids) if ids else 0.0
+    for label in sorted(by, key=key):
+        scores = [by[label][i]["score"] for i in ids]
+        k = int(sum(scores))
+        lo, hi = wilson_interval(k, len(ids))
+        diff = paired_difference(scores, full_scores)
+        extra = [by[label][i]["extra"] for i in ids]
+        fids = [e["fidelity"] for e in extra]
+        fid = statistics.mean(fids)
+        fid_ci = paired_difference(fids, [0.0] * len(fids))
+        rec = statistics.mean(e["recompute_fraction"] for e in extra)
+        cost = statistics.mean(e["cost_fraction"] for e in extra)
+        ratio = label.partition("@")[2].split(":")[0]
+        acc = k / len(ids)
+        rel = f"{100 * acc / full_acc:.0f}" if full_acc else "–"
+        sig = "" if diff.significant else " (n.s.)"
+        out.append(
+            f"| {_display(label)} | {ratio or '–'} | {100 * acc:.1f} | {100 * lo:.0f}–{100 * hi:.0f} | "
+            f"{rel} | {100 * diff.mean:+.1f} [{100 * diff.low:+.0f}, {100 * diff.high:+.0f}]{sig} | "
+            f"{100 * fid:.1f} [{100 * fid_ci.low:.0f}, {100 * fid_ci.high:.0f}] | "
+            f"{100 * rec:.1f} | {100 * cost:.1f} |"
+        )
+        summary.append(
+            {
+                "label": label,
+                "ratio": float(ratio) if ratio else None,
+                "acc": acc,
+                "low": lo,
+                "high": hi,
+                "n": len(ids),
+                "diff": [diff.mean, diff.low, diff.high],
+                "significant": diff.significant,
+                "fidelity": fid,
+                "recomputed": rec,
+                "cost": cost,
+            }
+        )
+    out += [
+        "",
+        "Paired differences between methods at the same ρ, accuracy and fidelity (points, bootstrap 95% CI):",
+        "",
+        "| ρ | prophetkv − cacheblend | prophetkv − epic | cacheblend − epic |",
+        "|---:|---:|---:|---:|",
+    ]
+    pairs = {}
+    for r in sorted({lab.partition("@")[2] for lab in by if "@" in lab and ":" not in lab}, key=float):
+        cells = []
+        for a_name, b_name in (("prophetkv", "cacheblend"), ("prophetkv", "epic"), ("cacheblend", "epic")):
+            la, lb = f"{a_name}@{r}", f"{b_name}@{r}"
+            if la not in by or lb not in by:
+                cells.append("–")
+                continue
+            d = paired_difference([by[la][i]["score"] for i in ids], [by[lb][i]["score"] for i in ids])
+            f = paired_difference(
+                [by[la][i]["extra"]["fidelity"] for i in ids], [by[lb][i]["extra"]["fidelity"] for i in ids]
+            )
+            pairs[f"{la} - {lb}"] = {
+                "acc": [d.mean, d.low, d.high, d.significant],
+                "fidelity": [f.mean, f.low, f.high, f.significant],
+            }
+            cells.append(
+                f"{100 * d.mean:+.1f} [{100 * d.low:+.0f}, {100 * d.high:+.0f}]"
+                + ("" if d.significant else " (n.s.)")
+                + f"; fid {100 * f.mean:+.1f} [{100 * f.low:+.0f}, {100 * f.high:+.0f}]"
+                + ("" if f.significant else " (n.s.)")
+            )
+        out.append(f"| {r} | " + " | ".join(cells) + " |")
+    summary.append({"pairs": pairs})
+    return out, summary
+
+
+def _plot(task: str, summary: list[dict], path: Path) -> None:
+    import matplotlib
+
+    summary = [s for s in summary if "label" in s]
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    full = next((s for s in summary if s["label"] == "full"), None)
+    base = next((s for s in summary if s["label"] == "no-recompute"), None)
+    for name, color in (("epic", "tab:green"), ("cacheblend", "tab:orange"), ("prophetkv", "tab:blue")):
+        pts = sorted(
+            (s for s in summary if s["label"].split("@")[0] == name and ":" not in s["label"]),
+            key=lambda s: s["ratio"],
+        )
+        ends = [p for p in (base, *pts, full) if p is not None]
+        xs = [0.0 if p is base else 1.0 if p is full else p["ratio"] for p in ends]
+        ax.plot(xs, [100 * p["acc"] for p in ends], "o-", color=color, label=name)
+        ax.fill_between(
+            xs, [100 * p["low"] for p in ends], [100 * p["high"] for p in ends], color=color, alpha=0.12
+        )
+        ax2.plot(xs, [100 * p["fidelity"] for p in ends], "o-", color=color, label=name)
+    ape = next((s for s in summary if s["label"] == "ape"), None)
+    if ape:
+        err = [[100 * (ape["acc"] - ape["low"])], [100 * (ape["high"] - ape["acc"])]]
+        ax.errorbar(
+            [0.0], [100 * ape["acc"]], yerr=err, fmt="s", color="tab:purple", label="ape (ρ=0)", capsize=3
+        )
+        ax2.plot([0.0], [100 * ape["fidelity"]], "s", color="tab:purple", label="ape (ρ=0)")
+    n = summary[0]["n"] if summary else 0
+    for a, ylabel, title in (
+        (ax, "accuracy % (95% Wilson band)", f"SmolLM2-135M, {task}, n={n}: exact answer"),
+        (ax2, "fidelity % (answer positions = full's argmax)", "agreement with full prefill"),
+    ):
+        a.set_xlabel("recompute ratio ρ (0 = no-recompute, 1 = full prefill)")
+        a.set_ylabel(ylabel)
+        a.set_title(title, fontsize=10)
+        a.set_xscale("symlog", linthresh=0.05)
+        a.set_xticks([0, 0.05, 0.1, 0.2, 0.4, 1.0])
+        a.set_xticklabels(["0", "0.05", "0.1", "0.2", "0.4", "1"])
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    lines, summaries = [], {}
+    for task in ("multidoc_qa_1", "multidoc_qa_2"):
+        table, summary = _acc_table(task)
+        if not table:
+            continue
+        summaries[task] = summary
+        png = Path(os.environ.get("RAG_REUSE_DOCS", ROOT / "docs" / "results")) / f"rag-reuse-{task}.png"
+        _plot(task, summary, png)
+        lines += [f"### {task}", "", *table, "", f"![{task}]({png.name})", ""]
+    ttft_path = OUT / "ttft.json"
+    if ttft_path.exists():
+        data = json.loads(ttft_path.read_text())
+        lines += [
+            "### TTFT (median over rounds, seconds)",
+            "",
+            f"threads {data['threads']}; before: `{data['uptime_before']}`; after: `{data['uptime_after']}`",
+            "",
+            "| docs | tokens | method | recomputed % | fetch | assemble | compute | TTFT | full / method |",
+            "|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for m in sorted({r["num_docs"] for r in data["runs"]}):
+            runs = [r for r in data["runs"] if r["num_docs"] == m]
+            full = next(r for r in runs if r["method"] == "full-prefill")["median"]["ttft"]
+            for r in runs:
+                md = r["median"]
+                lines.append(
+                    f"| {m} | {r['prompt_tokens']} | {r['method']} | {100 * r['recompute_fraction']:.1f} | "
+                    f"{md['fetch']:.3f} | {md['assemble']:.3f} | {md['compute']:.3f} | {md['ttft']:.3f} | "
+                    f"{full / md['ttft']:.2f}× |"
+                )
+        entries = [e for e in data.get("store_entries", []) if e["start"] == 0]
+        if entries:
+            per_tok = statistics.mean(e["nbytes"] / e["n_tokens"] for e in entries)
+            per_doc = statistics.mean(e["nbytes"] for e in entries)
+            lines += [
+                "",
+                f"Bytes on disk ({entries[0]['dtype']}): {per_tok / 1024:.1f} KiB per token, "
+                f"{per_doc / 2**20:.2f} MiB per document on average ({len(entries)} documents, "
+                f"{statistics.mean(e['n_tokens'] for e in entries):.0f} tokens each).",
+            ]
+        summaries["ttft"] = data["runs"]
+    write_json(OUT / "summary.json", summaries)
+    (OUT / "tables.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("accuracy")
+    a.add_argument("--model", default="smollm2-135m")
+    a.add_argument("--task", default="multidoc_qa_1")
+    a.add_argument("--samples", type=int, default=40)
+    a.add_argument("--num-docs", type=int, default=4)
+    a.add_argument("--doc-tokens", type=int, default=220)
+    a.add_argument("--digits", type=int, default=5, help="answer length in digits")
+    a.add_argument("--ratios", default="0.05,0.1,0.2,0.4")
+    a.add_argument(
+        "--extra",
+        default="prophetkv:ratio=0.2,dual_stage=true;cacheblend:ratio=0.2,gradual=true",
+        help="more specs, ';'-separated",
+    )
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--shard", default="0/1", help="i/n: this process takes samples i, i+n, ...")
+    a.add_argument("--threads", type=int, default=1)
+    a.add_argument("--max-minutes", type=float, default=14.0)
+    a.set_defaults(func=cmd_accuracy)
+    t = sub.add_parser("ttft")
+    t.add_argument("--model", default="smollm2-135m")
+    t.add_argument("--num-docs", default="4,8")
+    t.add_argument("--doc-tokens", type=int, default=400)
+    t.add_argument("--rounds", type=int, default=5)
+    t.add_argument("--threads", type=int, default=1)
+    t.add_argument(
+        "--methods", default="full-prefill;no-recompute;epic:k=16;epic:k=32;cacheblend@0.15;prophetkv@0.2;ape"
+    )
+    t.set_defaults(func=cmd_ttft)
+    r = sub.add_parser("report")
+    r.set_defaults(func=cmd_report)
+    args = p.parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,473 @@
+"""Drafts: who proposes the tokens the target verifies.
+
+- ``lookup`` — prompt-lookup decoding (Saxena 2023, github.com/apoorvumang/prompt-lookup-decoding; the
+  ``prompt_lookup_num_tokens`` path of transformers): find the last ``n``-gram of the row's tokens (prompt
+  + output, ``n`` from ``max_ngram`` down to 1) earlier in the row, propose the ``num_pred_tokens`` tokens
+  that followed its most recent occurrence. No forward at all.
+- ``self:KVRECIPE`` — self-speculation (MagicDec, Chen et al. 2024, arXiv:2408.11049; TriForce, Sun et al.
+  2024, arXiv:2404.11912): the target drafts while reading a *view* of its own cache chosen by any KV
+  eviction policy (``streaming:budget=256``, ``snapkv@0.9``) or decode policy (``quest:budget=1024``). The
+  view is a gathered copy of the selected slots only (``budget`` entries per layer, never a second full
+  cache), re-selected every ``refresh`` steps; the slots written since the last selection (recent tokens,
+  drafts) are always read. Scores that need observation queries (SnapKV) use the last ``window`` queries
+  of the target's verification forwards. Draft tokens are written into the target's cache and rolled back.
+- ``model:NAME`` — a separate small draft model with the same tokenizer (Leviathan et al. 2023), with its
+  own :class:`~longlab.cache.LonglabCache` under ``recipe`` (TriForce's tiny draft with a StreamingLLM
+  cache is ``model:NAME`` with ``recipe=streaming:budget=256``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from ..attention import LayerContext, layer_attention
+from ..cache import LonglabCache
+from ..recipe import LonglabError, Recipe, check_range, parse_method, parse_recipe, shorten
+from .base import Draft, Proposal, SpecContext, forward_tokens, register_draft
+from .kernels import attend_kv, kv_slot_bytes
+from .loop import filtered_probs
+from .rollback import CacheSnapshot
+
+__all__ = ["LookupDraft", "SelfDraft", "ModelDraft", "lookup_proposal"]
+
+
+def lookup_proposal(tokens: list[int], max_ngram: int, num_pred: int) -> list[int]:
+    """Prompt lookup on one row: the tokens that followed the most recent earlier occurrence of the row's
+    last ``n``-gram, trying ``n = max_ngram .. 1``; ``[]`` when nothing matches."""
+    n_tok = len(tokens)
+    for n in range(min(max_ngram, n_tok - 1), 0, -1):
+        tail = tokens[-n:]
+        first = tail[0]
+        for j in range(n_tok - n - 1, -1, -1):  # occurrences that have a continuation
+            if tokens[j] == first and tokens[j : j + n] == tail:
+                return tokens[j + n : j + n + num_pred]
+    return []
+
+
+def _left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of token ids -> (ids [B, T] left-padded with 0, valid [B, T])."""
+    T = max(len(r) for r in rows)
+    ids = torch.zeros(len(rows), T, dtype=torch.long)
+    valid = torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        ids[b, T - len(r) :] = torch.tensor(r, dtype=torch.long)
+        valid[b, T - len(r) :] = True
+    return ids, valid
+
+
+def _pad_rows(rows: list[list[int]], fill: int) -> tuple[torch.Tensor, torch.Tensor]:
+    L = max((len(r) for r in rows), default=0)
+    out = torch.full((len(rows), L), fill, dtype=torch.long)
+    for b, r in enumerate(rows):
+        if r:
+            out[b, : len(r)] = torch.tensor(r, dtype=torch.long)
+    return out, torch.tensor([len(r) for r in rows], dtype=torch.long)
+
+
+@register_draft("lookup")
+@dataclass
+class LookupDraft(Draft):
+    """Prompt lookup: propose what followed the last n-gram's latest earlier occurrence (n = max_ngram..1)."""
+
+    paper = "Saxena 2023, prompt-lookup-decoding; transformers prompt_lookup_num_tokens"
+    default_gamma: ClassVar[int] = 10
+    max_ngram: int = 3
+    num_pred_tokens: int = 10
+
+    def __post_init__(self) -> None:
+        check_range("lookup: max_ngram", self.max_ngram, 1, integer=True)
+        check_range("lookup: num_pred_tokens", self.num_pred_tokens, 1, integer=True)
+
+    def propose(self, sc: SpecContext, pend: list[list[int]], gamma: int) -> Proposal:
+        k = min(gamma, self.num_pred_tokens)
+        rows = [lookup_proposal(h, self.max_ngram, k) for h in sc.history]
+        fill = pend[0][-1]
+        tokens, lengths = _pad_rows(rows, fill)
+        return Proposal(tokens, lengths)
+
+
+def _sample_rows(logits: torch.Tensor, sc: SpecContext) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [B, V] -> (tokens [B], probs [B, V] or None when greedy)."""
+    if sc.temperature == 0:
+        return logits.argmax(-1), None
+    probs = filtered_probs(logits, sc.temperature, sc.top_p)
+    return torch.multinomial(probs, 1, generator=sc.generator)[:, 0], probs
+
+
+def _draft_loop(sc: SpecContext, first_logits_fn, next_logits_fn, gamma: int) -> Proposal:
+    """Draw ``gamma`` tokens: ``first_logits_fn() -> [B, V]``, then
+    ``next_logits_fn(token [B], i) -> [B, V]``."""
+    tokens, probs = [], []
+    logits = first_logits_fn()
+    for i in range(gamma):
+        tok, p = _sample_rows(logits, sc)
+        tokens.append(tok)
+        if p is not None:
+            probs.append(p)
+        if i < gamma - 1:
+            logits = next_logits_fn(tok, i)
+    B = len(sc.history)
+    toks = torch.stack(tokens, dim=1)
+    return Proposal(toks, torch.full((B,), gamma, dtype=torch.long), torch.stack(probs, 1) if probs else None)
+
+
+class _Lookahead:
+    """Accumulates a draft's attention mass per context position ``[B, n_pos]`` (Dustin's a^D)."""
+
+    def __init__(self) -> None:
+        self.mass: torch.Tensor | None = None
+
+    def add(self, probs: torch.Tensor, kpos: torch.Tensor) -> None:
+        # probs [B, H, t, S] over keys at positions kpos [B, H_kv, S]; summed over heads and queries
+        B, H, t, S = probs.shape
+        g = H // kpos.shape[1]
+        mass = probs.reshape(B, kpos.shape[1], g * t, S).sum(2)  # [B, H_kv, S]
+        pos = kpos.long().clamp(min=0)
+        n = int(pos.max()) + 1 if pos.numel() else 1
+        acc = torch.zeros(B, n)
+        acc.scatter_add_(1, pos.reshape(B, -1).cpu(), (mass * (kpos >= 0)).reshape(B, -1).float().cpu())
+        if self.mass is None:
+            self.mass = acc
+        else:
+            if self.mass.shape[1] < n:
+                self.mass = torch.nn.functional.pad(self.mass, (0, n - self.mass.shape[1]))
+            self.mass[:, :n] += acc
+
+    def take(self) -> torch.Tensor | None:
+        mass, self.mass = self.mass, None
+        return mass
+
+
+@dataclass
+class _View:
+    """One layer's gathered view: ``k, v [B, H_kv, S, D]``, ``pos [B, H_kv, S]`` (-1 = filler) of the
+    selected slots below ``base``; slots ``>= base`` are always read."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    pos: torch.Tensor
+    base: int
+
+
+class _ViewAttention:
+    """The attention the target runs while drafting: over its layer's view (see :class:`SelfDraft`)."""
+
+    def __init__(self, draft: SelfDraft) -> None:
+        self.draft = draft
+
+    def attend(self, ctx: LayerContext) -> torch.Tensor:
+        d, layer, sc = self.draft, ctx.layer, self.draft._sc
+        policy = d._policy
+        slot_bytes = kv_slot_bytes(layer)
+        T = layer.index.shape[-1]
+        if ctx.sliding_window is not None or T <= d._min_slots:
+            sc.stats.draft_kv_bytes += T * slot_bytes
+            return layer.attend(ctx) if hasattr(layer, "key_store") else layer_attention(ctx, None)
+        if policy.kind == "decode":  # the policy reads the cache itself (Quest pages)
+            out = policy.attend(ctx)
+            pages = getattr(policy, "n_pages", None)
+            sparse = getattr(policy, "is_sparse_layer", lambda c: True)(ctx)
+            read = min(T, pages * policy.page_size) if pages and sparse else T
+            sc.stats.draft_kv_bytes += read * slot_bytes
+            return out
+        view = d._views.get(ctx.layer_idx)
+        if view is None:
+            view = d._views[ctx.layer_idx] = d._build_view(ctx)
+        base = view.base
+        if hasattr(layer, "key_slice"):
+            k_tail, v_tail = layer.key_slice(base, T), layer.value_slice(base, T)
+        else:
+            k_tail, v_tail = layer.keys[:, :, base:], layer.values[:, :, base:]
+        k = torch.cat([view.k, k_tail.to(view.k.dtype)], dim=2)
+        v = torch.cat([view.v, v_tail.to(view.v.dtype)], dim=2)
+        pos = torch.cat([view.pos, layer.index[..., base:]], dim=2)
+        want = sc.collect_lookahead and ctx.layer_idx >= ctx.num_layers - d.lookahead_layers
+        out, _, probs = attend_kv(ctx.q, k, v, pos, ctx.query_index, ctx.scaling, None, want_probs=want)
+        if want:
+            d._lookahead.add(probs, pos)
+        sc.stats.draft_kv_bytes += (view.pos.shape[-1] + T - base) * slot_bytes
+        return out.to(ctx.q.dtype)
+
+
+@register_draft("self")
+@dataclass
+class SelfDraft(Draft):
+    """The target drafts over a view of its own cache chosen by the KV or decode policy ``view``."""
+
+    paper = "MagicDec arXiv:2408.11049; TriForce arXiv:2404.11912"
+    view: str = "streaming:budget=256"
+    refresh: int = 16  # speculation steps between view selections
+    window: int = 32  # verification queries kept per layer for scorers with an observation window
+    lookahead_layers: int = 2  # last layers whose attention feeds Dustin's lookahead signal
+    _policy: Any = field(default=None, init=False, repr=False)
+
+    @classmethod
+    def from_rest(cls, rest: str) -> SelfDraft:
+        if not rest.strip():
+            raise LonglabError(
+                "self: needs a KV recipe for the draft's view, e.g. 'self:streaming:budget=256'"
+            )
+        return cls(view=rest.strip())
+
+    def __post_init__(self) -> None:
+        check_range("self: refresh", self.refresh, 1, integer=True)
+        check_range("self: window", self.window, 1, integer=True)
+        try:
+            policy = parse_method(self.view)
+        except LonglabError as exc:
+            raise LonglabError(f"self:{shorten(self.view)}: {exc}") from None
+        if policy.kind not in ("kv", "decode") or policy.name == "full":
+            raise LonglabError(
+                f"self: the view must be a KV eviction policy (e.g. streaming:budget=256, snapkv@0.9) or a "
+                f"decode policy (quest:budget=1024), got {shorten(self.view)} (kind {policy.kind})"
+            )
+        if policy.kind == "kv" and (policy.acts_during_decode or getattr(policy, "reads_attention", False)):
+            raise LonglabError(
+                f"self: view {shorten(self.view)} acts at decode steps; give a prefill-time policy"
+            )
+        self._policy = policy
+
+    def start(self, sc: SpecContext) -> None:
+        self._sc = sc
+        self._views: dict[int, _View] = {}
+        self._steps = 0
+        self._queries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._lookahead = _Lookahead()
+        self._attn = _ViewAttention(self)
+        self._recipe = Recipe(prefill=self._attn, decode=self._attn)  # type: ignore[arg-type]
+        # a view smaller than the layer is what makes drafting cheap; tiny layers are read whole
+        self._min_slots = int(getattr(self._policy, "budget", None) or 0)
+
+    def _build_view(self, ctx: LayerContext) -> _View:
+        """Select this layer's view with the policy; queries: the last verification queries (or this one)."""
+        layer = ctx.layer
+        base = self._base_slots[ctx.layer_idx]
+        q, qidx = self._queries.get(ctx.layer_idx, (ctx.q, ctx.query_index))
+        sel_ctx = LayerContext(
+            ctx.layer_idx, ctx.num_layers, ctx.module, "prefill", q, ctx.scaling, qidx, None, layer, ctx.cache
+        )
+        try:
+            keep = self._policy.select(sel_ctx)
+        except (KeyError, AttributeError) as exc:
+            raise LonglabError(f"self:{self.view}: the policy cannot select a view here ({exc})") from None
+        if ctx.layer is not layer or ctx.cache.layers[ctx.layer_idx] is not layer:
+            raise LonglabError(f"self:{self.view}: the policy replaced the cache layer; it cannot be a view")
+        valid = layer.index >= 0
+        keep = valid if keep is None else keep & valid
+        keep = keep[..., :base]  # [B, H_kv, base]
+        counts = keep.sum(-1)
+        S = int(counts.max()) if counts.numel() else 0
+        order = ((~keep).long() * base + torch.arange(base)).argsort(-1)[..., :S]  # kept slots first
+        ok = torch.arange(S) < counts[..., None]
+        k_all, v_all = ctx.k, ctx.v  # a quantized layer dequantises once per selection
+        k = k_all[:, :, :base].gather(2, order[..., None].expand(-1, -1, -1, k_all.shape[-1]))
+        v = v_all[:, :, :base].gather(2, order[..., None].expand(-1, -1, -1, v_all.shape[-1]))
+        pos = torch.where(ok, layer.index[..., :base].gather(2, order), torch.full_like(order, -1).int())
+        return _View(k.to(ctx.q.dtype), v.to(ctx.q.dtype), pos.to(layer.index.dtype), base)
+
+    def propose(self, sc: SpecContext, pend: list[list[int]], gamma: int) -> Proposal:
+        stream, cache = sc.stream, sc.cache
+        if self._steps % self.refresh == 0:
+            self._views = {}
+            self._base_slots = [
+                layer.index.shape[-1] if layer.is_initialized else 0 for layer in cache.layers
+            ]
+        self._steps += 1
+        snapshot = CacheSnapshot(cache)
+        device = stream.device
+        first, valid = _left_pad(pend)
+        state = {"seen": stream.seen_mask, "pos": stream.next_pos}
+
+        def run(tok: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
+            logits = forward_tokens(
+                sc.model, cache, tok.to(device), state["seen"], state["pos"], self._recipe, ok.to(device)
+            )
+            state["seen"] = torch.cat([state["seen"], ok.to(device)], 1)
+            state["pos"] = state["pos"] + ok.to(device).sum(-1)
+            sc.stats.draft_forwards += 1
+            return logits[:, -1].cpu()
+
+        one = torch.ones(len(pend), 1, dtype=torch.bool)
+        try:
+            prop = _draft_loop(sc, lambda: run(first, valid), lambda tok, i: run(tok[:, None], one), gamma)
+        finally:
+            kept = self._page_state(cache)
+            snapshot.restore()
+            self._restore_page_state(cache, kept, snapshot.n_slots)
+        prop.lookahead = self._lookahead.take()
+        return prop
+
+    def _page_state(self, cache: Any) -> dict[int, dict[str, torch.Tensor]]:
+        """Quest's page summaries (``layer.state["quest.*"]``, page axis 2) computed while drafting."""
+        if self._policy.name != "quest":
+            return {}
+        return {
+            i: {k: v for k, v in layer.state.items() if k.startswith("quest.")}
+            for i, layer in enumerate(cache.layers)
+            if layer.is_initialized
+        }
+
+    def _restore_page_state(self, cache: Any, kept: dict, n_slots: list[int]) -> None:
+        """Keep the summaries of pages made only of committed slots (drafted slots are rolled back), so
+        the next step summarises new pages only, as Quest does incrementally."""
+        P = getattr(self._policy, "page_size", 1)
+        for i, state in kept.items():
+            n = n_slots[i] // P
+            cache.layers[i].state.update({k: v[:, :, :n] for k, v in state.items()})
+
+    def observe_queries(self, layer_idx: int, q: torch.Tensor, qidx: torch.Tensor) -> None:
+        """Keep the last ``window`` verification queries of a layer (observation window for scorers)."""
+        old = self._queries.get(layer_idx)
+        if old is not None and old[0].shape[:2] == q.shape[:2]:
+            q, qidx = torch.cat([old[0], q], dim=2), torch.cat([old[1], qidx.to(old[1].dtype)], dim=1)
+        self._queries[layer_idx] = (q[:, :, -self.window :], qidx[:, -self.window :])
+
+
+class _CaptureAttention:
+    """Dense attention for the draft model's own cache that also records lookahead attention."""
+
+    def __init__(self, draft: ModelDraft) -> None:
+        self.draft = draft
+
+    def attend(self, ctx: LayerContext) -> torch.Tensor:
+        d, layer = self.draft, ctx.layer
+        d._sc.stats.draft_kv_bytes += layer.index.shape[-1] * kv_slot_bytes(layer)
+        if d._collect and ctx.layer_idx >= ctx.num_layers - d.lookahead_layers and ctx.q.shape[-2] == 1:
+            _, _, probs = attend_kv(
+                ctx.q,
+                ctx.k,
+                ctx.v,
+                ctx.key_index,
+                ctx.query_index,
+                ctx.scaling,
+                ctx.sliding_window,
+                want_probs=True,
+            )
+            d._lookahead.add(probs, ctx.key_index)
+        if hasattr(layer, "key_store"):
+            return layer.attend(ctx)
+        return layer_attention(ctx, None)
+
+
+@register_draft("model")
+@dataclass
+class ModelDraft(Draft):
+    """A separate draft model (same tokenizer) with its own cache under ``recipe``."""
+
+    paper = "Leviathan et al. 2023, arXiv:2211.17192; TriForce arXiv:2404.11912 (tiny draft + StreamingLLM)"
+    model_name: str = ""
+    recipe: str = "full"
+    lookahead_layers: int = 2
+    model: Any = field(default=None, repr=False)  # a loaded model (API use); else loaded by model_name
+    tokenizer: Any = field(default=None, repr=False)
+
+    @classmethod
+    def from_rest(cls, rest: str) -> ModelDraft:
+        name, _, params = rest.partition(";")
+        if not name.strip():
+            raise LonglabError("model: needs a draft model name, e.g. 'model:tiny-llama'")
+        kwargs = {}
+        for item in filter(None, params.split(";")):
+            key, _, value = item.partition("=")
+            if key.strip() != "recipe":
+                raise LonglabError(f"model: parameters are recipe=...; got {shorten(item)}")
+            kwargs["recipe"] = value.strip()
+        return cls(model_name=name.strip(), **kwargs)
+
+    def __post_init__(self) -> None:
+        parse_recipe(self.recipe)
+        if self.model is None and not self.model_name:
+            raise LonglabError("model: give a draft model name or a loaded model")
+
+    def start(self, sc: SpecContext) -> None:
+        if self.model is None:
+            from ..models import load_model
+
+            self.model, self.tokenizer = load_model(self.model_name)
+        check_same_tokenizer(sc.tokenizer, self.tokenizer, self.model_name or type(self.model).__name__)
+        self._sc = sc
+        self._collect = sc.collect_lookahead
+        self._lookahead = _Lookahead()
+        self._attn = _CaptureAttention(self)
+        self._read = Recipe(prefill=self._attn, decode=self._attn)  # type: ignore[arg-type]
+        self.cache = LonglabCache(self.recipe)
+        device = next(self.model.parameters()).device
+        self._device = device
+        B = len(sc.history)
+        self._seen = torch.zeros(B, 0, dtype=torch.bool, device=device)
+        self._pos = torch.zeros(B, dtype=torch.long, device=device)
+        prompts = [h[:-1] for h in sc.history]  # the pending token is fed with the first proposal
+        self._feed(prompts, compress=True)
+        self._fed = [len(p) for p in prompts]
+
+    def _feed(self, rows: list[list[int]], compress: bool = False) -> torch.Tensor:
+        """Left-padded append of one segment per row; returns last logits [B, V]."""
+        ids, valid = _left_pad(rows)
+        ids, valid = ids.to(self._device), valid.to(self._device)
+        if compress:
+            saved = self.cache.compressing
+            mask = torch.cat([self._seen, valid], 1)
+            pos = (self._pos[:, None] + valid.long().cumsum(-1) - 1).clamp(min=0)
+            self.cache.compressing = True
+            try:
+                out = self.model(
+                    input_ids=ids,
+                    attention_mask=mask,
+                    position_ids=pos,
+                    cache=self.cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            finally:
+                self.cache.compressing = saved
+            logits = out.logits[:, -1].float()
+        else:
+            logits = forward_tokens(self.model, self.cache, ids, self._seen, self._pos, self._read, valid)[
+                :, -1
+            ]
+        self._seen = torch.cat([self._seen, valid], 1)
+        self._pos = self._pos + valid.sum(-1)
+        self._sc.stats.draft_forwards += 1
+        return logits.cpu()
+
+    def propose(self, sc: SpecContext, pend: list[list[int]], gamma: int) -> Proposal:
+        # every token of the history is final: feed the unseen ones for good, then draft and roll back
+        V = sc.model.config.vocab_size
+        logits = self._feed([h[f:] for h, f in zip(sc.history, self._fed)])[:, :V]
+        self._fed = [len(h) for h in sc.history]
+        snapshot = CacheSnapshot(self.cache)
+        seen, pos = self._seen, self._pos
+        try:
+            prop = _draft_loop(
+                sc, lambda: logits, lambda tok, i: self._feed([[int(t)] for t in tok])[:, :V], gamma
+            )
+        finally:
+            snapshot.restore()
+            self._seen, self._pos = seen, pos
+        prop.lookahead = self._lookahead.take()
+        return prop
+
+    def close(self) -> None:
+        cache = getattr(self, "cache", None)
+        if cache is not None:
+            cache.close()
+
+
+def check_same_tokenizer(target: Any, draft: Any, name: str) -> None:
+    """A draft model must share the target's tokenizer (same vocabulary, same ids)."""
+    if target is None or draft is None:
+        return
+    same = target is draft
+    if not same:
+        try:
+            same = target.get_vocab() == draft.get_vocab()
+        except AttributeError:
+            same = False
+    if not same:
+        raise LonglabError(
+            f"draft model {shorten(name)} has another tokenizer than the target (vocabularies differ); "
+            "speculation needs the same token ids. Use a draft from the same family, 'lookup' or 'self:...'"
+        )
