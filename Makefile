@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The main job (about 4 minutes on 2 quiet cores): the bundled example under several recipes, then a
+# The main job (2 min 36 s on 2 quiet cores, `time make run`, load 0.5): the bundled example under several recipes, then a
 # small grid on SmolLM2 -- pass key and niah_single_1 at 1k tokens, RUN_SAMPLES samples each, the full
 # cache and five KV methods at ratio 0.5 -- which prints the score table with 95% confidence intervals
 # (and paired differences vs full) and writes runs/main/{results.sqlite,report.md,*.png}. Every sample is
