@@ -291,7 +291,8 @@ def test_dustin_with_budget_over_context_equals_full(llama, tokenizer, prompts, 
 
 def test_dustin_sparse_view_attention_matches_dense_over_the_same_keys(llama, tokenizer, prompts, one_thread):
     """The sparse path over a view that holds every slot computes exact attention (to fp32 rounding)."""
-    from longlab.spec.dustin import Dustin, _SparseView
+    from longlab.spec.dustin import Dustin
+    from longlab.spec.kernels import SlotView
 
     stream, _ = _stream(llama, "full", prompts[:1])
     layer = stream.cache.layers[1]
@@ -301,7 +302,7 @@ def test_dustin_sparse_view_attention_matches_dense_over_the_same_keys(llama, to
     from longlab.attention import LayerContext, layer_attention
 
     ctx = LayerContext(1, 2, None, "prefill", q, 0.25, layer.index[:, 0, -3:], None, layer, stream.cache)
-    view = _SparseView(
+    view = SlotView(
         layer.keys[:, :, :base], layer.values[:, :, :base], layer.index[..., :base], base, False
     )
     sparse = Dustin().sparse_attend(ctx, view)

@@ -175,6 +175,20 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         for name, kind, paper, params, _ in rows:
             print(f"| `{name}` | {kind} | {paper} | {params} |")
         return 0
+    from .reuse.methods import REUSE_METHODS
+    from .spec.base import DRAFTS, VERIFIERS
+
+    # the families that are not recipe parts: generate(reuse=...), speculative=..., verify=...
+    for kind, registry in (("reuse", REUSE_METHODS), ("draft", DRAFTS), ("verify", VERIFIERS)):
+        for name in sorted(registry):
+            cls = registry[name]
+            params = ", ".join(
+                f"{f.name}={f.default!r}"
+                for f in dataclasses.fields(cls)
+                if f.init and f.default is not dataclasses.MISSING
+            )
+            summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+            rows.append((name, kind, getattr(cls, "paper", ""), params, summary))
     for name, kind, paper, params, summary in rows:
         print(f"{name:<16} {kind:<8} {paper:<18} {summary}")
         print(f"{'':<16} {'':<8} params: {params}")

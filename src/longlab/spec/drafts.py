@@ -27,7 +27,7 @@ from ..attention import LayerContext, layer_attention
 from ..cache import LonglabCache
 from ..recipe import LonglabError, Recipe, check_range, parse_method, parse_recipe, shorten
 from .base import Draft, Proposal, SpecContext, forward_tokens, register_draft
-from .kernels import attend_kv, kv_slot_bytes
+from .kernels import SlotView, attend_kv, kv_slot_bytes
 from .loop import filtered_probs
 from .rollback import CacheSnapshot
 
@@ -38,12 +38,15 @@ def lookup_proposal(tokens: list[int], max_ngram: int, num_pred: int) -> list[in
     """Prompt lookup on one row: the tokens that followed the most recent earlier occurrence of the row's
     last ``n``-gram, trying ``n = max_ngram .. 1``; ``[]`` when nothing matches."""
     n_tok = len(tokens)
+    if n_tok < 2:
+        return []
+    ids = torch.tensor(tokens)  # [n_tok]; one vectorised scan per n, not a Python loop over the history
     for n in range(min(max_ngram, n_tok - 1), 0, -1):
-        tail = tokens[-n:]
-        first = tail[0]
-        for j in range(n_tok - n - 1, -1, -1):  # occurrences that have a continuation
-            if tokens[j] == first and tokens[j : j + n] == tail:
-                return tokens[j + n : j + n + num_pred]
+        windows = ids[: n_tok - 1].unfold(0, n, 1)  # [n_tok - n, n]: n-grams that have a continuation
+        hits = (windows == ids[-n:]).all(-1).nonzero()
+        if hits.numel():
+            j = int(hits[-1])  # the most recent occurrence
+            return tokens[j + n : j + n + num_pred]
     return []
 
 
@@ -141,17 +144,6 @@ class _Lookahead:
         return mass
 
 
-@dataclass
-class _View:
-    """One layer's gathered view: ``k, v [B, H_kv, S, D]``, ``pos [B, H_kv, S]`` (-1 = filler) of the
-    selected slots below ``base``; slots ``>= base`` are always read."""
-
-    k: torch.Tensor
-    v: torch.Tensor
-    pos: torch.Tensor
-    base: int
-
-
 class _ViewAttention:
     """The attention the target runs while drafting: over its layer's view (see :class:`SelfDraft`)."""
 
@@ -176,19 +168,12 @@ class _ViewAttention:
         view = d._views.get(ctx.layer_idx)
         if view is None:
             view = d._views[ctx.layer_idx] = d._build_view(ctx)
-        base = view.base
-        if hasattr(layer, "key_slice"):
-            k_tail, v_tail = layer.key_slice(base, T), layer.value_slice(base, T)
-        else:
-            k_tail, v_tail = layer.keys[:, :, base:], layer.values[:, :, base:]
-        k = torch.cat([view.k, k_tail.to(view.k.dtype)], dim=2)
-        v = torch.cat([view.v, v_tail.to(view.v.dtype)], dim=2)
-        pos = torch.cat([view.pos, layer.index[..., base:]], dim=2)
+        k, v, pos = view.read(layer)
         want = sc.collect_lookahead and ctx.layer_idx >= ctx.num_layers - d.lookahead_layers
         out, _, probs = attend_kv(ctx.q, k, v, pos, ctx.query_index, ctx.scaling, None, want_probs=want)
         if want:
             d._lookahead.add(probs, pos)
-        sc.stats.draft_kv_bytes += (view.pos.shape[-1] + T - base) * slot_bytes
+        sc.stats.draft_kv_bytes += (view.pos.shape[-1] + T - view.base) * slot_bytes
         return out.to(ctx.q.dtype)
 
 
@@ -232,7 +217,7 @@ class SelfDraft(Draft):
 
     def start(self, sc: SpecContext) -> None:
         self._sc = sc
-        self._views: dict[int, _View] = {}
+        self._views: dict[int, SlotView] = {}
         self._steps = 0
         self._queries: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._lookahead = _Lookahead()
@@ -241,7 +226,7 @@ class SelfDraft(Draft):
         # a view smaller than the layer is what makes drafting cheap; tiny layers are read whole
         self._min_slots = int(getattr(self._policy, "budget", None) or 0)
 
-    def _build_view(self, ctx: LayerContext) -> _View:
+    def _build_view(self, ctx: LayerContext) -> SlotView:
         """Select this layer's view with the policy; queries: the last verification queries (or this one)."""
         layer = ctx.layer
         base = self._base_slots[ctx.layer_idx]
@@ -255,18 +240,8 @@ class SelfDraft(Draft):
             raise LonglabError(f"self:{self.view}: the policy cannot select a view here ({exc})") from None
         if ctx.layer is not layer or ctx.cache.layers[ctx.layer_idx] is not layer:
             raise LonglabError(f"self:{self.view}: the policy replaced the cache layer; it cannot be a view")
-        valid = layer.index >= 0
-        keep = valid if keep is None else keep & valid
-        keep = keep[..., :base]  # [B, H_kv, base]
-        counts = keep.sum(-1)
-        S = int(counts.max()) if counts.numel() else 0
-        order = ((~keep).long() * base + torch.arange(base)).argsort(-1)[..., :S]  # kept slots first
-        ok = torch.arange(S) < counts[..., None]
-        k_all, v_all = ctx.k, ctx.v  # a quantized layer dequantises once per selection
-        k = k_all[:, :, :base].gather(2, order[..., None].expand(-1, -1, -1, k_all.shape[-1]))
-        v = v_all[:, :, :base].gather(2, order[..., None].expand(-1, -1, -1, v_all.shape[-1]))
-        pos = torch.where(ok, layer.index[..., :base].gather(2, order), torch.full_like(order, -1).int())
-        return _View(k.to(ctx.q.dtype), v.to(ctx.q.dtype), pos.to(layer.index.dtype), base)
+        take = layer.index[..., :base] >= 0 if keep is None else keep[..., :base]  # [B, H_kv, base]
+        return SlotView.gather(ctx, take, base)
 
     def propose(self, sc: SpecContext, pend: list[list[int]], gamma: int) -> Proposal:
         stream, cache = sc.stream, sc.cache

@@ -37,7 +37,7 @@ from ..attention import LayerContext, layer_attention
 from ..cache import LonglabCache
 from ..recipe import LonglabError, Recipe, check_range
 from .base import Verifier, forward_tokens, register_verifier
-from .kernels import attend_kv, kv_slot_bytes
+from .kernels import SlotView, attend_kv, kv_slot_bytes
 from .verify import exact_attention
 
 __all__ = ["Dustin", "head_recall", "select_heads", "save_heads", "load_heads", "page_mass"]
@@ -172,15 +172,6 @@ def load_heads(path: str | Path) -> list[tuple[int, int]]:
         raise LonglabError(f"dustin: cannot read a head file from {str(path)!r} ({exc})") from None
 
 
-@dataclass
-class _SparseView:
-    k: torch.Tensor  # [B, H_kv, S, D] selected slots below base
-    v: torch.Tensor
-    pos: torch.Tensor  # [B, H_kv, S]
-    base: int
-    complete: bool  # every held slot below base is selected
-
-
 @register_verifier("dustin")
 @dataclass
 class Dustin(Verifier):
@@ -223,7 +214,7 @@ class Dustin(Verifier):
         if self.heads:
             self._set_heads(load_heads(self.heads))
         self._sel: torch.Tensor | None = None  # [B, n_pos] selected positions
-        self._views: dict[int, _SparseView] = {}
+        self._views: dict[int, SlotView] = {}
         self._ema: torch.Tensor | None = None  # [B, n_pos]
         self._since = 0
         self._mean_acc: float | None = None
@@ -299,7 +290,7 @@ class Dustin(Verifier):
             self._mean_acc = rate if self._mean_acc is None else 0.8 * self._mean_acc + 0.2 * rate
 
     # --- attention ---------------------------------------------------------------------------------
-    def _view(self, ctx: LayerContext) -> _SparseView:
+    def _view(self, ctx: LayerContext) -> SlotView:
         view = self._views.get(ctx.layer_idx)
         if view is not None:
             return view
@@ -311,18 +302,8 @@ class Dustin(Verifier):
             1, idx.long().clamp(min=0).reshape(len(sel), -1).clamp(max=sel.shape[1] - 1)
         ).reshape(idx.shape)
         complete = bool((take == (idx >= 0)).all())
-        counts = take.sum(-1)
-        S = int(counts.max()) if counts.numel() else 0
-        order = ((~take).long() * base + torch.arange(base, device=idx.device)).argsort(-1)[..., :S]
-        ok = torch.arange(S, device=idx.device) < counts[..., None]
-        if complete:
-            k = v = torch.empty(0)
-        else:
-            k_all, v_all = ctx.k[:, :, :base], ctx.v[:, :, :base]
-            k = k_all.gather(2, order[..., None].expand(-1, -1, -1, k_all.shape[-1])).to(ctx.q.dtype)
-            v = v_all.gather(2, order[..., None].expand(-1, -1, -1, v_all.shape[-1])).to(ctx.q.dtype)
-        pos = torch.where(ok, idx.gather(2, order), torch.full_like(order, -1, dtype=idx.dtype))
-        view = self._views[ctx.layer_idx] = _SparseView(k, v, pos, base, complete)
+        view = self._views[ctx.layer_idx] = SlotView.gather(ctx, take, base, skip_kv=complete)
+        S = view.pos.shape[-1]
         if not complete:  # gathering reads the selected slots (a quantized layer dequantises all of them)
             read = base if hasattr(layer, "key_store") else S
             self._sc.stats.target_kv_bytes += read * kv_slot_bytes(layer)
@@ -388,16 +369,8 @@ class Dustin(Verifier):
             stats.target_kv_bytes += len({h // g for h in heads}) / H_kv * T * slot
         return out
 
-    def sparse_attend(self, ctx: LayerContext, view: _SparseView) -> torch.Tensor:
+    def sparse_attend(self, ctx: LayerContext, view: SlotView) -> torch.Tensor:
         """Attention over the view's selected slots plus every slot written since it was selected."""
-        layer, base = ctx.layer, view.base
-        T = layer.index.shape[-1]
-        if hasattr(layer, "key_slice"):
-            k_tail, v_tail = layer.key_slice(base, T), layer.value_slice(base, T)
-        else:
-            k_tail, v_tail = layer.keys[:, :, base:], layer.values[:, :, base:]
-        k = torch.cat([view.k, k_tail.to(view.k.dtype)], dim=2)
-        v = torch.cat([view.v, v_tail.to(view.v.dtype)], dim=2)
-        pos = torch.cat([view.pos, layer.index[..., base:]], dim=2)
+        k, v, pos = view.read(ctx.layer)
         out, _, _ = attend_kv(ctx.q, k, v, pos, ctx.query_index, ctx.scaling, ctx.sliding_window)
         return out.to(ctx.q.dtype)

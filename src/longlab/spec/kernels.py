@@ -7,11 +7,13 @@ Shapes: ``q [B, H, t, D]``; ``k, v [B, H_kv, S, D]``; ``kpos [B, H_kv, S]`` toke
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from ..decode.retro import lse_merge
 
-__all__ = ["attend_kv", "lse_merge", "kv_slot_bytes"]
+__all__ = ["attend_kv", "lse_merge", "kv_slot_bytes", "SlotView"]
 
 
 def attend_kv(
@@ -61,3 +63,47 @@ def kv_slot_bytes(layer) -> float:
         if store is not None:
             tensors += store.tensors()
     return sum(t.numel() * t.element_size() for t in tensors if t is not None) / slots
+
+
+@dataclass
+class SlotView:
+    """A layer's selected slots below ``base``, gathered once (``k, v [B, H_kv, S, D]``, ``pos [B, H_kv, S]``,
+    -1 = filler), read together with every slot written since (``>= base``): the sparse view a self-draft
+    drafts over and Dustin verifies over. ``complete``: every held slot below ``base`` is selected (then
+    ``k, v`` are left empty and the caller reads the layer itself)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    pos: torch.Tensor
+    base: int
+    complete: bool = False
+
+    @classmethod
+    def gather(cls, ctx, take: torch.Tensor, base: int, *, skip_kv: bool = False) -> SlotView:
+        """The slots where ``take [B, H_kv, base]`` is True (valid ones only), in stream order, padded to
+        the largest per-head count; ``skip_kv``: positions only."""
+        idx = ctx.layer.index[..., :base]  # [B, H_kv, base]
+        take = take & (idx >= 0)
+        counts = take.sum(-1)
+        S = int(counts.max()) if counts.numel() else 0
+        order = ((~take).long() * base + torch.arange(base, device=idx.device)).argsort(-1)[..., :S]
+        ok = torch.arange(S, device=idx.device) < counts[..., None]
+        pos = torch.where(ok, idx.gather(2, order), torch.full_like(order, -1, dtype=idx.dtype))
+        if skip_kv:
+            return cls(torch.empty(0), torch.empty(0), pos, base, True)
+        k_all, v_all = ctx.k[:, :, :base], ctx.v[:, :, :base]  # a quantized layer dequantises once here
+        k = k_all.gather(2, order[..., None].expand(-1, -1, -1, k_all.shape[-1])).to(ctx.q.dtype)
+        v = v_all.gather(2, order[..., None].expand(-1, -1, -1, v_all.shape[-1])).to(ctx.q.dtype)
+        return cls(k, v, pos, base)
+
+    def read(self, layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(k, v, pos)``: the view followed by the layer's slots from ``base`` on."""
+        T = layer.index.shape[-1]
+        if hasattr(layer, "key_slice"):  # quantized storage
+            k_tail, v_tail = layer.key_slice(self.base, T), layer.value_slice(self.base, T)
+        else:
+            k_tail, v_tail = layer.keys[:, :, self.base :], layer.values[:, :, self.base :]
+        k = torch.cat([self.k, k_tail.to(self.k.dtype)], dim=2)
+        v = torch.cat([self.v, v_tail.to(self.v.dtype)], dim=2)
+        pos = torch.cat([self.pos, layer.index[..., self.base :]], dim=2)
+        return k, v, pos
