@@ -29,6 +29,14 @@ def test_multidoc_samples(tokenizer, task):
         assert score(task, f"It is {answer}.", s.answers) == 1.0
 
 
+@pytest.mark.parametrize("task", ["multidoc_qa_1", "multidoc_qa_2"])
+def test_sample_ids_name_the_length(tokenizer, task):
+    """A grid over several lengths stores each length's samples under their own ids."""
+    short, long = (generate(task, tokenizer, n, 2, 0, num_docs=4) for n in (1500, 3000))
+    ids = [s.sample_id for s in short + long]
+    assert len(set(ids)) == 4 and ids[0] == f"{task}-1500-s0-0"
+
+
 def test_two_hop_facts_are_in_different_documents(tokenizer):
     for s in generate("multidoc_qa_2", tokenizer, 2400, 4, 1, num_docs=4):
         first, second = s.metadata["gold_docs"]

@@ -260,7 +260,7 @@ def multidoc_qa_1(
         prefix = f"The secret code of the {keys[gold]} archive is"
         meta = {"gold_docs": [gold], "salient_docs": sorted(loud), "hops": 1, "haystack_source": source}
         out.append(_sample(tokenizer, "multidoc_qa_1", docs, question, prefix, codes[gold], meta))
-        out[-1].sample_id = f"multidoc_qa_1-{seed}-{index}"
+        out[-1].sample_id = f"multidoc_qa_1-{length}-s{seed}-{index}"
         out[-1].length = length
     return out
 
@@ -328,7 +328,7 @@ def multidoc_qa_2(
             "haystack_source": source,
         }
         out.append(_sample(tokenizer, "multidoc_qa_2", docs, question, prefix, badges[person], meta))
-        out[-1].sample_id = f"multidoc_qa_2-{seed}-{index}"
+        out[-1].sample_id = f"multidoc_qa_2-{length}-s{seed}-{index}"
         out[-1].length = length
     return out
 
