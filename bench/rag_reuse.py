@@ -134,6 +134,7 @@ def cmd_ttft(args: argparse.Namespace) -> int:
                 + " ".join(f"{s}={times[s][-1]['wall']:.2f}s" for s in specs),
                 flush=True,
             )
+        _print_ratios(m, specs, times)
         for spec in specs:
             med = {
                 k: statistics.median(t[k] for t in times[spec])
@@ -160,6 +161,21 @@ def cmd_ttft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_ratios(m: int, specs: list[str], times: dict[str, list[dict]]) -> None:
+    """TTFT medians and full / method ratios of one run, side by side: the median ratio and its range over
+    rounds (each round's full prefill divided by the same round's method)."""
+    full = "full-prefill" if "full-prefill" in times else specs[0]
+    print(f"m={m} documents: TTFT medians over {len(times[full])} interleaved rounds; {_uptime()}")
+    for spec in specs:
+        per_round = [f["ttft"] / t["ttft"] for f, t in zip(times[full], times[spec])]
+        med = statistics.median(t["ttft"] for t in times[spec])
+        print(
+            f"  {spec:<24} TTFT {med:7.3f}s  {full}/method {statistics.median(per_round):5.2f}x "
+            f"(rounds {min(per_round):.2f}-{max(per_round):.2f}x)",
+            flush=True,
+        )
+
+
 def _display(label: str) -> str:
     """``prophetkv@0.2:dual_stage=true`` -> ``prophetkv:dual_stage=true`` (the ratio has its own column)."""
     name, _, rest = label.partition("@")
@@ -167,11 +183,50 @@ def _display(label: str) -> str:
     return name + (f":{params}" if params else "")
 
 
-def _acc_table(task: str) -> tuple[list[str], list[dict]]:
+RUNS = (  # (model label, results subdirectory of OUT, PNG prefix)
+    ("SmolLM2-135M", "", "rag-reuse"),
+    ("Qwen2.5-0.5B", "qwen", "rag-reuse-qwen"),
+)
+PAIRS = (("prophetkv", "cacheblend"), ("prophetkv", "epic"), ("cacheblend", "epic"))
+
+
+def _ci(d) -> str:
+    """A paired difference in points with its CI and significance."""
+    sig = "" if d.significant else " (n.s.)"
+    return f"{100 * d.mean:+.1f} [{100 * d.low:+.0f}, {100 * d.high:+.0f}]{sig}"
+
+
+def share_of_full(scores: list[float], full: list[float]) -> tuple[float | None, float, float]:
+    """``acc / acc_full`` with a 95% CI by inverting the paired bootstrap test of ``mean(a_i - c f_i) = 0``
+    (``longlab.eval.stats.paired_difference``): the CI is the set of ``c`` on a 0.01 grid in [0, 3] that
+    the test does not reject. ``(None, 0, inf)`` when the full prefill answers nothing."""
+    from longlab.eval.stats import paired_difference
+
+    if not sum(full):
+        return None, 0.0, float("inf")
+    kept = []
+    for i in range(301):
+        c = i * 0.01
+        d = paired_difference(scores, [c * f for f in full])
+        if not d.significant:
+            kept.append(c)
+    point = sum(scores) / sum(full)
+    return point, (min(kept) if kept else point), (max(kept) if kept else point)
+
+
+def claim_test(scores: list[float], full: list[float], share: float):
+    """Paired bootstrap of ``mean(a_i - share * f_i)``: above 0 (significantly) = the method keeps more than
+    ``share`` of the full prefill's accuracy, below 0 = less."""
+    from longlab.eval.stats import paired_difference
+
+    return paired_difference(scores, [share * f for f in full])
+
+
+def _acc_table(run_dir: Path, model_label: str) -> tuple[list[str], list[dict]]:
     from longlab.eval.report import load_rows
     from longlab.eval.stats import paired_difference, wilson_interval
 
-    rows = load_rows(OUT / task)
+    rows = load_rows(run_dir) if (run_dir / "results.sqlite").exists() else []
     if not rows:
         return [], []
     by: dict[str, dict[str, dict]] = {}
@@ -179,12 +234,16 @@ def _acc_table(task: str) -> tuple[list[str], list[dict]]:
         by.setdefault(r["recipe"], {})[r["sample_id"]] = r
     full = by.get("full", {})
     ids = sorted(set.intersection(*(set(v) for v in by.values())))  # samples every method has
+    if not ids:
+        return [], []
     out, summary = [], []
     out.append(
-        f"n = {len(ids)} samples; accuracy with 95% Wilson interval; Δ vs full: paired bootstrap 95% CI.\n"
+        f"{model_label}: n = {len(ids)} samples (every method on the same samples); accuracy with 95% Wilson "
+        "interval; *% of full* with a 95% CI from the paired bootstrap test inverted (see the text); Δ vs "
+        "full: paired bootstrap 95% CI; fidelity: bootstrap 95% CI.\n"
     )
     out.append(
-        "| method | ρ | accuracy % | 95% CI | % of full | Δ vs full (pts) | fidelity % [95% CI] | "
+        "| method | ρ | accuracy % | 95% CI | % of full [95% CI] | Δ vs full (pts) | fidelity % [95% CI] | "
         "recomputed % | cost % |"
     )
     out.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
@@ -195,7 +254,6 @@ def _acc_table(task: str) -> tuple[list[str], list[dict]]:
         return (order.get(name, 3), name.split(":")[0], float(ratio.split(":")[0]) if ratio else -1, label)
 
     full_scores = [full[i]["score"] for i in ids]
-    full_acc = sum(full_scores) / len(ids) if ids else 0.0
     for label in sorted(by, key=key):
         scores = [by[label][i]["score"] for i in ids]
         k = int(sum(scores))
@@ -209,12 +267,11 @@ def _acc_table(task: str) -> tuple[list[str], list[dict]]:
         cost = statistics.mean(e["cost_fraction"] for e in extra)
         ratio = label.partition("@")[2].split(":")[0]
         acc = k / len(ids)
-        rel = f"{100 * acc / full_acc:.0f}" if full_acc else "–"
-        sig = "" if diff.significant else " (n.s.)"
+        share, s_lo, s_hi = share_of_full(scores, full_scores)
+        rel = f"{100 * share:.0f} [{100 * s_lo:.0f}, {100 * s_hi:.0f}]" if share is not None else "–"
         out.append(
             f"| {_display(label)} | {ratio or '–'} | {100 * acc:.1f} | {100 * lo:.0f}–{100 * hi:.0f} | "
-            f"{rel} | {100 * diff.mean:+.1f} [{100 * diff.low:+.0f}, {100 * diff.high:+.0f}]{sig} | "
-            f"{100 * fid:.1f} [{100 * fid_ci.low:.0f}, {100 * fid_ci.high:.0f}] | "
+            f"{rel} | {_ci(diff)} | {100 * fid:.1f} [{100 * fid_ci.low:.0f}, {100 * fid_ci.high:.0f}] | "
             f"{100 * rec:.1f} | {100 * cost:.1f} |"
         )
         summary.append(
@@ -225,48 +282,63 @@ def _acc_table(task: str) -> tuple[list[str], list[dict]]:
                 "low": lo,
                 "high": hi,
                 "n": len(ids),
+                "share_of_full": [share, s_lo, s_hi],
                 "diff": [diff.mean, diff.low, diff.high],
                 "significant": diff.significant,
                 "fidelity": fid,
+                "fidelity_ci": [fid_ci.low, fid_ci.high],
                 "recomputed": rec,
                 "cost": cost,
             }
         )
+    ratios = sorted({lab.partition("@")[2] for lab in by if "@" in lab and ":" not in lab}, key=float)
     out += [
         "",
-        "Paired differences between methods at the same ρ, accuracy and fidelity (points, bootstrap 95% CI):",
+        "Paired differences between methods at the same ρ on the same samples, accuracy and fidelity "
+        "(points, paired bootstrap 95% CI); *all ρ*: each sample's mean over the ratios above, then paired:",
         "",
-        "| ρ | prophetkv − cacheblend | prophetkv − epic | cacheblend − epic |",
-        "|---:|---:|---:|---:|",
+        "| ρ | " + " | ".join(f"{a} − {b}" for a, b in PAIRS) + " |",
+        "|---:|" + "---:|" * len(PAIRS),
     ]
     pairs = {}
-    for r in sorted({lab.partition("@")[2] for lab in by if "@" in lab and ":" not in lab}, key=float):
-        cells = []
-        for a_name, b_name in (("prophetkv", "cacheblend"), ("prophetkv", "epic"), ("cacheblend", "epic")):
-            la, lb = f"{a_name}@{r}", f"{b_name}@{r}"
-            if la not in by or lb not in by:
-                cells.append("–")
-                continue
-            d = paired_difference([by[la][i]["score"] for i in ids], [by[lb][i]["score"] for i in ids])
-            f = paired_difference(
-                [by[la][i]["extra"]["fidelity"] for i in ids], [by[lb][i]["extra"]["fidelity"] for i in ids]
-            )
-            pairs[f"{la} - {lb}"] = {
-                "acc": [d.mean, d.low, d.high, d.significant],
-                "fidelity": [f.mean, f.low, f.high, f.significant],
-            }
-            cells.append(
-                f"{100 * d.mean:+.1f} [{100 * d.low:+.0f}, {100 * d.high:+.0f}]"
-                + ("" if d.significant else " (n.s.)")
-                + f"; fid {100 * f.mean:+.1f} [{100 * f.low:+.0f}, {100 * f.high:+.0f}]"
-                + ("" if f.significant else " (n.s.)")
-            )
+
+    def cell(a_labels: list[str], b_labels: list[str], name: str) -> str:
+        if not all(lab in by for lab in a_labels + b_labels):
+            return "–"
+        mean = lambda labs, i, f: statistics.mean(f(by[lab][i]) for lab in labs)  # noqa: E731
+        acc = lambda r: r["score"]  # noqa: E731
+        fid = lambda r: r["extra"]["fidelity"]  # noqa: E731
+        d = paired_difference([mean(a_labels, i, acc) for i in ids], [mean(b_labels, i, acc) for i in ids])
+        f = paired_difference([mean(a_labels, i, fid) for i in ids], [mean(b_labels, i, fid) for i in ids])
+        pairs[name] = {"acc": [d.mean, d.low, d.high, d.significant], "fidelity": [f.mean, f.low, f.high,
+                                                                                  f.significant]}
+        return f"{_ci(d)}; fid {_ci(f)}"
+
+    for r in ratios:
+        cells = [cell([f"{a}@{r}"], [f"{b}@{r}"], f"{a}@{r} - {b}@{r}") for a, b in PAIRS]
         out.append(f"| {r} | " + " | ".join(cells) + " |")
-    summary.append({"pairs": pairs})
+    if len(ratios) > 1:
+        cells = [
+            cell([f"{a}@{r}" for r in ratios], [f"{b}@{r}" for r in ratios], f"{a} - {b} (all ratios)")
+            for a, b in PAIRS
+        ]
+        out.append("| all ρ | " + " | ".join(cells) + " |")
+    claims = {}
+    for label in (lab for lab in by if lab.startswith("prophetkv@0.2")):
+        scores = [by[label][i]["score"] for i in ids]
+        t96 = claim_test(scores, full_scores, 0.96)
+        claims[label] = {"vs_96pct": [t96.mean, t96.low, t96.high, t96.significant]}
+        out.append("")
+        side = "below 96% of full" if t96.high < 0 else "above 96% of full" if t96.low > 0 else "neither"
+        out.append(
+            f"Claim test, {_display(label)} at ρ = 0.2 vs 96% of full: mean(a − 0.96·full) = "
+            f"{_ci(t96)} points ({side} at 95%)."
+        )
+    summary.append({"pairs": pairs, "claims": claims})
     return out, summary
 
 
-def _plot(task: str, summary: list[dict], path: Path) -> None:
+def _plot(title: str, summary: list[dict], path: Path) -> None:
     import matplotlib
 
     summary = [s for s in summary if "label" in s]
@@ -289,6 +361,13 @@ def _plot(task: str, summary: list[dict], path: Path) -> None:
             xs, [100 * p["low"] for p in ends], [100 * p["high"] for p in ends], color=color, alpha=0.12
         )
         ax2.plot(xs, [100 * p["fidelity"] for p in ends], "o-", color=color, label=name)
+        ax2.fill_between(
+            xs,
+            [100 * p.get("fidelity_ci", [p["fidelity"]] * 2)[0] for p in ends],
+            [100 * p.get("fidelity_ci", [p["fidelity"]] * 2)[1] for p in ends],
+            color=color,
+            alpha=0.12,
+        )
     ape = next((s for s in summary if s["label"] == "ape"), None)
     if ape:
         err = [[100 * (ape["acc"] - ape["low"])], [100 * (ape["high"] - ape["acc"])]]
@@ -297,13 +376,13 @@ def _plot(task: str, summary: list[dict], path: Path) -> None:
         )
         ax2.plot([0.0], [100 * ape["fidelity"]], "s", color="tab:purple", label="ape (ρ=0)")
     n = summary[0]["n"] if summary else 0
-    for a, ylabel, title in (
-        (ax, "accuracy % (95% Wilson band)", f"SmolLM2-135M, {task}, n={n}: exact answer"),
-        (ax2, "fidelity % (answer positions = full's argmax)", "agreement with full prefill"),
+    for a, ylabel, sub in (
+        (ax, "accuracy % (95% Wilson band)", f"{title}, n={n}: exact answer"),
+        (ax2, "fidelity % (95% bootstrap band)", "answer positions = full prefill's argmax"),
     ):
         a.set_xlabel("recompute ratio ρ (0 = no-recompute, 1 = full prefill)")
         a.set_ylabel(ylabel)
-        a.set_title(title, fontsize=10)
+        a.set_title(sub, fontsize=10)
         a.set_xscale("symlog", linthresh=0.05)
         a.set_xticks([0, 0.05, 0.1, 0.2, 0.4, 1.0])
         a.set_xticklabels(["0", "0.05", "0.1", "0.2", "0.4", "1"])
@@ -316,14 +395,16 @@ def _plot(task: str, summary: list[dict], path: Path) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     lines, summaries = [], {}
-    for task in ("multidoc_qa_1", "multidoc_qa_2"):
-        table, summary = _acc_table(task)
-        if not table:
-            continue
-        summaries[task] = summary
-        png = Path(os.environ.get("RAG_REUSE_DOCS", ROOT / "docs" / "results")) / f"rag-reuse-{task}.png"
-        _plot(task, summary, png)
-        lines += [f"### {task}", "", *table, "", f"![{task}]({png.name})", ""]
+    docs_dir = Path(os.environ.get("RAG_REUSE_DOCS", ROOT / "docs" / "results"))
+    for model_label, sub, prefix in RUNS:
+        for task in ("multidoc_qa_1", "multidoc_qa_2"):
+            table, summary = _acc_table(OUT / sub / task if sub else OUT / task, model_label)
+            if not table:
+                continue
+            summaries[f"{model_label}/{task}"] = summary
+            png = docs_dir / f"{prefix}-{task}.png"
+            _plot(f"{model_label}, {task}", summary, png)
+            lines += [f"### {model_label}, {task}", "", *table, "", f"![{task}]({png.name})", ""]
     ttft_path = OUT / "ttft.json"
     if ttft_path.exists():
         data = json.loads(ttft_path.read_text())

@@ -35,6 +35,8 @@ from common import ROOT, hardware, write_json
 
 from longlab import load_model
 from longlab.cache import LonglabCache
+from longlab.eval.spec_grid import mean_ci_cell, median_cell, paired_cell, score_ci_cell, spec_markdown
+from longlab.eval.stats import paired_difference
 from longlab.pipeline import Stream, encode_prompts, eos_token_ids
 from longlab.spec import parse_draft, parse_verifier, speculative_decode
 from longlab.spec.dustin import save_heads, select_heads
@@ -308,11 +310,12 @@ def table(path: Path, path_losa: Path) -> None:
         data = json.loads(path.read_text())
         rows = data["rows"]
         print(
-            "| context | config | n | acceptance | tokens / target forward | decode tok/s | tok/s / plain "
-            "(median; CPU time) | KV bytes read per token / plain (median) | "
-            "weights + KV bytes per token / plain | accuracy | tokens = plain |"
+            "| context | config | n | acceptance [95% CI] | tokens / target forward [95% CI] | tok/s / plain "
+            "(median, quartiles; CPU-time median) | KV bytes read per token / plain (median) | "
+            "weights + KV bytes per token / plain (median) | accuracy, passkey + vt [95% CI] | "
+            "accuracy - plain [paired 95% CI] | tokens = plain | load (1 min) |"
         )
-        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
         plain = {(r["length"], r["sample"]): r for r in rows if r["config"] == "plain"}
         for r in rows:  # process-CPU-time speed ratio: steadier than wall time on a shared machine
             p = plain.get((r["length"], r["sample"]))
@@ -325,16 +328,26 @@ def table(path: Path, path_losa: Path) -> None:
         )
         for length, name in keys:
             sel = [r for r in rows if r["length"] == length and r["config"] == name]
+            scored = [r for r in sel if r["score"] is not None]  # the summary prompt has no reference
+            pairs = [(r, plain[(r["length"], r["sample"])]) for r in scored]
+            is_plain = name == "plain"
+            diff = "—" if is_plain else paired_cell(
+                [r["score"] for r, _ in pairs],
+                [p["score"] for _, p in pairs],
+                sum(bool(r["same_as_plain"]) for r, _ in pairs),
+            )
+            acc = [r["acceptance_rate"] for r in sel if r["acceptance_rate"] is not None]
+            loads = [r["load_1m"] for r in sel]
             print(
-                f"| {length} | {name} | {len(sel)} | {_fmt(_mean([r['acceptance_rate'] for r in sel]))} | "
-                f"{_fmt(_mean([r['tokens_per_forward'] for r in sel]))} | "
-                f"{_fmt(statistics.median(r['tokens_per_s'] for r in sel), '.1f')} | "
-                f"{_fmt(statistics.median(r['speed_ratio'] for r in sel))} "
-                f"({_fmt(statistics.median(r['cpu_ratio'] for r in sel))}) | "
+                f"| {length} | {name} | {len(sel)} | {mean_ci_cell(acc)} | "
+                f"{'1.00' if is_plain else mean_ci_cell([r['tokens_per_forward'] for r in sel])} | "
+                f"{median_cell([r['speed_ratio'] for r in sel])}; "
+                f"{_fmt(statistics.median(r['cpu_ratio'] for r in sel))} | "
                 f"{_fmt(statistics.median(r['bytes_ratio'] for r in sel))} | "
                 f"{_fmt(statistics.median(r['total_bytes_ratio'] for r in sel))} | "
-                f"{_fmt(_mean([r['score'] for r in sel]), '.0f', 100, ' %')} | "
-                f"{sum(bool(r['same_as_plain']) for r in sel)}/{len(sel)} |"
+                f"{score_ci_cell([r['score'] for r in scored])} | {diff} | "
+                f"{sum(bool(r['same_as_plain']) for r in sel)}/{len(sel)} | "
+                f"{min(loads):.1f}-{max(loads):.1f} |"
             )
         loads = [r["load_1m"] for r in rows]
         print(
@@ -345,36 +358,108 @@ def table(path: Path, path_losa: Path) -> None:
         data = json.loads(path_losa.read_text())
         rows = data["rows"]
         print(
-            "| context | task | attention | n | prefix pages loaded / layer-step | active fraction | "
-            "logit L∞ vs dense (mean / max) | greedy tokens = dense (per step) | tokens / forward | "
-            "accuracy |"
+            "| context | task | attention | n | prefix pages loaded / layer-step [95% CI] | active fraction "
+            "| logit L∞ vs dense (mean / max) | greedy tokens = dense (per step) [95% CI] | tokens / forward "
+            "| accuracy [95% CI] |"
         )
         print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
         keys = dict.fromkeys((r["length"], r["task"], r["attention"]) for r in rows)
         for length, task, att in keys:
             sel = [r for r in rows if (r["length"], r["task"], r["attention"]) == (length, task, att)]
-            pages = _fmt(_mean([r["pages_per_layer_step"] for r in sel]), ".1f")
+            pages = mean_ci_cell([r["pages_per_layer_step"] for r in sel], 1)
             worst = max(r["logit_linf_max"] for r in sel)
             linf = f"{_fmt(_mean([r['logit_linf'] for r in sel]))} / {_fmt(worst)}"
             print(
                 f"| {length} | {task} | {att} | {len(sel)} | {pages} | "
                 f"{_fmt(_mean([r['active_fraction'] for r in sel]))} | {linf} | "
-                f"{_fmt(_mean([r['token_agreement'] for r in sel]), '.3f')} | "
+                f"{mean_ci_cell([r['token_agreement'] for r in sel], 3)} | "
                 f"{_fmt(_mean([r['tokens_per_forward'] for r in sel]))} | "
-                f"{_fmt(_mean([r['score'] for r in sel]), '.0f', 100, ' %')} |"
+                f"{score_ci_cell([r['score'] for r in sel])} |"
             )
+        # LoSA vs per-query Quest on the same samples (paired bootstrap over samples, all tasks)
+        by = {(r["sample"], r["attention"]): r for r in rows}
+        pairs = [(by[(s_, "losa")], by[(s_, "quest")]) for s_, a in by if a == "losa" and (s_, "quest") in by]
+        if pairs:
+            print(f"\nLoSA - per-query Quest, paired over {len(pairs)} samples (95% CI):")
+            for key, what in (
+                ("pages_per_layer_step", "prefix pages loaded / layer-step"),
+                ("token_agreement", "greedy-token agreement with dense"),
+                ("score", "accuracy"),
+            ):
+                d = paired_difference([x[key] for x, _ in pairs], [y[key] for _, y in pairs])
+                ns = "" if d.significant else ", n.s."
+                print(f"- {what}: {d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}]{ns}")
         loads = [r["load_1m"] for r in rows]
         print(f"\nload average (1 min): {min(loads):.1f}–{max(loads):.1f}; end: {data['uptime_end']}")
+
+
+def eval_grid(out: str) -> None:
+    """Tables (longlab.eval.spec_grid.spec_markdown, 95% CIs) and the acceptance-vs-length plot of a
+    ``longlab eval --speculative`` results directory."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from longlab.eval.stats import bootstrap_ci
+    from longlab.eval.store import ResultStore
+
+    store = ResultStore(out, readonly=True)
+    try:
+        rows = [r for r in store.rows() if "spec" in (r.get("extra") or {})]
+    finally:
+        store.close()
+    print(spec_markdown(rows))
+    spec = [r for r in rows if r["extra"]["spec"] != "plain"]
+    tasks = sorted({r["task"] for r in spec})
+    fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(4.2 * (len(tasks) + 1), 3.8), squeeze=False)
+    for col, (title, sel_task) in enumerate([(t, t) for t in tasks] + [("K/V bytes read / plain", None)]):
+        ax = axes[0][col]
+        for k, label in enumerate(sorted({r["recipe"] for r in spec})):
+            mine = [r for r in spec if r["recipe"] == label and (sel_task is None or r["task"] == sel_task)]
+            lengths = sorted({r["length"] for r in mine})
+            mean, low, high = [], [], []
+            for n in lengths:
+                key = "bytes_vs_plain" if sel_task is None else "acceptance_rate"
+                vals = [r["extra"][key] for r in mine if r["length"] == n]
+                m, lo, hi = bootstrap_ci([vals])
+                mean.append(m)
+                low.append(m - lo)
+                high.append(hi - m)
+            short = label.split("~", 1)[-1].replace(";gamma=", " g")
+            shift = [n * 1.04**k for n in lengths]  # configs side by side at each length
+            style = "--" if ";dustin" in label else "-"
+            ax.errorbar(shift, mean, yerr=[low, high], marker="o", ls=style, capsize=3, label=short)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context tokens")
+        ax.set_title(f"acceptance: {title}" if sel_task else title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0][-1].axhline(1.0, color="gray", lw=0.8)
+    axes[0][-1].set_title("K/V bytes read per token / plain (mean)", fontsize=9)
+    axes[0][0].legend(fontsize=6)
+    fig.suptitle(
+        "SmolLM2-135M, greedy, full cache: longlab eval --speculative "
+        "(means, 95% bootstrap CIs over samples)",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path = Path(out) / "acceptance_vs_length.png"
+    fig.savefig(path, dpi=120)
+    print(f"\nplot: {path}")
 
 
 def run_losa(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)
-    rows = []
+    out = Path(args.out_losa)
+    rows = json.loads(out.read_text())["rows"] if args.append and out.exists() else []
+    done = {r["sample"] for r in rows}
     for length in args.lengths:
         for sample in samples_for(
             tokenizer, [t for t in args.tasks if t != "summary"], length, args.samples, args.seed
         ):
+            if sample.sample_id in done:  # --append: resumable, samples already measured are kept
+                continue
             base, logits, prompt, _ = prefill(model, tokenizer, sample)
             max_new = min(sample.max_new_tokens, args.max_new_tokens)
             for attention in ("dense", "quest", "losa"):
@@ -439,9 +524,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-losa", default=str(OUT_LOSA))
     p.add_argument("--losa", action="store_true", help="Jacobi decoding: dense vs per-query Quest vs LoSA")
     p.add_argument("--table", action="store_true", help="print the markdown table of --out")
-    p.add_argument("--append", action="store_true", help="keep the rows already in --out")
+    p.add_argument("--append", action="store_true", help="keep the rows already in --out (--out-losa)")
+    p.add_argument(
+        "--eval-grid", metavar="DIR", help="tables + acceptance plot of a `longlab eval --speculative` dir"
+    )
     args = p.parse_args(argv)
-    if args.table:
+    if args.eval_grid:
+        eval_grid(args.eval_grid)
+    elif args.table:
         table(Path(args.out), Path(args.out_losa))
     elif args.losa:
         run_losa(args)

@@ -17,14 +17,18 @@ LAYERS: list[tuple[str, ...]] = [
     ("paths", "recipe", "tasks", "sparse.blockmask", "sparse.synthetic", "quant.quantizer", "eval.store"),
     ("attention", "masks", "context_parallel"),  # masks: LongCA slice masks; context-parallel attention
     ("cache",),
-    ("kv", "quant", "sparse", "decode", "methods", "kernels"),  # method families; kernels: one call
+    # method families; kernels: one call; compress: context compressors (compress.api: above models)
+    # position: RoPE methods (position.train, the training tool, sits with the tools)
+    ("kv", "quant", "sparse", "decode", "methods", "kernels", "compress", "position"),
     ("hook",),
     ("models",),
     ("reuse",),  # per-document KV store, assembly and reuse methods: drive a model's layers, below pipeline
+    ("compress.api",),  # applies context compressors for pipeline and eval; may load a scorer model
     ("spec",),  # speculative decoding: drives the model on the cache, below the pipeline that calls it
     ("pipeline",),
     # tools and the harness drive models and pipelines (capture: q/k/v capture for calibration, training)
-    ("capture", "kv.indexmem_train", "quant.calibrate", "eval", "cp_generate"),  # cp_generate: CP prefill
+    ("capture", "kv.indexmem_train", "quant.calibrate", "eval", "cp_generate",  # cp_generate: CP prefill
+     "position.train", "lab"),  # lab: the layers lab (own LM + trainer), writes to eval.store
     ("cli",),
     ("",),  # the package face: longlab/__init__.py
 ]

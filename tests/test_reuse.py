@@ -118,13 +118,16 @@ RATIO_ONE = (
 @pytest.mark.parametrize("name", TINY)
 def test_ratio_one_is_full_prefill_token_for_token(tiny_models, tokenizer, name):
     model = tiny_models[name][0]
-    full = generate(model, tokenizer, docs=DOCS, question=QUESTION, reuse="full-prefill", max_new_tokens=8)
+    full = generate(
+        model, tokenizer, docs=DOCS, question=QUESTION, reuse="full-prefill", recipe="full", max_new_tokens=8
+    )
     direct = _full_logits(model, _prompt_ids(tokenizer, DOCS, QUESTION))
     torch.testing.assert_close(full.reuse.logits, direct, atol=1e-4, rtol=1e-4)
     store = MemoryStore()
     for spec in RATIO_ONE:
         out = generate(
-            model, tokenizer, docs=DOCS, question=QUESTION, reuse=spec, store=store, max_new_tokens=8
+            model, tokenizer, docs=DOCS, question=QUESTION, reuse=spec, store=store, recipe="full",
+            max_new_tokens=8,
         )
         assert out.token_ids == full.token_ids, spec
         torch.testing.assert_close(out.reuse.logits, full.reuse.logits, atol=1e-4, rtol=1e-4)
@@ -276,9 +279,10 @@ def test_ape_attention_formula():
     torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
 
 
-def test_ape_plain_single_document_is_prefill(tiny_models, tokenizer):
+@pytest.mark.parametrize("name", TINY)
+def test_ape_plain_single_document_is_prefill(tiny_models, tokenizer, name):
     """APE with temperature = scale = 1 and one document is a plain prefill of that document."""
-    model = tiny_models["tiny-qwen2"][0]
+    model = tiny_models[name][0]
     pre = reuse_prefill(model, tokenizer, DOCS[:1], QUESTION, "ape", store=MemoryStore())
     full = _full_logits(model, _prompt_ids(tokenizer, DOCS[:1], QUESTION))
     torch.testing.assert_close(pre.logits, full, atol=1e-4, rtol=1e-4)
@@ -422,7 +426,7 @@ def test_real_model_identities(name):
     ape = reuse_prefill(model, tok, docs[:1], q, "ape", store=store, answer_prefix=prefix)
     ref2 = reuse_prefill(model, tok, docs[:1], q, "full-prefill", answer_prefix=prefix)
     torch.testing.assert_close(ape.logits, ref2.logits, atol=2e-3, rtol=1e-3)
-    kw = dict(docs=docs, question=q, answer_prefix=prefix, store=store, max_new_tokens=10)
+    kw = dict(docs=docs, question=q, answer_prefix=prefix, store=store, max_new_tokens=10, recipe="full")
     full = generate(model, tok, reuse="full-prefill", **kw)
     for spec in ("cacheblend@1", "prophetkv@1", "epic@1"):
         assert generate(model, tok, reuse=spec, **kw).token_ids == full.token_ids, spec

@@ -121,3 +121,40 @@ def test_eval_reuse_grid_writes_rows(tmp_path, capsys):
         == 2
     )
     assert "multi-document" in capsys.readouterr().err
+
+
+def test_generate_docs_with_recipe(files, tmp_path, capsys):
+    """``--reuse`` and ``--recipe`` compose: the summary names both and the KV shrinks; a recipe that cannot
+    follow a reuse prefill fails before the model loads or the store is made."""
+    base = ["generate", "--model", "tiny-llama", "--docs", *files, "--question", "Where is item 12?",
+            "--max-new-tokens", "3", "--store", str(tmp_path / "s"), "--reuse", "cacheblend@0.2"]
+    assert main([*base, "--recipe", "snapkv@0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "[reuse=cacheblend:ratio=0.2+snapkv@0.5]" in out
+    before, after = out.split("| KV ")[1].split(" | ")[0].split(" -> ")
+    assert float(after.split()[0]) < float(before.split()[0])
+    assert main([*base, "--recipe", "full"]) == 0
+    assert "[reuse=cacheblend:ratio=0.2]" in capsys.readouterr().out
+    bad = [*base[:-4], "--store", str(tmp_path / "s2"), "--reuse", "epic", "--recipe", "h2o@0.5"]
+    assert main(bad) == 2
+    assert "accumulates attention" in capsys.readouterr().err
+    assert not (tmp_path / "s2").exists()
+
+
+def test_eval_reuse_times_recipes(tmp_path, capsys):
+    """``longlab eval --reuse ... --recipes ...``: every method x recipe is a row; full-prefill + snapkv is
+    labelled ``snapkv@0.5`` (a plain prefill + recipe), the others ``<reuse>+<recipe>``."""
+    out = str(tmp_path / "runs")
+    args = ["eval", "--model", "tiny-llama", "--reuse", "full-prefill,cacheblend@0.2", "--recipes",
+            "full,snapkv@0.5", "--tasks", "multidoc_qa_1", "--lengths", "700", "--samples", "1",
+            "--num-docs", "4", "--out", out, "--no-progress"]
+    assert main(args) == 0
+    assert "4 new rows" in capsys.readouterr().out
+    from longlab.eval.report import load_rows
+
+    rows = {r["recipe"]: r for r in load_rows(out)}
+    assert set(rows) == {"full", "cacheblend@0.2", "snapkv@0.5", "cacheblend@0.2+snapkv@0.5"}
+    assert rows["snapkv@0.5"]["kv_bytes_after"] < rows["full"]["kv_bytes_after"]
+    assert rows["cacheblend@0.2+snapkv@0.5"]["extra"]["kv_recipe"] == "snapkv@0.5"
+    assert main([*args[:6], "full,h2o@0.5", *args[7:]]) == 2
+    assert "--recipes" in capsys.readouterr().err

@@ -253,7 +253,7 @@ def test_draft_model_with_another_tokenizer_is_refused(llama, tokenizer, prompts
     other = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer)
     other.add_tokens(["<extra>"])
     stream, logits = _stream(llama, "full", prompts[:1])
-    with pytest.raises(LonglabError, match="another tokenizer"):
+    with pytest.raises(LonglabError, match=r"speculative='model:.*another tokenizer"):
         speculative_decode(
             llama,
             tokenizer,
@@ -438,10 +438,18 @@ def test_eval_speculative_grid_stores_acceptance(tmp_path, capsys):
         extra = row["extra"]
         assert extra["same_as_plain"] and extra["tokens_per_forward"] >= 1.0
         assert (extra["acceptance_rate"] is None) == (label == "full")
+        assert extra["kv_bytes_read_per_token"] > 0 and extra["load_1m"] >= 0
+        assert extra["accepted"] <= extra["drafted"]
+    # lookup + full verification reads fewer K/V bytes than plain decoding when it accepts anything
+    lookup = rows["full~lookup;full;gamma=10"]["extra"]
+    assert (lookup["bytes_vs_plain"] < 1.0) == (lookup["accepted"] > 0)
     assert main(args) == 0 and "0 new rows, 3 skipped" in capsys.readouterr().out  # re-run skips
     assert main(["report", str(out)]) == 0
     report = next(out.rglob("report.md")).read_text()
     assert "## Speculative decoding" in report and "full~lookup;full;gamma=10" in report
+    for column in ("acceptance [95% CI]", "tokens / target forward [95% CI]", "KV bytes read per token"):
+        assert column in report
+    assert "identical tokens (1/1)" in report  # full verification: the paired comparison says so
     assert main(["eval", "--model", "tiny-llama", "--speculative", "nope", "--out", str(out)]) == 2
 
 

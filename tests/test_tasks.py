@@ -80,7 +80,8 @@ def haystack(sample: Sample) -> str:
 
 def test_registry_names():
     assert list(TASKS)[:13] == RULER_13
-    assert set(TASKS) == set(RULER_13) | {"passkey", "multidoc_qa_1", "multidoc_qa_2"}
+    assert set(TASKS) == set(RULER_13) | {"passkey", "multidoc_qa_1", "multidoc_qa_2", "summ_events"} | {
+        "redundant_niah", "redundant_niah_2hop", "cite_qa", "lookup_chain"}  # longlab.tasks.compression
     assert get_task("vt") is TASKS["vt"]
 
 
@@ -576,6 +577,10 @@ def _ruler_metric(task: str) -> str:
     """RULER's scoring rule (NVIDIA/RULER's synthetic-task eval constants) plus pass-key accuracy."""
     if task.startswith("qa_"):
         return "string_match_part"
+    if task == "summ_events":  # longlab's summarisation-like free-text task (longlab.tasks.summary)
+        return "rouge_l"
+    if task == "cite_qa":  # answer correctness and citation F1 (longlab.tasks.compression)
+        return "answer_citation"
     return "first_int_match" if task == "passkey" else "string_match_all"
 
 

@@ -31,7 +31,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from .recipe import LonglabError, Recipe, parse_recipe
 
-__all__ = ["LonglabCache", "LonglabLayer", "CACHE_KWARG"]
+__all__ = ["LonglabCache", "LonglabLayer", "CACHE_KWARG", "left_pad"]
 
 # transformers' attention layers call ``cache.update(k, v, layer_idx, kwargs=kwargs)`` and then pass the
 # same ``kwargs`` to the attention function: the cache adds itself there, so the hook receives
@@ -423,3 +423,17 @@ class LonglabCache(Cache):
 
     def __repr__(self) -> str:
         return f"LonglabCache(recipe={self.recipe.name!r}, layers={len(self.layers)}, nbytes={self.nbytes()})"
+
+
+def left_pad(rows: list[list[int]], pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of token ids -> ``(ids [B, T], valid [B, T])``, left-padded with ``pad_id`` to the longest row:
+    the batch layout the cache's rows share (padding slots are empty, never attended). Used by
+    ``Stream.feed`` and by the speculative drafts' appends (longlab.spec)."""
+    T = max((len(r) for r in rows), default=0)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    valid = torch.zeros(len(rows), T, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        if r:
+            ids[b, T - len(r) :] = torch.tensor(r, dtype=torch.long)
+            valid[b, T - len(r) :] = True
+    return ids, valid

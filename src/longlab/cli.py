@@ -98,7 +98,7 @@ def _cmd_generate(args: argparse.Namespace) -> int:
 
         prepare(args.speculative, args.verify, args.gamma)  # checked before the model loads
         spec = dict(speculative=args.speculative, verify=args.verify, gamma=args.gamma)
-    model, tokenizer = load_model(args.model)
+    model, tokenizer = load_model(args.model, position=args.position)
     result = generate(
         model,
         tokenizer,
@@ -139,10 +139,13 @@ def _generate_docs(args: argparse.Namespace) -> int:
         raise LonglabError("--docs needs --question")
     docs = [read_context_file(f, args.encoding, "--docs") for f in args.docs]
     method = parse_reuse(args.reuse or "full-prefill")  # checked before the model loads
+    from .reuse.compose import reuse_recipe
+
+    reuse_recipe(args.recipe, method)  # --recipe compresses the assembled cache (longlab.reuse.compose)
     store = DocStore(args.store or default_store_dir())
     model, tokenizer = load_model(args.model)
     result = generate(
-        model, tokenizer, docs=docs, question=args.question, reuse=method, store=store,
+        model, tokenizer, docs=docs, question=args.question, reuse=method, store=store, recipe=args.recipe,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
     )
     pre = result.reuse
@@ -175,11 +178,13 @@ def _cmd_methods(args: argparse.Namespace) -> int:
         for name, kind, paper, params, _ in rows:
             print(f"| `{name}` | {kind} | {paper} | {params} |")
         return 0
+    from .position import POSITIONS
     from .reuse.methods import REUSE_METHODS
     from .spec.base import DRAFTS, VERIFIERS
 
-    # the families that are not recipe parts: generate(reuse=...), speculative=..., verify=...
-    for kind, registry in (("reuse", REUSE_METHODS), ("draft", DRAFTS), ("verify", VERIFIERS)):
+    # the families that are not recipe parts: generate(reuse=...), speculative=..., verify=..., position=...
+    families = (("reuse", REUSE_METHODS), ("draft", DRAFTS), ("verify", VERIFIERS), ("position", POSITIONS))
+    for kind, registry in families:
         for name in sorted(registry):
             cls = registry[name]
             params = ", ".join(
@@ -327,9 +332,10 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-report", action="store_true", help="do not write report.md and the plots")
     parser.add_argument(
         "--reuse", type=_recipe_list, metavar="METHODS",
-        help="KV-reuse methods as the grid axis instead of --recipes, on multi-document tasks "
+        help="KV-reuse methods as a grid axis, on multi-document tasks "
              "(multidoc_qa_1/2 or a --jsonl of {documents, question, answers}), "
-             "e.g. full-prefill,cacheblend@0.15,prophetkv@0.2",
+             "e.g. full-prefill,cacheblend@0.15,prophetkv@0.2; each x every --recipes given (KV recipes "
+             "compressing the assembled cache; default: none)",
     )
     parser.add_argument("--num-docs", type=int, default=8, help="with --reuse: documents per sample")
     parser.add_argument(
@@ -340,6 +346,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--verify", nargs="+", metavar="VERIFIER", help="with --speculative: full, dustin")
     parser.add_argument("--gamma", type=int, help="with --speculative: draft tokens per step")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--positions", type=_recipe_list, metavar="METHODS",
+        help="position methods as a grid axis, each applied at load (rows' model: NAME|METHOD), plus none: "
+             "e.g. yarn:factor=2,pi:factor=2,drope:weights=DIR",
+    )
 
 
 def _print_score_tables(out: str) -> None:
@@ -375,15 +386,23 @@ def _reuse_samples(args: argparse.Namespace, tokenizer: Any, make_samples: Calla
 
 def _eval_reuse(args: argparse.Namespace) -> int:
     """``longlab eval --reuse ...`` (longlab.eval.reuse_grid): reuse methods x multi-document samples."""
+    from .eval.config import DEFAULT_RECIPES
     from .eval.reuse_grid import run_reuse_eval
     from .eval.store import check_results_dir
     from .models import load_model
     from .reuse import parse_reuse
+    from .reuse.compose import reuse_recipe
     from .tasks import generate as make_samples
     from .tasks.multidoc import load_multidoc_jsonl
 
+    recipes = ["full"] if args.recipes == list(DEFAULT_RECIPES) else args.recipes  # KV recipes after reuse
     for spec in args.reuse:
-        parse_reuse(spec)  # every method checked before the model loads
+        method = parse_reuse(spec)  # every method (and method x recipe) checked before the model loads
+        for recipe in recipes:
+            try:
+                reuse_recipe(recipe, method)
+            except LonglabError as exc:
+                raise LonglabError(f"--recipes: {exc}") from None
     check_results_dir(args.out)
     if args.threads:
         import torch
@@ -400,7 +419,7 @@ def _eval_reuse(args: argparse.Namespace) -> int:
     samples = samples[: args.limit] if args.limit else samples
     summary = run_reuse_eval(
         args.out, args.model, args.reuse, samples, seed=args.seed, max_new_tokens=args.max_new_tokens,
-        model=model, tokenizer=tokenizer, log=None if args.no_progress else print,
+        model=model, tokenizer=tokenizer, log=None if args.no_progress else print, recipes=recipes,
     )
     print(
         f"longlab eval --reuse: {summary.written} new rows, {summary.skipped} skipped, "
@@ -465,7 +484,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         report=not args.no_report,
         progress=not args.no_progress,
     )
-    summary = run_eval(config)
+    for position in args.positions or []:  # position methods as a grid axis (longlab.position), one store
+        run_eval(dataclasses.replace(config, position=position, report=False))
+    summary = run_eval(config)  # with --positions: the model's own RoPE, last, with the report
     print(
         f"longlab eval: {summary.written} new rows, {summary.skipped} skipped, {summary.total} in the grid; "
         f"{summary.seconds:.1f}s"
@@ -515,6 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--speculative", help="draft: lookup, self:streaming:budget=256, model:NAME, ...")
     g.add_argument("--verify", help="with --speculative: full (exact, default) or dustin:budget=1024")
     g.add_argument("--gamma", type=int, help="with --speculative: draft tokens per step (default: draft's)")
+    g.add_argument("--position", help="position method: yarn:factor=4, ntk:factor=2, drope:weights=DIR, ...")
     g.set_defaults(func=_cmd_generate)
 
     from .reuse.cli import add_store_arguments, store_main
@@ -547,9 +569,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     from .kv.indexmem_train import add_train_arguments, train_main
 
-    t = sub.add_parser("train", help="train a learned method's weights (IndexMem)")
+    t = sub.add_parser("train", help="train a learned method's weights (IndexMem; DroPE, RoPE-ID, RePo)")
     add_train_arguments(t)
-    t.set_defaults(func=train_main)
+    from .position.train import TRAINABLE, add_position_train_arguments, position_train_main
+
+    add_position_train_arguments(t)  # adds drope, ropeid, repo (longlab.position)
+    t.set_defaults(func=lambda a: position_train_main(a) if a.method in TRAINABLE else train_main(a))
+
+    from .lab.cli import add_lab_arguments  # longlab.lab: the layers lab (train/eval small LMs on CPU)
+
+    add_lab_arguments(sub.add_parser("lab", help="layers lab: train/test small LMs with swappable mixers"))
 
     r = sub.add_parser("report", help="tables and plots from a results directory")
     r.add_argument("dir", metavar="DIR", help="results directory (its results.sqlite is only read)")

@@ -341,11 +341,14 @@ def load_model(
     dtype: str | torch.dtype = "float32",
     attn_implementation: str = ATTN_NAME,
     device: str | torch.device = "cpu",
+    position: str | None = None,
 ) -> tuple[Any, Any]:
     """Load ``name`` ready for longlab: ``model.generate(..., cache=LonglabCache(recipe))``.
 
     ``attn_implementation="sdpa"`` loads the same weights on transformers' own attention (the
     reference the longlab hook is tested against). Arguments are checked before anything is loaded.
+    ``position`` applies a position method (``"yarn:factor=4"``, ``"drope:weights=DIR"``;
+    :mod:`longlab.position`) through the model's rope parameters.
     """
     register_attention()
     if isinstance(name, os.PathLike):
@@ -371,6 +374,10 @@ def load_model(
             f"got {shorten(attn_implementation)}"
         )
     device = _check_device(device)
+    from .position import apply_position, parse_position, variant_of
+
+    name, position = variant_of(name, position)  # a `longlab train` directory: its base model + weights
+    position = parse_position(position)  # checked before anything is loaded
     if name in MODEL_NAMES:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # built-in models never touch the hub
     start = time.perf_counter()
@@ -404,5 +411,6 @@ def load_model(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = model.to(device).eval()
+    apply_position(model, position, base_model=name)
     model.longlab_load_seconds = time.perf_counter() - start
     return model, tokenizer

@@ -24,7 +24,8 @@ from typing import Any
 
 import torch
 
-from .cache import LonglabCache
+from .cache import LonglabCache, left_pad
+from .compress.api import compress_prompts
 from .hook import ATTN_NAME
 from .recipe import LonglabError, LonglabTypeError, Recipe, parse_recipe, shorten
 
@@ -137,12 +138,8 @@ class Stream:
             raise LonglabError(f"expected {self.batch_size} rows, got {len(rows)}")
         if any(len(r) == 0 for r in rows):
             raise LonglabError("every row must contribute at least one token to a segment")
-        T = max(len(r) for r in rows)
-        ids = torch.full((self.batch_size, T), self.pad_id, dtype=torch.long)
-        valid = torch.zeros(self.batch_size, T, dtype=torch.bool)
-        for b, r in enumerate(rows):
-            ids[b, T - len(r) :] = torch.tensor(r, dtype=torch.long)
-            valid[b, T - len(r) :] = True
+        ids, valid = left_pad(rows, self.pad_id)
+        T = ids.shape[1]
         ids, valid = ids.to(self.device), valid.to(self.device)
         chunks = chunk_slices(T, chunk_size)
         saved = self.cache.compressing
@@ -250,6 +247,7 @@ class GenerationResult:
     cache: LonglabCache | None = field(default=None, repr=False)
     reuse: Any = field(default=None, repr=False)  # longlab.reuse.ReusePrefill when generated from docs=
     speculation: dict | None = field(default=None, repr=False)  # longlab.spec counters (acceptance, ...)
+    context: list[dict] | None = field(default=None, repr=False)  # longlab.compress records, one per row
 
     @property
     def text(self) -> str:
@@ -261,6 +259,9 @@ class GenerationResult:
             f"[{self.recipe}] context tokens {n} "
             f"| KV {_mib(self.kv_bytes_before)} -> {_mib(self.kv_bytes_after)} "
             f"| prefill {self.prefill_s:.2f}s compress {self.compress_s:.2f}s decode {self.decode_s:.2f}s"
+        ) + "".join(  # a context compressor's record (longlab.compress)
+            f" | context {c['original_tokens']} -> {c['kept_tokens']} tokens in {c['context_s']:.2f}s"
+            for c in self.context or []
         )
 
 
@@ -386,6 +387,7 @@ def generate(
     speculative: Any = None,
     verify: Any = None,
     gamma: int | None = None,
+    position: Any = None,
 ) -> GenerationResult:
     """Answer ``question`` about ``context`` with the KV cache managed by ``recipe``.
 
@@ -397,9 +399,19 @@ def generate(
     tokenizer has a chat template. ``speculative`` decodes with a draft (``"lookup"``,
     ``"self:streaming:budget=256"``, ``"model:NAME"``; :mod:`longlab.spec`), verified by ``verify``
     (``"full"``, exact; ``"dustin:budget=1024"``, sparse) with ``gamma`` draft tokens per step; the result's
-    ``speculation`` holds acceptance and bytes read. Every argument is checked before the model runs: a
+    ``speculation`` holds acceptance and bytes read. ``docs=`` (with ``reuse=``, ``store=``) builds a RAG
+    prompt from per-document KV (:mod:`longlab.reuse`); ``recipe`` then compresses the assembled cache once,
+    query-aware at the end of the prompt (``query_aware``, ``compress`` and ``chunk_size`` do not apply;
+    :mod:`longlab.reuse.compose`). Every argument is checked before the model runs: a
     bad one raises :class:`~longlab.recipe.LonglabError` (a ``TypeError`` too when its type is wrong)
-    naming it."""
+    naming it. ``position`` (``"yarn:factor=4"``; :mod:`longlab.position`) applies a position method for
+    this call only."""
+    if position is not None:
+        args = {k: v for k, v in locals().items() if k != "position"}  # the arguments, as given
+        from .position import use_position
+
+        with use_position(model, position):
+            return generate(**args)
     _check_model(model, tokenizer)
     if docs is not None or reuse is not None:  # RAG prompt from per-document KV (longlab.reuse)
         if context is not None:
@@ -439,6 +451,8 @@ def generate(
             raise LonglabError("speculative= does not combine with docs= yet")
         spec = prepare(speculative, verify, gamma)
     if docs is not None:
+        if parse_recipe(recipe).context is not None:  # longlab.compress acts on a context's ids
+            raise LonglabError("a context compressor (e.g. llmlingua@0.5) does not combine with docs= yet")
         return _generate_from_docs(
             model, tokenizer, docs, question, reuse, store, recipe, max_new_tokens, answer_prefix,
             temperature, top_p, seed, chat_template,
@@ -450,6 +464,9 @@ def generate(
     questions = _per_row(question, len(contexts), "question", allow_none=True)
     prefixes = _per_row(answer_prefix, len(contexts), "answer_prefix")
     ctx_ids, q_ids = encode_prompts(tokenizer, contexts, questions, prefixes, chat_template)
+    # a context compressor (longlab.compress) shortens the context ids before prefill
+    squeezed = compress_prompts(model, tokenizer, recipe.context, ctx_ids, q_ids, questions)
+    ctx_ids = squeezed.ids
     _check_length(model, [len(c) + len(q) + max_new_tokens for c, q in zip(ctx_ids, q_ids)], strict)
 
     cache = LonglabCache(recipe)
@@ -458,11 +475,11 @@ def generate(
     has_question = all(q_ids)
     start = time.perf_counter()
     if query_aware and has_question:
-        logits = stream.feed([c + q for c, q in zip(ctx_ids, q_ids)], chunk_size, compress)
+        logits = squeezed.feed(stream, [c + q for c, q in zip(ctx_ids, q_ids)], chunk_size, compress)
         prefill_s = time.perf_counter() - start
         before, after = cache.full_nbytes(), cache.nbytes()
     else:
-        logits = stream.feed(ctx_ids, chunk_size, compress)
+        logits = squeezed.feed(stream, ctx_ids, chunk_size, compress)
         prefill_s = time.perf_counter() - start
         before, after = cache.full_nbytes(), cache.nbytes()
         if has_question:
@@ -476,9 +493,9 @@ def generate(
         tokens, speculation = spec.run(model, tokenizer, stream, logits, prompts, max_new_tokens, eos,
                                        temperature, top_p, seed)
     else:
-        tokens = stream.decode(logits, max_new_tokens, eos, temperature, top_p, seed)
+        tokens = squeezed.decode(stream, logits, max_new_tokens, eos, temperature, top_p, seed)  # guidance
     decode_s = time.perf_counter() - start
-    texts = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens]
+    texts = squeezed.postprocess([tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens])
     return GenerationResult(
         texts,
         tokens,
@@ -491,6 +508,7 @@ def generate(
         recipe.name,
         cache,
         speculation=speculation,
+        context=squeezed.records(),
     )
 
 
@@ -501,13 +519,11 @@ def _generate_from_docs(
     """``generate(docs=..., reuse=...)``: prefill with :func:`longlab.reuse.reuse_prefill`, then decode."""
     from .reuse.api import reuse_prefill
 
-    if recipe not in (None, "full", "snapkv@0.5") and not parse_recipe(recipe).is_empty:
-        raise LonglabError("recipe= does not combine with docs= yet: leave it out (the method is reuse=)")
     if isinstance(answer_prefix, (list, tuple)) or isinstance(question, (list, tuple)):
         raise LonglabError("with docs=, question and answer_prefix are single strings (one prompt)")
-    pre = reuse_prefill(
+    pre = reuse_prefill(  # recipe: compresses the assembled cache, query-aware (longlab.reuse.compose)
         model, tokenizer, docs, question, reuse, store=store, answer_prefix=answer_prefix,
-        chat_template=chat_template,
+        chat_template=chat_template, recipe=recipe,
     )
     stream = Stream(model, pre.cache, 1)
     stream.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
@@ -519,8 +535,9 @@ def _generate_from_docs(
     decode_s = time.perf_counter() - start
     texts = [tokenizer.decode(t, skip_special_tokens=True).strip() for t in tokens]
     return GenerationResult(
-        texts, tokens, [pre.prompt_tokens], pre.cache.full_nbytes(), pre.cache.nbytes(), pre.ttft_s, 0.0,
-        decode_s, f"reuse={pre.method}", pre.cache, pre,
+        texts, tokens, [pre.prompt_tokens], pre.cache.full_nbytes(), pre.cache.nbytes(), pre.ttft_s,
+        pre.compress_s, decode_s, f"reuse={pre.method}" + (f"+{pre.recipe}" if pre.recipe != "full" else ""),
+        pre.cache, pre,
     )
 
 

@@ -140,7 +140,7 @@ def check_choice(name: str, value: Any, choices: tuple | list) -> Any:
     raise LonglabError(f"{name} must be {listed}, got {shorten(value)}")
 
 
-KINDS = ("prefill", "kv", "quant", "decode")
+KINDS = ("prefill", "kv", "quant", "decode", "context")  # context: a prompt transform (longlab.compress)
 
 
 @dataclass
@@ -435,14 +435,18 @@ class Recipe:
     prefill: Method | None = None
     kv: list[Method] = field(default_factory=list)
     decode: Method | None = None
+    context: Method | None = None  # shortens the prompt before prefill (longlab.compress)
 
     @property
     def is_empty(self) -> bool:
-        return self.prefill is None and self.decode is None and all(m.name == "full" for m in self.kv)
+        return (
+            self.prefill is None and self.decode is None and self.context is None
+            and all(m.name == "full" for m in self.kv)
+        )
 
     @property
     def methods(self) -> list[Method]:
-        return [m for m in (self.prefill, *self.kv, self.decode) if m is not None]
+        return [m for m in (self.context, self.prefill, *self.kv, self.decode) if m is not None]
 
     @property
     def name(self) -> str:
@@ -473,6 +477,10 @@ def parse_recipe(spec: str | Recipe | None) -> Recipe:
             if recipe.decode is not None:
                 raise LonglabError(f"recipe {shorten(spec)} names two decode policies")
             recipe.decode = method
+        elif method.kind == "context":
+            if recipe.context is not None:
+                raise LonglabError(f"recipe {shorten(spec)} names two context compressors")
+            recipe.context = method
         else:
             recipe.kv.append(method)
     # Quantization always runs after eviction: stable sort keeps the user's order within a kind.

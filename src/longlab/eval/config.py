@@ -64,6 +64,12 @@ class EvalConfig:
     metric_rows: int = 32  # sampled query rows per chunk for recall and output error
     report: bool = True
     progress: bool = True
+    position: str | None = None  # a position method applied at load (longlab.position); rows name it
+
+    @property
+    def model_label(self) -> str:
+        """The rows' ``model``: the model name, with ``|position`` when a position method is applied."""
+        return f"{self.model}|{self.position}" if self.position else self.model
 
     def validate(self) -> None:
         """Raise :class:`LonglabError` on a bad value, before any model is loaded."""
@@ -103,6 +109,12 @@ class EvalConfig:
         if self.backend not in ("serial", "ray"):
             raise LonglabError(f"--backend must be 'serial' or 'ray', got {self.backend!r}")
         _check_model_name(self.model)
+        if self.position is not None:
+            from ..position import format_position, parse_position
+
+            self.position = None if (m := parse_position(self.position)) is None else format_position(m)
+            if self.position and self.backend == "ray":
+                raise LonglabError("--positions runs with --backend serial only")
 
     def max_new_for(self, sample_limit: int) -> int:
         """Tokens to generate for a sample whose own limit is ``sample_limit``: ``--max-new-tokens``
@@ -121,6 +133,7 @@ class EvalConfig:
             "source": source,
             "decoding": "greedy",
             "batch_decode": self.batch_decode,
+            **({"position": self.position} if self.position else {}),
         }
 
 

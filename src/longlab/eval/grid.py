@@ -10,6 +10,7 @@ The driver is the single writer of the store, one transaction per row.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections import Counter, defaultdict
@@ -209,12 +210,13 @@ def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) ->
         torch.set_num_threads(config.threads)
     if config.progress:
         _stderr(f"longlab eval: loading {config.model} ...")
-    model, tokenizer = load_model(config.model)
+    model, tokenizer = load_model(config.model, position=config.position)
     load_s = time.perf_counter() - start
     check_lengths(config, model)
     samples = build_samples(config, tokenizer)
     chash = config_hash(config.identity())
-    runner = SampleRunner(model, tokenizer, config, chash, config.backend)
+    labelled = dataclasses.replace(config, model=config.model_label) if config.position else config
+    runner = SampleRunner(model, tokenizer, labelled, chash, config.backend)
     store = ResultStore(config.out)
     try:
         done = store.done_keys()

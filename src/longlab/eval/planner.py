@@ -91,7 +91,8 @@ def batchable(recipe: Recipe) -> bool:
     """Whether decoding ``recipe`` is plain attention over its cache (no decode policy, no storage
     policy, nothing acting at decode steps), so its branch can decode in a batch under the empty
     recipe. A recipe with a prefill policy is not: the batched question would bypass it."""
-    return recipe.decode is None and recipe.prefill is None and all(
+    guided = getattr(recipe.context, "guides_decoding", False)  # a context part that decodes (Guidance)
+    return recipe.decode is None and recipe.prefill is None and not guided and all(
         p.kind == "kv" and not p.acts_during_decode and not p.reads_attention for p in recipe.kv
     )
 

@@ -23,8 +23,9 @@ from typing import Any
 
 import torch
 
-from ..recipe import LonglabError
+from ..recipe import LonglabError, parse_recipe
 from ..reuse import MemoryStore, ReuseMethod, parse_reuse, reuse_prefill, split_prompt
+from ..reuse.compose import reuse_recipe
 from ..tasks import Sample, score_sample
 from .store import ResultStore, config_hash, make_run_key
 
@@ -33,8 +34,13 @@ __all__ = ["reuse_label", "ReuseEvalSummary", "run_reuse_eval", "evaluate_sample
 REUSE_HARNESS_VERSION = 1
 
 
-def reuse_label(method: ReuseMethod) -> str:
-    """``full`` for the reference, ``name@ratio[:other=...]`` for methods with a ratio, else the spec."""
+def reuse_label(method: ReuseMethod, recipe: str | None = None) -> str:
+    """``full`` for the reference, ``name@ratio[:other=...]`` for methods with a ratio, else the spec; with
+    a KV ``recipe`` (not ``full``) the label is ``<reuse label>+<recipe>``, and the full prefill + recipe is
+    the recipe's own name (what a plain query-aware prefill + recipe is called)."""
+    kv = parse_recipe(recipe).name if recipe is not None and not parse_recipe(recipe).is_empty else None
+    if kv is not None:
+        return kv if method.name == "full-prefill" else f"{reuse_label(method)}+{kv}"
     if method.name == "full-prefill":
         return "full"
     spec = method.spec
@@ -77,8 +83,11 @@ def evaluate_sample(
     *,
     score_mode: str = "forced",
     max_new_tokens: int | None = None,
+    recipes: Sequence[str | None] = (None,),
 ) -> list[dict[str, Any]]:
-    """One result dict per method for ``sample`` (documents encoded once, shared by the methods)."""
+    """One result dict per method x KV recipe for ``sample`` (documents encoded once, shared by all; the
+    recipe compresses the assembled cache, :mod:`longlab.reuse.compose`). Fidelity is measured against the
+    full prefill without a recipe, computed first."""
     from ..pipeline import generate
 
     docs = sample.metadata.get("documents")
@@ -90,7 +99,10 @@ def evaluate_sample(
     cont = answer_ids(tokenizer, sample)
     full_preds: list[int] | None = None
     out = []
-    for method in sorted(methods, key=lambda m: m.name != "full-prefill"):  # the reference first
+    kv = [None if r is None or parse_recipe(r).is_empty else parse_recipe(r).name for r in recipes]
+    pairs = [(m, r) for r in dict.fromkeys(kv) for m in methods]
+    pairs.sort(key=lambda p: (p[0].name != "full-prefill" or p[1] is not None))  # the reference first
+    for method, recipe in pairs:
         if score_mode == "forced":
             pre = reuse_prefill(
                 model,
@@ -100,11 +112,12 @@ def evaluate_sample(
                 method,
                 store=store,
                 answer_prefix=sample.answer_prefix,
+                recipe=recipe,
             )
             preds = _forced_argmax(model, pre, cont)
             score = float(preds == cont)
             prediction = tokenizer.decode(preds, skip_special_tokens=True)
-            if method.name == "full-prefill":
+            if method.name == "full-prefill" and recipe is None:
                 full_preds = preds
             fidelity = (
                 sum(a == b for a, b in zip(preds, full_preds)) / len(preds)
@@ -121,13 +134,15 @@ def evaluate_sample(
                 store=store,
                 answer_prefix=sample.answer_prefix,
                 max_new_tokens=min(sample.max_new_tokens, max_new_tokens or sample.max_new_tokens),
+                recipe=recipe,
             )
             pre, prediction = result.reuse, result.text
             score, fidelity = float(score_sample(sample, prediction)), None
         out.append(
             {
-                "label": reuse_label(method),
+                "label": reuse_label(method, recipe),
                 "method": method.name,
+                "kv_recipe": recipe or "full",
                 "spec": method.spec,
                 "repr": repr(method),
                 "prediction": prediction,
@@ -166,8 +181,10 @@ def run_reuse_eval(
     model: Any = None,
     tokenizer: Any = None,
     log: Callable[[str], None] | None = None,
+    recipes: Sequence[str] = ("full",),
 ) -> ReuseEvalSummary:
-    """Evaluate every reuse method on every sample into ``out``; rows already there are skipped."""
+    """Evaluate every reuse method x KV recipe (``recipes``: ``full`` = none) on every sample into ``out``;
+    rows already there are skipped."""
     from ..models import load_model
 
     if score_mode not in ("forced", "decode"):
@@ -175,6 +192,13 @@ def run_reuse_eval(
     methods = [parse_reuse(r) for r in reuse]  # every spec checked before the model loads
     if not methods:
         raise LonglabError("--reuse is empty: name at least one reuse method")
+    if not recipes:
+        raise LonglabError("--recipes is empty: name at least one recipe (full: none)")
+    for r in recipes:
+        for m in methods:
+            reuse_recipe(r, m)  # every combination checked before the model loads
+    kv = list(dict.fromkeys(None if parse_recipe(r).is_empty else parse_recipe(r).name for r in recipes))
+    grid = [(m, r) for r in kv for m in methods]
     for s in samples:
         if not s.metadata.get("documents"):
             raise LonglabError(f"--reuse needs multi-document samples (multidoc_qa_1/2); {s.task} has none")
@@ -190,10 +214,10 @@ def run_reuse_eval(
         done = store.done_keys()
         for i, s in enumerate(samples):
 
-            def key(m: ReuseMethod, s: Sample = s) -> str:
+            def key(m: ReuseMethod, r: str | None, s: Sample = s) -> str:
                 return make_run_key(
                     model=model_name,
-                    recipe=reuse_label(m),
+                    recipe=reuse_label(m, r),
                     task=s.task,
                     length=s.length,
                     sample_id=s.sample_id,
@@ -202,25 +226,31 @@ def run_reuse_eval(
                     config_hash=chash,
                 )
 
-            todo = [m for m in methods if key(m) not in done]
-            skipped += len(methods) - len(todo)
+            todo = [(m, r) for m, r in grid if key(m, r) not in done]
+            skipped += len(grid) - len(todo)
             if not todo:
                 continue
-            need = (
-                todo if any(m.name == "full-prefill" for m in todo) else [parse_reuse("full-prefill"), *todo]
+            todo_methods = list({m.spec: m for m, _ in todo}.values())
+            todo_recipes = list(dict.fromkeys(r for _, r in todo))
+            need = (  # the reference (full prefill, no recipe) gives the fidelity of every row
+                todo_methods
+                if any(m.name == "full-prefill" for m in todo_methods)
+                else [parse_reuse("full-prefill"), *todo_methods]
             )
+            need_recipes = todo_recipes if None in todo_recipes else [None, *todo_recipes]
             results = {
                 r["label"]: r
                 for r in evaluate_sample(
-                    model, tokenizer, s, need, score_mode=score_mode, max_new_tokens=max_new_tokens
+                    model, tokenizer, s, need, score_mode=score_mode, max_new_tokens=max_new_tokens,
+                    recipes=need_recipes,
                 )
             }
             rows = []
-            for m in todo:
-                r = results[reuse_label(m)]
+            for m, kv_recipe in todo:
+                r = results[reuse_label(m, kv_recipe)]
                 rows.append(
                     {
-                        "run_key": key(m),
+                        "run_key": key(m, kv_recipe),
                         "model": model_name,
                         "recipe": r["label"],
                         "method": m.name,
@@ -240,6 +270,7 @@ def run_reuse_eval(
                         "config_hash": chash,
                         "recipe_repr": r["repr"],
                         "reuse": r["spec"],
+                        "kv_recipe": r["kv_recipe"],
                         "recompute_fraction": r["recompute_fraction"],
                         "cost_fraction": r["cost_fraction"],
                         "fetch_s": r["fetch_s"],
@@ -258,4 +289,4 @@ def run_reuse_eval(
                 )
     finally:
         store.close()
-    return ReuseEvalSummary(written, skipped, len(samples) * len(methods), time.perf_counter() - start)
+    return ReuseEvalSummary(written, skipped, len(samples) * len(grid), time.perf_counter() - start)

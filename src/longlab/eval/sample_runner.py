@@ -63,6 +63,8 @@ def recipe_columns(recipe: Recipe) -> tuple[str, float | None]:
         return quant[-1].name, None
     if recipe.prefill is not None:
         return recipe.prefill.name, None
+    if recipe.context is not None:  # a context compressor alone (longlab.compress)
+        return recipe.context.name, float(recipe.context.compression_ratio)
     return "full", 0.0
 
 
@@ -99,6 +101,17 @@ class SampleRunner:
             self.tokenizer, [sample.context], [sample.question], [sample.answer_prefix], chat
         )
         (ctx,), (q,) = prompt  # token ids of the context part and of the question part
+        from ..compress.api import compressed_rows  # a context compressor's recipes run on its shorter ids
+
+        yield from compressed_rows(
+            self.model, self.tokenizer, sample, recipes, ctx, q,
+            lambda names, ids: self._run_recipes(sample, names, ids, q),
+        )
+
+    def _run_recipes(
+        self, sample: Any, recipes: Sequence[str], ctx: list[int], q: list[int]
+    ) -> Iterator[dict[str, Any]]:
+        """Rows of ``sample`` under ``recipes`` with context ids ``ctx``, prefix groups planned here."""
         pending = list(recipes)
         while pending:
             rerun: list[str] = []
@@ -261,7 +274,10 @@ class SampleRunner:
         else:
             logits = torch.cat([b.logits for b in branches])  # [B, V]
         t0 = time.perf_counter()
-        token_rows = stream.decode(logits, max_new, self.eos, drop_finished=True)
+        from ..compress.api import decode_rows  # guided decoding (longlab.compress.guidance), else plain
+
+        token_rows = decode_rows([b.recipe for b in branches], stream, logits, max_new, self.eos,
+                                 drop_finished=True)
         decode_s = time.perf_counter() - t0
         for branch, tokens in zip(branches, token_rows):
             prediction = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()

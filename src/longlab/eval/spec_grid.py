@@ -11,6 +11,7 @@ skip stored rows. :func:`spec_table` summarises a results directory (printed at 
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -23,9 +24,19 @@ from ..recipe import LonglabError, parse_recipe
 from ..spec.api import SpecConfig, prepare
 from ..spec.kernels import kv_slot_bytes
 from ..tasks import Sample, score_sample
+from .stats import bootstrap_ci, paired_difference, score_estimate
 from .store import ResultStore, config_hash, make_run_key
 
-__all__ = ["run_spec_eval", "spec_table", "spec_markdown", "spec_configs"]
+__all__ = [
+    "run_spec_eval",
+    "spec_table",
+    "spec_markdown",
+    "spec_configs",
+    "mean_ci_cell",
+    "score_ci_cell",
+    "median_cell",
+    "paired_cell",
+]
 
 SPEC_HARNESS_VERSION = 1
 
@@ -145,6 +156,7 @@ def run_spec_eval(
                     )
                     results[label] = (cfg, tokens[0], decode_s, read, info)
                 plain = results[recipe.name]
+                load_1m = os.getloadavg()[0]  # the machine's load next to every timing
                 rows = []
                 for label, (cfg, toks, decode_s, read, info) in results.items():
                     if keys[label] in done:
@@ -183,6 +195,11 @@ def run_spec_eval(
                             "bytes_vs_plain": (read / len(toks)) / max(1e-9, plain[3] / len(plain[1])),
                             "same_as_plain": toks == plain[1],
                             "generated_tokens": len(toks),
+                            "drafted": info.get("drafted", 0),
+                            "accepted": info.get("accepted", 0),
+                            "target_forwards": info.get("steps", len(toks)),
+                            "draft_forwards": info.get("draft_forwards", 0),
+                            "load_1m": load_1m,
                         }
                     )
                 written += store.add_many(rows)
@@ -208,31 +225,119 @@ def spec_table(out: str) -> str:
         store.close()
 
 
+def mean_ci_cell(values: Sequence[float], digits: int = 2) -> str:
+    """``mean [low, high]``: the mean over samples with its 95% percentile-bootstrap CI (resampling samples;
+    :func:`longlab.eval.stats.bootstrap_ci`)."""
+    if not values:
+        return "—"
+    mean, low, high = bootstrap_ci([list(values)])
+    return f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+
+
+def score_ci_cell(values: Sequence[float]) -> str:
+    """Mean score with its 95% CI (Wilson for pass/fail scores, else bootstrap over samples)."""
+    e = score_estimate(list(values))
+    return f"{e.mean:.2f} [{e.low:.2f}, {e.high:.2f}]"
+
+
+def median_cell(values: Sequence[float]) -> str:
+    """``median (q1-q3)`` of per-sample ratios (each measured side by side with plain decoding)."""
+    if not values:
+        return "—"
+    q = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else [values[0]] * 3
+    return f"{statistics.median(values):.2f} ({q[0]:.2f}-{q[2]:.2f})"
+
+
+def paired_cell(a: Sequence[float], b: Sequence[float], same: int) -> str:
+    """Paired bootstrap of ``mean(a - b)`` over the same samples; identical outputs are said so."""
+    if not a:
+        return "—"
+    if same == len(a):
+        return f"identical tokens ({same}/{len(a)})"
+    d = paired_difference(list(a), list(b))
+    verdict = "" if d.significant else ", n.s."
+    return f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}]{verdict} ({same}/{len(a)} identical)"
+
+
+def load_cell(extras: Sequence[dict[str, Any]]) -> str:
+    loads = [e["load_1m"] for e in extras if e.get("load_1m") is not None]
+    return f"{min(loads):.1f}-{max(loads):.1f}" if loads else "—"
+
+
 def spec_markdown(rows: Sequence[dict[str, Any]]) -> str | None:
-    """Per (recipe label, length): rows, acceptance, tokens per target forward, tokens/s and K/V bytes read
-    vs plain (medians), score, and how many samples gave exactly plain decoding's tokens. None when no row
-    comes from ``longlab eval --speculative``."""
+    """Two markdown tables of the rows of ``longlab eval --speculative`` (None when there are none).
+
+    Per (task, length, config): samples, score with its 95% CI, the paired difference to plain decoding on
+    the same samples (paired bootstrap; "identical tokens (k/n)" when every sample's tokens equal plain
+    decoding's), acceptance rate and tokens per target forward (means of per-sample values, bootstrap CI
+    over samples). Per (length, config), all tasks pooled: acceptance and tokens per forward with CIs, the
+    tokens/s ratio to plain decoding (median and quartiles of the per-sample ratios, each config decoded
+    side by side with plain on the same prefilled prompt in a rotating order), K/V bytes read per token vs
+    plain (median), identical-token count and the 1-minute load average while the rows were measured."""
     rows = [r for r in rows if "spec" in (r.get("extra") or {})]
     if not rows:
         return None
-    lines = [
-        "| recipe | length | n | acceptance | tokens / target forward | tok/s vs plain | KV bytes read "
-        "per token vs plain | score | tokens = plain |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    groups: dict[tuple[str, int], list[dict]] = {}
+    plain = {
+        (r["method"], r["task"], r["length"], r["sample_id"], r["seed"]): r
+        for r in rows
+        if r["extra"]["spec"] == "plain"
+    }
+
+    def paired(sel: list[dict]) -> list[tuple[dict, dict]]:
+        out = []
+        for r in sel:
+            p = plain.get((r["method"], r["task"], r["length"], r["sample_id"], r["seed"]))
+            if p is not None:
+                out.append((r, p))
+        return out
+
+    by_task: dict[tuple[str, int, str], list[dict]] = {}
+    by_length: dict[tuple[int, str], list[dict]] = {}
     for r in rows:
-        groups.setdefault((r["recipe"], r["length"]), []).append(r)
-    for (label, length), sel in sorted(groups.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        by_task.setdefault((r["task"], r["length"], r["recipe"]), []).append(r)
+        by_length.setdefault((r["length"], r["recipe"]), []).append(r)
+
+    def order(label: str) -> tuple[int, str]:
+        return ("~" in label, label)
+
+    lines = [
+        "| task | length | config | n | score [95% CI] | score - plain [paired 95% CI] | acceptance [95% CI] "
+        "| tokens / target forward [95% CI] |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
+    ]
+    for (task, length, label), sel in sorted(
+        by_task.items(), key=lambda kv: (kv[0][1], kv[0][0], order(kv[0][2]))
+    ):
+        pairs = paired(sel)
         ex = [r["extra"] for r in sel]
         acc = [e["acceptance_rate"] for e in ex if e.get("acceptance_rate") is not None]
-        shown = f"{statistics.mean(acc):.2f}" if acc else "—"
+        is_plain = ex[0]["spec"] == "plain"
+        diff = "—" if is_plain else paired_cell(
+            [r["score"] for r, _ in pairs],
+            [p["score"] for _, p in pairs],
+            sum(bool(r["extra"]["same_as_plain"]) for r, _ in pairs),
+        )
+        tpf = "1.00" if is_plain else mean_ci_cell([e["tokens_per_forward"] for e in ex])
         lines.append(
-            f"| {label} | {length} | {len(sel)} | {shown} |"
-            f" {statistics.mean(e['tokens_per_forward'] for e in ex):.2f} |"
-            f" {statistics.median(e['speed_vs_plain'] for e in ex):.2f} |"
+            f"| {task} | {length} | {label} | {len(sel)} | {score_ci_cell([r['score'] for r in sel])} |"
+            f" {diff} |"
+            f" {mean_ci_cell(acc)} | {tpf} |"
+        )
+    lines += [
+        "",
+        "| length | config | n | acceptance [95% CI] | tokens / target forward [95% CI] | tok/s vs plain "
+        "(median, quartiles) | KV bytes read per token vs plain (median) | tokens = plain | load (1 min) |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for (length, label), sel in sorted(by_length.items(), key=lambda kv: (kv[0][0], order(kv[0][1]))):
+        ex = [r["extra"] for r in sel]
+        acc = [e["acceptance_rate"] for e in ex if e.get("acceptance_rate") is not None]
+        is_plain = ex[0]["spec"] == "plain"
+        lines.append(
+            f"| {length} | {label} | {len(sel)} | {mean_ci_cell(acc)} |"
+            f" {'1.00' if is_plain else mean_ci_cell([e['tokens_per_forward'] for e in ex])} |"
+            f" {median_cell([e['speed_vs_plain'] for e in ex])} |"
             f" {statistics.median(e['bytes_vs_plain'] for e in ex):.2f} |"
-            f" {statistics.mean(r['score'] for r in sel):.2f} |"
-            f" {sum(bool(e['same_as_plain']) for e in ex)}/{len(sel)} |"
+            f" {sum(bool(e['same_as_plain']) for e in ex)}/{len(sel)} | {load_cell(ex)} |"
         )
     return "\n".join(lines)

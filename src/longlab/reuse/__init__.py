@@ -5,10 +5,13 @@ CacheBlend, ProphetKV, APE) compared against full prefill.
     from longlab.reuse import DocStore, reuse_prefill
     store = DocStore("~/.cache/longlab/docstore")
     pre = reuse_prefill(model, tokenizer, docs, question, "prophetkv:ratio=0.2", store=store)
+    # then a KV recipe compresses the assembled cache (query-aware, at the end of the prompt):
+    pre = reuse_prefill(model, tokenizer, docs, question, "cacheblend@0.15", store=store, recipe="snapkv@0.5")
 """
 
 from .api import ReusePrefill, doc_segment, open_store, reuse_prefill, split_prompt
 from .assemble import ReuseCache, ReuseJob, ReuseLayer, build_job
+from .compose import reuse_recipe
 from .methods import (
     APE,
     EPIC,
@@ -53,6 +56,7 @@ __all__ = [
     "parse_reuse",
     "register_reuse",
     "reuse_prefill",
+    "reuse_recipe",
     "split_prompt",
     "tokenizer_fingerprint",
 ]

@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from ..hook import ATTN_NAME
 from ..recipe import LonglabError, LonglabTypeError, shorten
 from .assemble import ReuseCache, build_job
+from .compose import compress_assembled, record_last_forward, reuse_recipe
 from .methods import ReuseMethod, parse_reuse
 from .modelio import Runner
 from .store import DocStore, MemoryStore
@@ -80,6 +82,8 @@ class ReusePrefill:
     cost_fraction: float
     stages: list[str] = field(default_factory=list)
     store_stats: dict[str, int] = field(default_factory=dict)
+    recipe: str = "full"  # the KV recipe that compressed the cache after the reuse prefill
+    compress_s: float = 0.0  # its compression step (after the first token's logits: not in ttft_s)
 
     @property
     def ttft_s(self) -> float:
@@ -114,11 +118,22 @@ def reuse_prefill(
     store: Any = None,
     answer_prefix: str = "",
     chat_template: bool = True,
+    recipe: Any = None,
 ) -> ReusePrefill:
     """Prefill ``[prefix][docs][question]`` with the reuse method ``reuse`` (default ``full-prefill``), the
     documents' KV coming from ``store`` (a :class:`DocStore`, a directory, or None: encoded now, in
-    memory). Every argument is checked before the model runs."""
+    memory), then compress the cache with the KV recipe ``recipe`` (``"snapkv@0.5"``; None or ``"full"``:
+    keep everything), query-aware at the end of the prompt (:mod:`longlab.reuse.compose`). Every argument
+    is checked before the model runs."""
     method = parse_reuse(reuse)
+    kv_recipe = reuse_recipe(recipe, method)
+    if kv_recipe is not None:
+        attn = getattr(model.config, "_attn_implementation", None)
+        if attn != ATTN_NAME:
+            raise LonglabError(
+                f"recipe {kv_recipe.name!r} needs a model whose attention is 'longlab', but this one runs "
+                f"{attn!r}; load it with longlab.load_model(...)"
+            )
     docs = _check_texts(docs, question)
     runner = Runner(model)
     store = open_store(store) if method.uses_store else None
@@ -146,15 +161,19 @@ def reuse_prefill(
         stored = [store.fetch(model, tokenizer, s, ids, doc_prefix) for s, ids in zip(segments, doc_ids)]
     fetched = time.perf_counter()
     job = build_job(runner, prefix_ids, doc_ids, q_ids, stored, parallel=method.parallel)
-    recipe = method.attention_recipe(job)
-    if recipe is not None:
-        job.cache.recipe = recipe
+    attention = method.attention_recipe(job)
+    if attention is not None:
+        job.cache.recipe = attention
+    recorder = record_last_forward(job) if kv_recipe is not None else None
     assembled = time.perf_counter()
     if stored is not None and len(prefix_ids):
         job.forward(job.prefix_rows, name="prefix")
     logits = method.prefill(job)
     job.finish()
     done = time.perf_counter()
+    if kv_recipe is not None:
+        compress_assembled(job, kv_recipe, recorder)
+    compressed = time.perf_counter()
     return ReusePrefill(
         job.cache,
         logits,
@@ -168,4 +187,6 @@ def reuse_prefill(
         job.cost_fraction(),
         list(job.stages),
         dict(store.stats) if store is not None else {},
+        kv_recipe.name if kv_recipe is not None else "full",
+        compressed - done,
     )

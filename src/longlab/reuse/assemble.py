@@ -90,6 +90,7 @@ class ReuseJob:
     token_layers: int = 0  # rows x layers computed (cost, vs M x L for a full prefill)
     doc_token_layers: int = 0  # document rows x layers recomputed
     stages: list[str] = field(default_factory=list)
+    parallel: bool = False  # documents share positions after the prefix (APE)
 
     @property
     def n_ctx(self) -> int:
@@ -216,7 +217,7 @@ def build_job(
     ctx[P : P + sum(lens)] = torch.arange(sum(lens))
     spans = [(sum(lens[:i]), n) for i, n in enumerate(lens)]
     cache = ReuseCache(runner.num_layers)
-    job = ReuseJob(runner, cache, ids, pos, kind, ctx, n_positions, spans)
+    job = ReuseJob(runner, cache, ids, pos, kind, ctx, n_positions, spans, parallel=parallel)
     if docs is None:
         return job
     for d, ids_d in zip(docs, doc_ids):

@@ -9,7 +9,10 @@ recomputed through every layer. ``N`` below is the number of document tokens.
 
 Why a separate ``reuse=`` axis and not a recipe part: a recipe says what the attention computes and what the
 cache keeps *for a given token stream*; reuse says how the stream's KV is *produced* (from a store, which
-rows are recomputed). They compose: any reuse method can be followed by decode-time recipe parts.
+rows are recomputed). They compose in that order: the reuse method produces the cache, then the recipe's KV
+policies compress it once, query-aware, and decoding runs under the recipe
+(``reuse_prefill(..., recipe="snapkv@0.5")``, ``generate(docs=..., reuse=..., recipe=...)``; the shape and
+what does not compose: :mod:`longlab.reuse.compose`).
 """
 
 from __future__ import annotations
@@ -318,7 +321,8 @@ class _AttentionProbe:
 
 def _with_probe(job: ReuseJob, probe: _AttentionProbe, run) -> Any:
     saved = job.cache.recipe
-    job.cache.recipe = Recipe(kv=[probe])  # type: ignore[list-item]
+    # the probe alone observes; KV policies already there (the recorder of longlab.reuse.compose) stay
+    job.cache.recipe = Recipe(kv=[probe, *saved.kv])  # type: ignore[list-item]
     try:
         return run()
     finally:

@@ -24,7 +24,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..attention import LayerContext, layer_attention
-from ..cache import LonglabCache
+from ..cache import LonglabCache, left_pad
 from ..recipe import LonglabError, Recipe, check_range, parse_method, parse_recipe, shorten
 from .base import Draft, Proposal, SpecContext, forward_tokens, register_draft
 from .kernels import SlotView, attend_kv, kv_slot_bytes
@@ -48,17 +48,6 @@ def lookup_proposal(tokens: list[int], max_ngram: int, num_pred: int) -> list[in
             j = int(hits[-1])  # the most recent occurrence
             return tokens[j + n : j + n + num_pred]
     return []
-
-
-def _left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rows of token ids -> (ids [B, T] left-padded with 0, valid [B, T])."""
-    T = max(len(r) for r in rows)
-    ids = torch.zeros(len(rows), T, dtype=torch.long)
-    valid = torch.zeros(len(rows), T, dtype=torch.bool)
-    for b, r in enumerate(rows):
-        ids[b, T - len(r) :] = torch.tensor(r, dtype=torch.long)
-        valid[b, T - len(r) :] = True
-    return ids, valid
 
 
 def _pad_rows(rows: list[list[int]], fill: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -180,7 +169,19 @@ class _ViewAttention:
 @register_draft("self")
 @dataclass
 class SelfDraft(Draft):
-    """The target drafts over a view of its own cache chosen by the KV or decode policy ``view``."""
+    """The target drafts over a view of its own cache chosen by the KV or decode policy ``view``.
+
+    Why the per-layer views (``_views``, keyed by layer index) live on this object and not on the cache
+    layer (``layer.state`` / ``layer.extras``, the rule for method state): they are controller state of one
+    speculative run, not state the cache needs to go on decoding. (1) They must not outlive the run or
+    travel with the cache: ``Stream.fork`` and ``LonglabLayer.clone`` copy ``state``/``extras``, so a fork
+    of a stream that once drafted would inherit (and pay memory for) a stale view. (2) Drafting runs inside
+    a :class:`~longlab.spec.rollback.CacheSnapshot` whose ``restore`` puts every layer's attribute
+    dictionaries back: a view stored on the layer during a draft would be rolled back with the draft tokens
+    at every step, defeating the ``refresh`` interval. (3) A view is derived data (a gathered copy of slots
+    the layer still holds, plus ``base``), re-selectable from the layer at any time, and ``layer.state``
+    holds ``[B, ...]`` tensors only. The views are dropped at every refresh and by :meth:`start`; the
+    layer list is fixed for a run (a policy that replaces a layer is refused in :meth:`_build_view`)."""
 
     paper = "MagicDec arXiv:2408.11049; TriForce arXiv:2404.11912"
     view: str = "streaming:budget=256"
@@ -253,7 +254,7 @@ class SelfDraft(Draft):
         self._steps += 1
         snapshot = CacheSnapshot(cache)
         device = stream.device
-        first, valid = _left_pad(pend)
+        first, valid = left_pad(pend)
         state = {"seen": stream.seen_mask, "pos": stream.next_pos}
 
         def run(tok: torch.Tensor, ok: torch.Tensor) -> torch.Tensor:
@@ -380,7 +381,7 @@ class ModelDraft(Draft):
 
     def _feed(self, rows: list[list[int]], compress: bool = False) -> torch.Tensor:
         """Left-padded append of one segment per row; returns last logits [B, V]."""
-        ids, valid = _left_pad(rows)
+        ids, valid = left_pad(rows)
         ids, valid = ids.to(self._device), valid.to(self._device)
         if compress:
             saved = self.cache.compressing
@@ -443,6 +444,7 @@ def check_same_tokenizer(target: Any, draft: Any, name: str) -> None:
             same = False
     if not same:
         raise LonglabError(
-            f"draft model {shorten(name)} has another tokenizer than the target (vocabularies differ); "
-            "speculation needs the same token ids. Use a draft from the same family, 'lookup' or 'self:...'"
+            f"speculative='model:{str(name)[:80]}': the draft model has another tokenizer than the target "
+            "(vocabularies differ); speculation needs the same token ids. Use a draft that shares the "
+            "target's tokenizer, 'lookup' or 'self:KVRECIPE'"
         )

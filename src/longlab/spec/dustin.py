@@ -175,7 +175,16 @@ def load_heads(path: str | Path) -> list[tuple[int, int]]:
 @register_verifier("dustin")
 @dataclass
 class Dustin(Verifier):
-    """Sparse verification: non-scoring heads read the top pages by draft lookahead + target-head EMA."""
+    """Sparse verification: non-scoring heads read the top pages by draft lookahead + target-head EMA.
+
+    The selection (``_sel``, ``_ema``: per row over positions, shared by all layers) and the per-layer
+    gathered views (``_views``, keyed by layer index) are controller state of one speculative run, kept
+    here rather than on the cache layers (``layer.state``, the rule for method state) because: the
+    verification forward runs inside the loop's :class:`~longlab.spec.rollback.CacheSnapshot`, whose
+    ``restore`` would roll layer-held views back after every step (they must persist for ``refresh``
+    steps); ``Stream.fork`` / ``LonglabLayer.clone`` copy layer state, so a fork would inherit a stale
+    selection; and a view is derived (a gathered copy of slots the layer still holds), rebuilt from the
+    layer at every refresh. :meth:`start` resets all of it."""
 
     paper: ClassVar[str] = "arXiv:2606.24957"
     needs_lookahead: ClassVar[bool] = True

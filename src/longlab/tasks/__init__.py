@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 from .classic import niah_grid, passkey
+from .compression import cite_qa, lookup_chain, redundant_niah  # context compression (issue #13)
 from .haystacks import Tokenizer, essay_sentences
 from .loaders import load_hf_dataset, load_jsonl, save_jsonl
 from .multidoc import load_multidoc_jsonl, multidoc_qa_1, multidoc_qa_2
@@ -63,6 +64,7 @@ from .scoring import (
     string_match_part,
     token_f1,
 )
+from .summary import summ_events  # summarisation-like free text (ROUGE-L)
 
 __all__ = [
     "Sample",
@@ -102,6 +104,10 @@ __all__ = [
     "multidoc_qa_1",
     "multidoc_qa_2",
     "load_multidoc_jsonl",
+    "summ_events",
+    "redundant_niah",
+    "cite_qa",
+    "lookup_chain",
     "METRICS",
     "metric_for",
     "score",

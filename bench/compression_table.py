@@ -1,0 +1,217 @@
+"""The equal-memory table for context compression (issue #13), from a ``longlab eval`` results dir.
+
+    .venv/bin/python bench/compression_table.py DIR [DIR ...] --out docs/results/compression
+
+For each task: accuracy (mean score, 95% CI: Wilson for pass/fail) of every method at each removed
+fraction r (kept KV memory 1 - r of the full cache: a context compressor keeps ``ceil((1-r) n)`` context
+tokens, a KV policy ``ceil((1-r) n)`` entries per head), on the same samples; a paired bootstrap of each
+method against SnapKV at the same r (and against the full cache); the compression step's own time
+(``extra.context_s``) against the prefill time it saves (full prefill minus the method's prefill, paired
+per sample, medians). Writes ``DIR/compression_table.md`` (or ``--out``.md) and a plot (``--out``.png).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from longlab.eval.stats import paired_difference, score_estimate
+from longlab.eval.store import ResultStore
+
+TOKEN = ("llmlingua", "longllmlingua", "hico", "tpp", "comi")
+KV = ("snapkv", "tova", "hico-drop", "snapkv-qa", "tova-qa", "hico-drop-qa")  # -qa: --query-aware runs
+
+
+def _split(recipe: str) -> tuple[str, float]:
+    if recipe == "full":
+        return "full", 0.0
+    name, _, ratio = recipe.partition("@")
+    return name, float(ratio.split(":")[0]) if ratio else 0.0
+
+
+def load(dirs: list[str]) -> dict[str, dict[tuple[str, float], dict[str, dict]]]:
+    """task -> (method, r) -> sample_id -> row."""
+    out: dict = defaultdict(lambda: defaultdict(dict))
+    for d in dirs:
+        with ResultStore(d, readonly=True) as store:
+            for row in store.iter_rows():
+                if "+" in row["recipe"]:
+                    key = (row["recipe"], -1.0)
+                else:
+                    key = _split(row["recipe"])
+                if row["query_aware"] and key[0] in ("snapkv", "tova", "hico-drop", "full"):
+                    key = (key[0] + "-qa", key[1])
+                out[row["task"]][key][row["sample_id"]] = row
+    return out
+
+
+def _cell(rows: dict[str, dict], ids: list[str]) -> str:
+    if not all(i in rows for i in ids):
+        return "—"
+    e = score_estimate([rows[i]["score"] for i in ids])
+    return f"{e.mean:.2f} [{e.low:.2f}, {e.high:.2f}]"
+
+
+def _diff(a: dict[str, dict], b: dict[str, dict], ids: list[str]) -> str:
+    if not ids or not all(i in a and i in b for i in ids):
+        return "—"
+    d = paired_difference([a[i]["score"] for i in ids], [b[i]["score"] for i in ids])
+    sig = "" if d.low <= 0 <= d.high else " *"
+    return f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}]{sig}"
+
+
+def table(data: dict, ratios: list[float]) -> tuple[str, dict]:
+    lines, curves = [], {}
+    for task, cells in sorted(data.items()):
+        full = cells.get(("full", 0.0), {})
+        methods = [m for m in (*TOKEN, *KV) if any((m, r) in cells for r in ratios)]
+        # the samples every cell of the grid holds (a sweep cut short leaves its last sample out)
+        ids = sorted(set(full).intersection(*(set(cells[(m, r)]) for m in methods for r in ratios
+                                                if (m, r) in cells)))
+        lines += [f"### {task} (n = {len(ids)} samples, the same in every cell)", "",
+                  "| kept memory | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+        for r in ratios:
+            row = [f"{1 - r:g}" + (" (full)" if r == 0 else "")]
+            for m in methods:
+                rows = full if r == 0 else cells.get((m, r), {})
+                cell = _cell(rows, ids)
+                base = cells.get(("full-qa", 0.0), {}) if m.endswith("-qa") else full
+                kept = 1.0 - r  # the plot's x: the memory actually held, where measured
+                if r > 0 and rows and all(i in rows and i in base for i in ids):
+                    kept = statistics.fmean(rows[i]["kv_bytes_after"] / base[i]["kv_bytes_after"]
+                                            for i in ids)
+                    if kept > 1.15 * (1 - r) + 0.02:  # more memory than asked (TPP, hico-drop's early layers)
+                        cell += f" † ({kept:.2f})"
+                row.append(cell)
+                if rows and all(i in rows for i in ids):
+                    curves.setdefault(task, {}).setdefault(m, []).append(
+                        (kept, statistics.fmean(rows[i]["score"] for i in ids)))
+            lines.append("| " + " | ".join(row) + " |")
+        lines += ["", "†: not at equal memory: the cache holds more than asked (its fraction of full shown).",
+                  "", "Paired difference (method - SnapKV, same kept memory; *: the 95% CI excludes 0):",
+                  "", "| kept memory | " + " | ".join(m for m in methods if m != "snapkv") + " |",
+                  "|---|" + "---|" * (len(methods) - 1)]
+        for r in ratios[1:]:
+            snap = cells.get(("snapkv", r), {})
+            lines.append(f"| {1 - r:g} | " + " | ".join(
+                _diff(cells.get((m, r), {}), snap, ids) for m in methods if m != "snapkv") + " |")
+        lines += ["", "Paired difference (method - the full cache):", "",
+                  "| kept memory | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+        for r in ratios[1:]:
+            diffs = [_diff(cells.get((m, r), {}), full, ids) for m in methods]
+            lines.append(f"| {1 - r:g} | " + " | ".join(diffs) + " |")
+        lines += ["", "Compression time vs prefill saved (medians over samples, seconds; saved = full-cache "
+                  "prefill - the method's prefill of its shorter context, same sample):", "",
+                  "| method | r | context_s | prefill_s | full prefill_s | saved | kept tokens / original |",
+                  "|---|---|---|---|---|---|---|"]
+        for m in TOKEN:
+            for r in ratios[1:]:
+                rows = cells.get((m, r), {})
+                common = [i for i in ids if i in rows]
+                if not common:
+                    continue
+                cs = statistics.median(rows[i]["extra"].get("context_s", 0.0) for i in common)
+                ps = statistics.median(rows[i]["prefill_s"] for i in common)
+                fs = statistics.median(full[i]["prefill_s"] for i in common)
+                saved = statistics.median(full[i]["prefill_s"] - rows[i]["prefill_s"] for i in common)
+                kept = statistics.fmean(rows[i]["extra"]["context"]["kept_tokens"]
+                                        / rows[i]["extra"]["context"]["original_tokens"] for i in common)
+                lines.append(f"| {m} | {r:g} | {cs:.2f} | {ps:.2f} | {fs:.2f} | {saved:.2f} | {kept:.3f} |")
+        combos = sorted(k[0] for k in cells if k[1] == -1.0)
+        if combos:
+            lines += ["", "Combined recipes:", "", "| recipe | accuracy | kv_bytes_after / full |",
+                      "|---|---|---|"]
+            for c in combos:
+                rows = cells[(c, -1.0)]
+                frac = statistics.fmean(rows[i]["kv_bytes_after"] / full[i]["kv_bytes_after"]
+                                        for i in ids if i in rows)
+                lines.append(f"| {c} | {_cell(rows, ids)} | {frac:.3f} |")
+        lines.append("")
+    return "\n".join(lines), curves
+
+
+def needles(data: dict, ratios: list[float], tokenizer_dir: str) -> str:
+    """Does the asked needle's number survive each deletion method, whole? The samples are regenerated
+    (same task, length, seed) and tokenized as the harness does; the kept spans of each row are decoded."""
+    from transformers import AutoTokenizer
+
+    from longlab.pipeline import encode_prompts
+    from longlab.tasks import generate
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    lines = ["| task | method | r | needle kept whole | needle cut (digits kept, number not) |",
+             "|---|---|---|---|---|"]
+    for task, cells in sorted(data.items()):
+        full = cells.get(("full", 0.0), {})
+        if not full:
+            continue
+        length = next(iter(full.values()))["length"]
+        samples = {s.sample_id: s for s in generate(task, tok, length, num_samples=64, seed=0)}
+        for m in ("llmlingua", "longllmlingua", "tpp"):
+            for r in ratios[1:]:
+                rows = cells.get((m, r), {})
+                whole = cut = n = 0
+                for sid, row in rows.items():
+                    s = samples.get(sid)
+                    if s is None or len(row["extra"]["context"]["kept_spans"]) >= 512:
+                        continue
+                    (ctx,), _ = encode_prompts(tok, [s.context], [s.question], [s.answer_prefix])
+                    spans = row["extra"]["context"]["kept_spans"]
+                    text = tok.decode([ctx[i] for a, b in spans for i in range(a, b)])
+                    ans = s.answers[0]
+                    n += 1
+                    whole += ans in text
+                    cut += ans not in text and any(ans[i:i + 4] in text for i in range(len(ans) - 3))
+                if n:
+                    lines.append(f"| {task} | {m} | {r:g} | {whole}/{n} | {cut}/{n} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(curves: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), squeeze=False)
+    for ax, (task, methods) in zip(axes[0], sorted(curves.items())):
+        for m, pts in methods.items():
+            pts = sorted(pts)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m,
+                    linestyle="--" if m in KV else "-")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("KV memory held (fraction of the full cache, measured)")
+        ax.set_ylabel("accuracy")
+        ax.set_title(task)
+        ax.set_ylim(-0.05, 1.05)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dirs", nargs="+")
+    ap.add_argument("--out", default=None, help="stem of the .md and .png (default: DIR/compression_table)")
+    ap.add_argument("--ratios", default="0,0.5,0.75,0.875")
+    ap.add_argument("--needles", default=None, metavar="TOKENIZER_DIR",
+                    help="also check needle survival (the model's tokenizer directory)")
+    args = ap.parse_args()
+    ratios = [float(x) for x in args.ratios.split(",")]
+    data = load(args.dirs)
+    text, curves = table(data, ratios)
+    if args.needles:
+        text += "\nNeedle survival in the compressed context (the asked number, decoded kept spans):\n\n"
+        text += needles(data, ratios, args.needles)
+    stem = Path(args.out) if args.out else Path(args.dirs[0]) / "compression_table"
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    stem.with_suffix(".md").write_text(text)
+    if curves:
+        plot(curves, stem.with_suffix(".png"))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

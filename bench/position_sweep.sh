@@ -1,0 +1,42 @@
+#!/bin/bash
+# The position sweep on SmolLM2-135M in pieces of <= ~12 minutes at one thread, each resumable (rows or
+# methods already stored are skipped). Run each piece through the slot runner:
+#   bench/heavy.sh bench/position_sweep.sh ppl-a
+# Variants come from `longlab train` (see docs/results/position.md).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=.venv/bin/python
+DB=runs/position/eval
+PPL=bench/results/position/ppl.json
+DROPE=drope:weights=runs/position/drope-smollm2
+ROPEID=ropeid:train_len=512,weights=runs/position/ropeid-smollm2
+SCALED="pi:factor=2,ntk:factor=2,dynamic-ntk:factor=2,yarn:factor=2,longrope:factor=2"
+EVAL=(-m longlab.cli eval --model smollm2-135m --recipes full --chunk-size 1024 --threads 1 --no-report
+      --no-progress --out "$DB")
+uptime
+KEY="yarn:factor=2,$DROPE,$ROPEID"  # --positions always adds the model's own RoPE (none), last
+case "$1" in
+  A) $PY bench/position_ppl.py --methods "none,$KEY" --length 16384 --out "$PPL"
+     $PY "${EVAL[@]}" --tasks passkey --lengths 4096 --samples 2 --positions "$KEY" ;;
+  B) $PY "${EVAL[@]}" --tasks passkey --lengths 8192 --samples 2 --positions "$KEY"
+     $PY "${EVAL[@]}" --tasks passkey --lengths 16384 --samples 1 --positions "$KEY" ;;
+  C) $PY bench/upi_hybrid.py --minutes 5 --out bench/results/position/upi.json
+     $PY -m longlab.cli train repo --model smollm2-135m --steps 24 --seq-len 512 --lr 1e-3 --minutes 3 \
+       --out runs/position/repo-smollm2
+     $PY bench/position_heldout.py --out bench/results/position/heldout.json ;;
+  D) $PY bench/position_ppl.py --methods "$SCALED" --length 16384 --out "$PPL"
+     $PY "${EVAL[@]}" --tasks passkey --lengths 4096 --samples 2 --positions "$SCALED" ;;
+  E) $PY "${EVAL[@]}" --tasks niah_single_1,vt --lengths 4096 --samples 2 --positions "$KEY" ;;
+  F) $PY "${EVAL[@]}" --tasks passkey --lengths 16384 --samples 2 --positions "$KEY" ;;
+  A2) $PY bench/position_ppl.py --methods "none,$KEY" --length 16384 --out "$PPL"
+      $PY bench/position_heldout.py --out bench/results/position/heldout.json
+      $PY "${EVAL[@]}" --tasks passkey --lengths 4096 --samples 2 --positions "$KEY" ;;
+  B2) $PY "${EVAL[@]}" --tasks passkey --lengths 8192 --samples 1 --positions "$KEY" ;;
+  C2) $PY -m longlab.cli train repo --model smollm2-135m --steps 10 --seq-len 512 --lr 1e-3 --minutes 2 \
+        --out runs/position/repo-smollm2
+      $PY bench/position_heldout.py --out bench/results/position/heldout.json
+      $PY bench/upi_hybrid.py --minutes 3.5 --out bench/results/position/upi.json ;;
+  suite) $PY -m pytest -q -p no:cacheprovider tests/ || true ;;
+    *) echo "unknown piece $1" >&2; exit 2 ;;
+esac
+uptime

@@ -1,0 +1,107 @@
+"""``longlab lab train|eval|plot|list``: the layers-lab command line (argparse only; torch is imported
+when a command runs)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ..recipe import LonglabError
+
+__all__ = ["add_lab_arguments", "lab_main"]
+
+
+def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="lab_command", required=True)
+    t = sub.add_parser("train", help="train a small LM with one token mixer on one synthetic task (CPU)")
+    t.add_argument("--mixer", required=True, help="softmax, ssmax, asentmax, lssa, lssar:p=15, race, ...")
+    t.add_argument("--task", required=True, help="copy, mqar, passkey, flipflop, mtd, algebra (name:k=v,...)")
+    t.add_argument("--train-len", type=int, required=True)
+    t.add_argument("--steps", type=int, required=True)
+    t.add_argument("--out", required=True, help="checkpoint directory (re-run the same command to resume)")
+    t.add_argument("--batch", type=int, default=32)
+    t.add_argument("--lr", type=float, default=3e-3)
+    t.add_argument("--warmup", type=int, default=0, help="warm-up steps (default: 5%% of --steps)")
+    t.add_argument("--weight-decay", type=float, default=0.1)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--dim", type=int, default=64)
+    t.add_argument("--layers", type=int, default=2)
+    t.add_argument("--heads", type=int, default=4)
+    t.add_argument("--positions", default="", help="rope, nope, alibi, nape (default: the mixer's)")
+    t.add_argument("--params", type=int, default=0, help="match the parameter count by the MLP width")
+    t.add_argument("--ckpt-every", type=int, default=200)
+    t.add_argument("--no-progress", action="store_true")
+    t.add_argument("--threads", type=int, default=0)
+
+    e = sub.add_parser("eval", help="test a trained lab model at several lengths into a results store")
+    e.add_argument("dir", metavar="DIR", help="checkpoint directory written by `longlab lab train`")
+    e.add_argument("--lengths", type=int, nargs="+", required=True)
+    e.add_argument("--out", help="results directory (default: DIR); use one for every mixer to compare them")
+    e.add_argument("--samples", type=int, default=32)
+    e.add_argument("--batch", type=int, default=8)
+    e.add_argument("--seed", type=int, default=0, help="evaluation seed (the samples)")
+    e.add_argument("--threads", type=int, default=0)
+
+    p = sub.add_parser("plot", help="score vs length, one line per mixer, from a results directory")
+    p.add_argument("dir", metavar="DIR")
+    p.add_argument("--out", required=True, help="PNG path")
+    p.add_argument("--table", help="also write the extrapolation table (Markdown) here")
+
+    ls = sub.add_parser("list", help="registered mixers, positions and tasks")
+    ls.set_defaults(lab_command="list")
+    parser.set_defaults(func=lab_main)
+
+
+def lab_main(args: Any) -> int:
+    if getattr(args, "threads", 0):
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.lab_command == "train":
+        from .train import TrainConfig, train
+
+        cfg = TrainConfig(
+            mixer=args.mixer, task=args.task, train_len=args.train_len, steps=args.steps, batch=args.batch,
+            lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, seed=args.seed, dim=args.dim,
+            n_layers=args.layers, n_heads=args.heads, positions=args.positions, params=args.params,
+            ckpt_every=args.ckpt_every,
+        )
+        manifest = train(cfg, args.out, progress=not args.no_progress)
+        last = manifest["history"][-1]["loss"] if manifest["history"] else float("nan")
+        print(
+            f"longlab lab train: {args.out}: {manifest['step']} steps, {manifest['params']} parameters, "
+            f"{manifest['train_tokens']} training tokens, loss {last:.4f}"
+        )
+        return 0
+    if args.lab_command == "eval":
+        from .evaluate import evaluate
+
+        evaluate(args.dir, args.lengths, out=args.out, samples=args.samples, batch=args.batch, seed=args.seed)
+        return 0
+    if args.lab_command == "plot":
+        from .plot import plot_results
+
+        path = plot_results(args.dir, args.out)
+        if path is None:
+            print(f"longlab lab plot: no lab rows in {args.dir}")
+            return 1
+        print(f"longlab lab plot: {path}")
+        if args.table:
+            from pathlib import Path
+
+            from .plot import extrapolation_table, lab_rows
+
+            Path(args.table).write_text(extrapolation_table(lab_rows(args.dir)) + "\n")
+            print(f"longlab lab plot: {args.table}")
+        return 0
+    if args.lab_command == "list":
+        from .mixers import MIXERS
+        from .positions import POSITIONS
+        from .tasks import TASKS
+
+        for name, cls in MIXERS.items():
+            print(f"mixer {name:<10} positions {'/'.join(cls.positions_allowed):<22} {cls.paper}")
+        print("positions " + ", ".join(POSITIONS))
+        print("tasks     " + ", ".join(TASKS))
+        return 0
+    raise LonglabError(f"longlab lab: unknown command {args.lab_command!r}")

@@ -1,0 +1,163 @@
+"""The layers-lab language model: embedding, N blocks of (RMSNorm → mixer) + (RMSNorm → SwiGLU MLP
+[+ the mixer's parallel memory]), final RMSNorm and a head tied to the embedding.
+
+``LabConfig`` names the mixer (a registered :class:`~longlab.lab.mixers.MixerConfig`, given as
+``"name"`` or ``"name:k=v"``) and the positions (``rope``/``nope``/``alibi``/``nape``) separately.
+``forward(tokens: [B, T]) -> logits [B, T, V]`` is the causal full-sequence form; ``init_state`` /
+``step(token: [B, 1])`` is the recurrent/decode form, available when every mixer has one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..recipe import LonglabError
+from .mixers import MixerConfig, mixer_config
+from .positions import POSITIONS, Positions
+
+__all__ = ["LabConfig", "LabLM", "match_mlp_hidden"]
+
+
+@dataclass
+class LabConfig:
+    """Shape of a lab model. ``mlp_hidden = 0`` means ``round(8·dim/3)`` (SwiGLU's usual width)."""
+
+    vocab_size: int
+    mixer: str = "softmax"
+    positions: str = ""  # "" -> the mixer's default
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    mlp_hidden: int = 0
+    rope_theta: float = 10000.0
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "dim", "n_layers", "n_heads"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise LonglabError(f"lab model: {name} must be an integer >= 1, got {value!r}")
+        if self.dim % self.n_heads:
+            raise LonglabError(f"lab model: dim {self.dim} must be a multiple of n_heads {self.n_heads}")
+        if isinstance(self.mlp_hidden, bool) or not isinstance(self.mlp_hidden, int) or self.mlp_hidden < 0:
+            raise LonglabError(f"lab model: mlp_hidden must be an integer >= 0, got {self.mlp_hidden!r}")
+        cfg = self.mixer_config()  # validates the mixer name and parameters
+        self.mixer = cfg.spec()
+        if not self.positions:
+            self.positions = cfg.default_positions
+        if self.positions not in POSITIONS:
+            raise LonglabError(
+                f"--positions: unknown {self.positions!r}; choose one of {', '.join(POSITIONS)}"
+            )
+        if self.positions not in cfg.positions_allowed:
+            raise LonglabError(
+                f"--positions: mixer {cfg.name!r} takes {', '.join(cfg.positions_allowed)}, "
+                f"not {self.positions!r}"
+            )
+
+    def mixer_config(self) -> MixerConfig:
+        return mixer_config(self.mixer)
+
+    @property
+    def hidden(self) -> int:
+        return self.mlp_hidden or max(1, round(8 * self.dim / 3))
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(dim, 2 * hidden, bias=False)
+        self.down = nn.Linear(hidden, dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a, b = self.up(x).chunk(2, dim=-1)
+        return self.down(F.silu(a) * b)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: LabConfig) -> None:
+        super().__init__()
+        pos = Positions(cfg.positions, cfg.n_heads, cfg.dim // cfg.n_heads, cfg.rope_theta)
+        self.norm1 = nn.RMSNorm(cfg.dim)
+        self.mixer = cfg.mixer_config().build(cfg.dim, cfg.n_heads, pos)
+        self.norm2 = nn.RMSNorm(cfg.dim)
+        self.mlp = SwiGLU(cfg.dim, cfg.hidden)
+
+    def ffn(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm2(x)
+        out = self.mlp(h)
+        if self.mixer.parallel_ffn is not None:
+            out = out + self.mixer.parallel_ffn(h)
+        return x + out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.ffn(x + self.mixer(self.norm1(x)))
+
+    def step(self, x: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        y, state = self.mixer.step(self.norm1(x), state)
+        return self.ffn(x + y), state
+
+
+class LabLM(nn.Module):
+    """Decoder LM of the lab (see the module docstring)."""
+
+    def __init__(self, cfg: LabConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        nn.init.normal_(self.embed.weight, std=0.02 * cfg.dim**0.5)  # tied head: logits of order 1
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = nn.RMSNorm(cfg.dim)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``tokens: [B, T]`` -> ``logits: [B, T, V]``."""
+        x = self.embed(tokens)
+        for blk in self.blocks:
+            x = blk(x)
+        return self.norm(x) @ self.embed.weight.T  # tied head
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """Sum of the mixers' auxiliary losses from the last forward (L2A's gate rate), or ``None``."""
+        terms = [b.mixer.aux_loss for b in self.blocks if b.mixer.aux_loss is not None]
+        return torch.stack(terms).sum() if terms else None
+
+    def init_state(self, batch: int) -> list[Any]:
+        states = [b.mixer.init_state(batch) for b in self.blocks]
+        if any(s is None for s in states):
+            raise LonglabError(f"mixer {self.cfg.mixer!r} has no recurrent/decode form")
+        return states
+
+    def step(self, token: torch.Tensor, states: list[Any]) -> tuple[torch.Tensor, list[Any]]:
+        """``token: [B, 1]`` -> ``logits [B, 1, V]`` and the new states."""
+        x = self.embed(token)
+        new = []
+        for blk, st in zip(self.blocks, states):
+            x, st = blk.step(x, st)
+            new.append(st)
+        return self.norm(x) @ self.embed.weight.T, new
+
+    def n_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def match_mlp_hidden(cfg: LabConfig, target: int) -> LabConfig:
+    """The config with the MLP width whose model has the parameter count closest to ``target``
+    (how the lab gives every mixer equal parameters)."""
+    def count(hidden: int) -> int:
+        return LabLM(dataclasses.replace(cfg, mlp_hidden=hidden)).n_params()
+
+    base = count(1)
+    per = count(2) - base  # parameters per unit of MLP width
+    hidden = max(1, round((target - base) / per) + 1) if per > 0 else cfg.hidden
+    return dataclasses.replace(cfg, mlp_hidden=hidden)
+
+
+

@@ -1,0 +1,543 @@
+"""Synthetic tasks of the layers lab: seeded generators with exact answers (or exact next-token
+distributions), any length.
+
+A task makes a :class:`Batch` of ``tokens: [B, T]`` (the model input), ``targets: [B, T]`` (the next
+token to predict where the loss counts, else ``-100``) and ``answer: [B, T]`` (the positions that are
+scored). ``score`` is the fraction of answer positions whose argmax is right, per sample; tasks with
+an exact next-token distribution (``mtd``) also give ``probs: [B, T, V]`` and score
+``exp(−mean KL(p_true ‖ p_model))``.
+
+Registered (``TASKS``):
+
+- ``copy``: ``BOS x_1..x_n SEP x_1..x_n`` over ``alphabet`` symbols; answers: the second copy.
+- ``mqar``: multi-query (multi-token) associative recall, the MQMTAR form of Vasylenko et al. (ASEntmax,
+  arXiv 2506.16640) after Arora et al. (Zoology, arXiv 2312.04927): ``n`` pairs of a ``key_len``-token key
+  and a ``value_len``-token value (distinct keys), ``SEP``, then ``queries`` keys whose values are the
+  answers. ``n`` grows with the length; the number of queries does not.
+- ``passkey``: random filler with ``KEY d_1..d_k`` at a random depth, ending in ``QUERY``: the answers are
+  the digits (Mohtashami & Jaggi 2023, arXiv 2305.16300).
+- ``flipflop``: flip-flop language modelling (Liu et al. 2023, arXiv 2306.00946): pairs
+  (instruction, bit) with instructions w/r/i drawn with probabilities (p_w, p_r, p_i), the first a write;
+  the bit after ``r`` is the last written bit (answers).
+- ``mtd``: mixture of transition distributions (D'Angelo & Flammarion, arXiv 2604.10848): a fixed
+  transition matrix Q (from the task seed), per-sequence lag weights ``λ ~ Dir(1_K)``, ``x_t ~ Σ_k λ_k
+  Q(x_{t−k}, ·)``. ``probs`` is the Bayes-optimal predictor ``E_{λ|x_{<t}}[Σ_k λ_k Q(x_{t−k}, ·)]`` by
+  self-normalised importance sampling over ``draws`` prior draws; :func:`mirror_descent` gives the
+  MD-n estimator.
+- ``pcfg``: strings of a random binary PCFG with the exact next-token distribution by the inside
+  algorithm (:mod:`longlab.lab.pcfg`; "How Transformers Represent Hierarchies", ICML 2026) [recon];
+  lengths up to ``max_length`` (the oracle is cubic).
+- ``algebra``: in-context group arithmetic (Todd et al., "In-Context Algebra", arXiv 2512.16902): per
+  sequence one or more groups from cyclic C3..C10 and dihedral D3..D5, elements mapped injectively
+  to random variable symbols, facts ``, a b = c`` drawn from the Cayley tables; every token after ``=``
+  is an answer (holdout_zero: the identity is never symbol 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+from ..recipe import LonglabError
+
+__all__ = [
+    "TASKS",
+    "Batch",
+    "Task",
+    "cayley_table",
+    "mirror_descent",
+    "register_task",
+    "task_config",
+]
+
+TASKS: dict[str, type[Task]] = {}
+IGNORE = -100
+
+
+def register_task(name: str):
+    def wrap(cls: type[Task]) -> type[Task]:
+        cls.name = name
+        TASKS[name] = cls
+        return cls
+
+    return wrap
+
+
+@dataclass
+class Batch:
+    tokens: torch.Tensor  # [B, T] long
+    targets: torch.Tensor  # [B, T] long, IGNORE where no loss
+    answer: torch.Tensor  # [B, T] bool, scored positions
+    probs: torch.Tensor | None = None  # [B, T, V] exact next-token distribution (where known)
+
+
+@dataclass
+class Task:
+    """Base: subclasses set ``vocab_size`` and implement :meth:`_sample` for one sequence."""
+
+    name: ClassVar[str] = "?"
+    seed: int = 0  # task-level randomness (mtd's Q); sequences come from the generator given to sample
+
+    @property
+    def vocab_size(self) -> int:
+        raise NotImplementedError
+
+    def min_length(self) -> int:
+        return 8
+
+    def check_length(self, length: int) -> None:
+        if isinstance(length, bool) or not isinstance(length, int) or length < self.min_length():
+            raise LonglabError(
+                f"task {self.name}: length must be an integer >= {self.min_length()}, got {length!r}"
+            )
+
+    def sample(self, batch: int, length: int, gen: torch.Generator, exact: bool = True) -> Batch:
+        """``batch`` sequences of exactly ``length`` tokens, drawn from ``gen``; ``exact=False`` skips the
+        exact next-token distributions (training needs only the tokens)."""
+        self.check_length(length)
+        rows = [self._sample(length, gen) for _ in range(batch)]
+        tokens = torch.stack([r[0] for r in rows])
+        answer = torch.stack([r[1] for r in rows])  # [B, T] bool: the token at t+1 is an answer
+        targets = torch.full_like(tokens, IGNORE)
+        targets[:, :-1] = torch.where(answer[:, :-1], tokens[:, 1:], IGNORE)
+        return Batch(tokens, targets, answer & (targets != IGNORE))
+
+    def _sample(self, length: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """One sequence ``[T]`` and the mask ``[T]`` of positions whose *next* token is an answer."""
+        raise NotImplementedError
+
+    def score(self, logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Per-sample score ``[B]`` in [0, 1] (see the module docstring)."""
+        if batch.probs is not None:
+            kl = kl_per_position(logits, batch)
+            return torch.exp(-kl)
+        right = (logits.argmax(-1) == batch.targets) & batch.answer
+        return right.sum(-1).float() / batch.answer.sum(-1).clamp_min(1).float()
+
+
+def kl_per_position(logits: torch.Tensor, batch: Batch) -> torch.Tensor:
+    """Mean over answer positions of ``KL(p_true ‖ p_model)`` in nats, per sample ``[B]``."""
+    assert batch.probs is not None
+    logq = torch.log_softmax(logits.float(), -1)
+    p = batch.probs.float()
+    kl = (p * (torch.log(p.clamp_min(1e-30)) - logq)).sum(-1)  # [B, T]
+    m = batch.answer.float()
+    return (kl * m).sum(-1) / m.sum(-1).clamp_min(1)
+
+
+def _randint(n: int, gen: torch.Generator, size: int = 1) -> torch.Tensor:
+    return torch.randint(0, n, (size,), generator=gen)
+
+
+def _check(name: str, field_: str, value, lo: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+        raise LonglabError(f"task {name}: {field_} must be an integer >= {lo}, got {value!r}")
+
+
+def _check_p(name: str, field_: str, value) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1
+    if not ok:
+        raise LonglabError(f"task {name}: {field_} must be a probability in [0, 1], got {value!r}")
+
+
+@register_task("copy")
+@dataclass
+class CopyTask(Task):
+    alphabet: int = 16
+
+    def __post_init__(self) -> None:
+        _check(self.name, "alphabet", self.alphabet, 2)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.alphabet + 2  # + BOS, SEP
+
+    def _sample(self, length, gen):
+        bos, sep = self.alphabet, self.alphabet + 1
+        n = (length - 2) // 2
+        x = _randint(self.alphabet, gen, n)
+        pad = torch.full((length - 2 - 2 * n,), bos)
+        seq = torch.cat([pad, torch.tensor([bos]), x, torch.tensor([sep]), x])
+        ans = torch.zeros(length, dtype=torch.bool)
+        ans[length - n - 1 : length - 1] = True  # SEP predicts x_1, ..., x_{n-1} predicts x_n
+        return seq, ans
+
+
+@register_task("mqar")
+@dataclass
+class MQARTask(Task):
+    alphabet: int = 32
+    key_len: int = 2
+    value_len: int = 1
+    queries: int = 8
+
+    def __post_init__(self) -> None:
+        _check(self.name, "alphabet", self.alphabet, 2)
+        for f in ("key_len", "value_len", "queries"):
+            _check(self.name, f, getattr(self, f), 1)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.alphabet + 2
+
+    def min_length(self) -> int:
+        return 2 + (self.queries + self.queries) * (self.key_len + self.value_len)
+
+    def pairs(self, length: int) -> int:
+        per = self.key_len + self.value_len
+        return (length - 2 - self.queries * per) // per
+
+    def check_length(self, length: int) -> None:
+        super().check_length(length)
+        if self.pairs(length) > self.alphabet**self.key_len:
+            raise LonglabError(
+                f"task mqar: length {length} needs {self.pairs(length)} distinct keys but alphabet^key_len = "
+                f"{self.alphabet ** self.key_len}; raise key_len or alphabet"
+            )
+
+    def _sample(self, length, gen):
+        bos, sep = self.alphabet, self.alphabet + 1
+        a, kl, vl = self.alphabet, self.key_len, self.value_len
+        n = self.pairs(length)
+        ids = torch.randperm(a**kl, generator=gen)[:n]
+        keys = torch.stack([(ids // a**i) % a for i in range(kl)], dim=1)  # [n, key_len] distinct
+        values = torch.randint(0, a, (n, vl), generator=gen)
+        q = torch.randint(0, n, (self.queries,), generator=gen)
+        ctx = torch.cat([keys, values], dim=1).flatten()
+        qs = torch.cat([keys[q], values[q]], dim=1).flatten()
+        used = 2 + ctx.numel() + qs.numel()
+        seq = torch.cat([torch.full((length - used + 1,), bos), ctx, torch.tensor([sep]), qs])
+        ans = torch.zeros(length, dtype=torch.bool)
+        start = length - qs.numel()
+        for j in range(self.queries):  # the tokens before each value token predict it
+            v0 = start + j * (kl + vl) + kl
+            ans[v0 - 1 : v0 - 1 + vl] = True
+        return seq, ans
+
+
+@register_task("passkey")
+@dataclass
+class PasskeyTask(Task):
+    digits: int = 5
+    filler: int = 8
+
+    def __post_init__(self) -> None:
+        _check(self.name, "digits", self.digits, 1)
+        _check(self.name, "filler", self.filler, 1)
+
+    @property
+    def vocab_size(self) -> int:
+        return 10 + self.filler + 3  # digits, filler, BOS, KEY, QUERY
+
+    def min_length(self) -> int:
+        return 2 * self.digits + 4
+
+    def _sample(self, length, gen):
+        bos, key, query = 10 + self.filler, 11 + self.filler, 12 + self.filler
+        d = _randint(10, gen, self.digits)
+        n_fill = length - 3 - 2 * self.digits
+        fill = 10 + _randint(self.filler, gen, n_fill)
+        at = int(_randint(n_fill + 1, gen)[0])
+        t = torch.tensor
+        seq = torch.cat([t([bos]), fill[:at], t([key]), d, fill[at:], t([query]), d])
+        ans = torch.zeros(length, dtype=torch.bool)
+        ans[length - self.digits - 1 : length - 1] = True
+        return seq, ans
+
+
+@register_task("flipflop")
+@dataclass
+class FlipFlopTask(Task):
+    p_write: float = 0.1
+    p_read: float = 0.1
+
+    def __post_init__(self) -> None:
+        _check_p(self.name, "p_write", self.p_write)
+        _check_p(self.name, "p_read", self.p_read)
+        if self.p_write + self.p_read > 1 or self.p_write <= 0:
+            raise LonglabError("task flipflop: need p_write > 0 and p_write + p_read <= 1")
+
+    @property
+    def vocab_size(self) -> int:
+        return 5  # 0, 1, w, r, i
+
+    def min_length(self) -> int:
+        return 4
+
+    def _sample(self, length, gen):
+        w, r, i = 2, 3, 4
+        n = length // 2
+        u = torch.rand(n, generator=gen)
+        instr = torch.where(u < self.p_write, w, torch.where(u < self.p_write + self.p_read, r, i))
+        instr[0] = w
+        bits = _randint(2, gen, n)
+        last = 0
+        for j in range(n):
+            if instr[j] == w:
+                last = int(bits[j])
+            elif instr[j] == r:
+                bits[j] = last
+        seq = torch.stack([instr, bits], dim=1).flatten()
+        if seq.numel() < length:
+            seq = torch.cat([torch.tensor([i]), seq])
+        off = length - 2 * n
+        ans = torch.zeros(length, dtype=torch.bool)
+        ans[off : off + 2 * n : 2] = instr == r  # the instruction r predicts the bit
+        return seq, ans
+
+
+@register_task("mtd")
+@dataclass
+class MTDTask(Task):
+    states: int = 8
+    lags: int = 3
+    draws: int = 4096
+    concentration: float = 0.5  # Dirichlet prior of each row of Q
+
+    def __post_init__(self) -> None:
+        _check(self.name, "states", self.states, 2)
+        _check(self.name, "lags", self.lags, 1)
+        _check(self.name, "draws", self.draws, 1)
+        g = torch.Generator().manual_seed(10_000 + int(self.seed))
+        conc = torch.full((self.states, self.states), float(self.concentration))
+        self.Q = _dirichlet(conc, g)  # [S, S], rows sum to 1
+
+    @property
+    def vocab_size(self) -> int:
+        return self.states
+
+    def min_length(self) -> int:
+        return self.lags + 2
+
+    def sample(self, batch, length, gen, exact=True):
+        self.check_length(length)
+        s, k = self.states, self.lags
+        lam = _dirichlet(torch.ones(batch, k), gen)  # [B, K]
+        x = torch.randint(0, s, (batch, length), generator=gen)
+        for t in range(k, length):
+            lag = torch.multinomial(lam, 1, generator=gen)[:, 0] + 1  # [B]
+            prev = x[torch.arange(batch), t - lag]
+            x[:, t] = torch.multinomial(self.Q[prev], 1, generator=gen)[:, 0]
+        probs = self.bayes(x, gen) if exact else None
+        targets = torch.full_like(x, IGNORE)
+        targets[:, k - 1 : -1] = x[:, k:]
+        answer = targets != IGNORE
+        return Batch(x, targets, answer, probs)
+
+    def _lag_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """``Q(x_{t+1−k}, ·)`` for the prediction at position t: ``[B, T, K, S]`` (zeros before lag k)."""
+        b, t = x.shape
+        out = torch.zeros(b, t, self.lags, self.states)
+        for k in range(1, self.lags + 1):
+            out[:, k - 1 :, k - 1] = self.Q[x[:, : t - k + 1]]
+        return out
+
+    def bayes(self, x: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+        """Bayes predictor at every position ``[B, T, S]`` (prediction of x_{t+1} from x_{≤t})."""
+        b, t = x.shape
+        k = self.lags
+        lam = _dirichlet(torch.ones(self.draws, k), gen)  # [N, K] prior draws
+        rows = self._lag_rows(x)  # [B, T, K, S]
+        # likelihood of x_{t+1} under each lag, for t = k-1 .. T-2: Q(x_{t+1-k}, x_{t+1})
+        lik = torch.zeros(b, t, k)
+        lik[:, :-1] = rows[:, :-1].gather(-1, x[:, 1:, None, None].expand(-1, -1, k, 1))[..., 0]
+        ll = torch.log((lik[:, k - 1 : -1] @ lam.T).clamp_min(1e-30))  # [B, T-k, N]
+        cum = torch.cat([torch.zeros(b, 1, self.draws), ll.cumsum(1)], dim=1)  # evidence before each step
+        w = torch.softmax(cum, dim=-1)  # [B, T-k+1, N] posterior weights at t = k-1 .. T-1
+        post_lam = w @ lam  # [B, T-k+1, K] posterior mean of λ
+        probs = torch.full((b, t, self.states), 1.0 / self.states)
+        probs[:, k - 1 :] = (post_lam[..., None] * rows[:, k - 1 :]).sum(-2)
+        return probs
+
+
+def _dirichlet(conc: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """Dirichlet draws (one per row of ``conc``) from ``gen``: normalised Gamma(conc, 1) variates."""
+    g = torch._standard_gamma(conc, generator=gen)
+    return g / g.sum(-1, keepdim=True).clamp_min(1e-30)
+
+
+def mirror_descent(task: MTDTask, x: torch.Tensor, steps: int, eta: float) -> torch.Tensor:
+    """MD-n estimate of λ from the whole sequence ``x: [B, T]`` (entropic mirror descent from uniform):
+    ``λ^{n+1} ∝ λ^n · exp(η g)``, ``g_k = (1/T') Σ_t Q(x_{t−k}, x_t) / Σ_j λ_j Q(x_{t−j}, x_t)``
+    (the gradient of the mean log-likelihood). Returns ``[B, K]``."""
+    b, t = x.shape
+    k = task.lags
+    rows = task._lag_rows(x)
+    lik = rows[:, :-1].gather(-1, x[:, 1:, None, None].expand(-1, -1, k, 1))[..., 0][:, k - 1 :]  # [B, T', K]
+    lam = torch.full((b, k), 1.0 / k)
+    for _ in range(steps):
+        g = (lik / (lik @ lam[..., None]).clamp_min(1e-30)).mean(1)
+        lam = lam * torch.exp(eta * g)
+        lam = lam / lam.sum(-1, keepdim=True)
+    return lam
+
+
+# -- in-context algebra -------------------------------------------------------------------------
+
+GROUPS = tuple([f"C{n}" for n in range(3, 11)] + [f"D{n}" for n in range(3, 6)])
+
+
+def group_order(name: str) -> int:
+    n = int(name[1:])
+    return n if name[0] == "C" else 2 * n
+
+
+def cayley_table(name: str) -> torch.Tensor:
+    """Cayley table ``[n, n]`` of C_n (addition mod n) or D_n (order 2n: element (r, s) = rotation r,
+    reflection s; ``(r1, s1)(r2, s2) = (r1 + (−1)^{s1} r2, s1 ⊕ s2)``); element 0 is the identity."""
+    n = int(name[1:])
+    if name[0] == "C":
+        i = torch.arange(n)
+        return (i[:, None] + i[None, :]) % n
+    if name[0] != "D":
+        raise LonglabError(f"task algebra: unknown group {name!r}; groups: {', '.join(GROUPS)}")
+    elems = [(r, s) for s in (0, 1) for r in range(n)]
+    index = {e: j for j, e in enumerate(elems)}
+    tab = torch.zeros(2 * n, 2 * n, dtype=torch.long)
+    for a, (r1, s1) in enumerate(elems):
+        for b, (r2, s2) in enumerate(elems):
+            tab[a, b] = index[((r1 + (-1) ** s1 * r2) % n, s1 ^ s2)]
+    return tab
+
+
+@register_task("algebra")
+@dataclass
+class AlgebraTask(Task):
+    symbols: int = 16
+    max_order: int = 10
+    mix: float = 0.7
+    groups: tuple[str, ...] = field(default_factory=lambda: GROUPS)
+
+    def __post_init__(self) -> None:
+        _check(self.name, "symbols", self.symbols, 4)
+        _check(self.name, "max_order", self.max_order, 2)
+        _check_p(self.name, "mix", self.mix)
+        self.groups = tuple(self.groups)
+        bad = [g for g in self.groups if g not in GROUPS]
+        if bad or not self.groups:
+            raise LonglabError(f"task algebra: groups must be among {', '.join(GROUPS)}, got {bad or '()'}")
+        self._tables = {g: cayley_table(g) for g in self.groups}
+
+    @property
+    def vocab_size(self) -> int:
+        return self.symbols + 2  # '=' and ','
+
+    def min_length(self) -> int:
+        return 6
+
+    def _sample(self, length, gen):
+        eq, comma = self.symbols, self.symbols + 1
+        usable = [g for g in self.groups if group_order(g) <= min(self.max_order, self.symbols)]
+        chosen = [usable[int(_randint(len(usable), gen)[0])]]
+        total = group_order(chosen[0])
+        while float(torch.rand(1, generator=gen)) < self.mix:
+            fits = [g for g in usable if total + group_order(g) <= self.symbols]
+            if not fits:
+                break
+            g = fits[int(_randint(len(fits), gen)[0])]
+            chosen.append(g)
+            total += group_order(g)
+        # injective map of all elements to symbols; holdout_zero: no identity on symbol 0
+        while True:
+            perm = torch.randperm(self.symbols, generator=gen)[:total]
+            starts = [0]
+            for g in chosen[:-1]:
+                starts.append(starts[-1] + group_order(g))
+            if all(int(perm[s]) != 0 for s in starts):
+                break
+        facts = []
+        n_facts = (length - 1) // 5 + 1
+        for _ in range(n_facts):
+            gi = int(_randint(len(chosen), gen)[0])
+            tab, off = self._tables[chosen[gi]], starts[gi]
+            a, b = (int(v) for v in _randint(tab.shape[0], gen, 2))
+            c = int(tab[a, b])
+            facts.append([comma, int(perm[off + a]), int(perm[off + b]), eq, int(perm[off + c])])
+        seq = torch.tensor(facts).flatten()[-length:]
+        ans = torch.zeros(length, dtype=torch.bool)
+        ans[:-1] = seq[:-1] == eq  # '=' predicts c
+        return seq, ans
+
+
+@register_task("pcfg")
+@dataclass
+class PCFGTask(Task):
+    """Strings of a random binary PCFG (grammar from the task seed) with the exact next-token
+    distribution (:mod:`longlab.lab.pcfg`); every position's prediction is scored."""
+
+    nonterminals: int = 16
+    terminals: int = 32
+    alpha: float = 0.3
+    max_length: int = 128
+
+    def __post_init__(self) -> None:
+        from .pcfg import length_inside, random_grammar
+
+        _check(self.name, "nonterminals", self.nonterminals, 1)
+        _check(self.name, "terminals", self.terminals, 1)
+        _check(self.name, "max_length", self.max_length, 2)
+        if not isinstance(self.alpha, (int, float)) or isinstance(self.alpha, bool) or not self.alpha > 0:
+            raise LonglabError(f"task pcfg: alpha must be a number > 0, got {self.alpha!r}")
+        g = torch.Generator().manual_seed(20_000 + int(self.seed))
+        self.grammar = random_grammar(self.nonterminals, self.terminals, float(self.alpha), g)
+        self.beta = length_inside(self.grammar, self.max_length)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.terminals
+
+    def min_length(self) -> int:
+        return 2
+
+    def check_length(self, length: int) -> None:
+        super().check_length(length)
+        if length > self.max_length:
+            raise LonglabError(
+                f"task pcfg: length {length} > max_length {self.max_length} (the exact oracle costs O(L³·N³) "
+                "per prefix); raise max_length or test shorter"
+            )
+        if not float(self.beta[length, 0]) > 0:
+            raise LonglabError(f"task pcfg: the grammar derives no string of length {length}")
+
+    def sample(self, batch, length, gen, exact=True):
+        from .pcfg import next_token_probs, sample_string
+
+        self.check_length(length)
+        x = torch.stack([sample_string(self.grammar, length, self.beta, gen) for _ in range(batch)])
+        targets = torch.full_like(x, IGNORE)
+        targets[:, :-1] = x[:, 1:]
+        probs = next_token_probs(self.grammar, x).float() if exact else None
+        return Batch(x, targets, targets != IGNORE, probs)
+
+
+def task_config(spec: str | Task, seed: int = 0) -> Task:
+    """A task from ``"name"`` or ``"name:k=v,..."`` (values as JSON scalars, never evaluated)."""
+    import json
+
+    if isinstance(spec, Task):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise LonglabError(f"--task: expected a task name, got {spec!r}; choose one of {', '.join(TASKS)}")
+    name, _, rest = spec.strip().partition(":")
+    if name not in TASKS:
+        raise LonglabError(f"--task: unknown task {name!r}; choose one of {', '.join(sorted(TASKS))}")
+    cls = TASKS[name]
+    fields = {f for f in cls.__dataclass_fields__}
+    kwargs: dict = {"seed": seed}
+    for item in filter(None, (p.strip() for p in rest.split(","))):
+        key, eq, raw = item.partition("=")
+        if not eq or key not in fields:
+            raise LonglabError(
+                f"--task: {name} has no parameter {key!r}; parameters: {', '.join(sorted(fields))}"
+            )
+        try:
+            kwargs[key] = json.loads(raw)
+        except ValueError:
+            kwargs[key] = raw
+    try:
+        return cls(**kwargs)
+    except TypeError as err:
+        raise LonglabError(f"--task: {name}: {err}") from None
+

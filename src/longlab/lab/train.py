@@ -1,0 +1,261 @@
+"""CPU trainer of the layers lab: AdamW, linear warm-up then cosine decay, seeded and resumable.
+
+Batch ``s`` is drawn from a generator seeded by ``(seed, s)``, so a resumed run sees exactly the
+batches an uninterrupted one would. Checkpoints: ``OUT/checkpoint-<step>/`` holds
+``model.safetensors`` and ``optimizer.safetensors`` (tensors only; never pickles) and
+``OUT/manifest.json`` names the latest one with the full configuration, so ``train`` with the same
+arguments continues where a killed run stopped. The manifest is replaced atomically (written to a
+temporary name, then renamed) after the checkpoint directory is complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..recipe import LonglabError
+from .model import LabConfig, LabLM, match_mlp_hidden
+from .tasks import IGNORE, task_config
+
+__all__ = ["FORMAT", "TrainConfig", "load_checkpoint", "train"]
+
+FORMAT = "longlab-lab-checkpoint/1"
+
+
+@dataclass
+class TrainConfig:
+    """What ``longlab lab train`` runs. ``params > 0``: set the MLP width so the model has about that
+    many parameters (equal parameters across mixers)."""
+
+    mixer: str
+    task: str
+    train_len: int
+    steps: int
+    batch: int = 32
+    lr: float = 3e-3
+    warmup: int = 0  # 0 -> 5% of steps
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    aux_weight: float = 1.0
+    seed: int = 0
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    positions: str = ""
+    params: int = 0
+    ckpt_every: int = 200
+
+    def __post_init__(self) -> None:
+        for name, lo in (("train_len", 1), ("steps", 1), ("batch", 1), ("warmup", 0), ("seed", 0),
+                         ("params", 0), ("ckpt_every", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < lo:
+                raise LonglabError(f"--{name.replace('_', '-')}: must be an integer >= {lo}, got {value!r}")
+        for name in ("lr", "weight_decay", "grad_clip", "aux_weight"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+                raise LonglabError(f"--{name.replace('_', '-')}: must be a finite number >= 0, got {value!r}")
+        task = task_config(self.task, self.seed)
+        task.check_length(self.train_len)
+        cfg = self.model_config()
+        self.mixer, self.positions = cfg.mixer, cfg.positions  # normalised spellings
+
+    def model_config(self) -> LabConfig:
+        task = task_config(self.task, self.seed)
+        cfg = LabConfig(
+            vocab_size=task.vocab_size, mixer=self.mixer, positions=self.positions, dim=self.dim,
+            n_layers=self.n_layers, n_heads=self.n_heads,
+        )
+        return match_mlp_hidden(cfg, self.params) if self.params else cfg
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """Learning rate at ``step`` (0-based): linear warm-up, then cosine to 10% of ``lr``."""
+    warm = cfg.warmup or max(1, cfg.steps // 20)
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    frac = (step - warm) / max(1, cfg.steps - warm)
+    return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(frac, 1.0))))
+
+
+def batch_generator(seed: int, step: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + step)
+
+
+def _optimizer(model: LabLM, cfg: TrainConfig) -> torch.optim.AdamW:
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    groups = [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": rest, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def _save(out: Path, step: int, model: LabLM, opt: torch.optim.Optimizer, cfg: TrainConfig,
+          history: list[dict[str, float]], elapsed: float) -> None:
+    from safetensors.torch import save_file
+
+    ck = out / f"checkpoint-{step}"
+    tmp = out / f".checkpoint-{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    tensors, scalars = {}, {}
+    for pid, st in opt.state_dict()["state"].items():
+        for key, value in st.items():
+            if torch.is_tensor(value) and value.ndim > 0:
+                tensors[f"{pid}.{key}"] = value.contiguous()
+            else:
+                scalars[f"{pid}.{key}"] = float(value)
+    save_file(tensors, str(tmp / "optimizer.safetensors"), metadata={"scalars": json.dumps(scalars)})
+    shutil.rmtree(ck, ignore_errors=True)
+    os.replace(tmp, ck)
+    mcfg = cfg.model_config()
+    manifest = {
+        "format": FORMAT,
+        "step": step,
+        "checkpoint": ck.name,
+        "train": cfg.to_dict(),
+        "model": mcfg.to_dict(),
+        "params": LabLM(mcfg).n_params(),
+        "train_tokens": step * cfg.batch * cfg.train_len,
+        "elapsed_s": round(elapsed, 3),
+        "history": history,
+    }
+    mtmp = out / ".manifest.json.tmp"
+    mtmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(mtmp, out / "manifest.json")
+    for old in out.glob("checkpoint-*"):  # keep only the latest
+        if old.name != ck.name:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def read_manifest(out: str | os.PathLike[str], what: str = "DIR") -> dict[str, Any]:
+    path = Path(out) / "manifest.json"
+    if not path.is_file():
+        raise LonglabError(
+            f"{what}: no lab checkpoint in {out} (expected {path}); run `longlab lab train` first"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise LonglabError(f"{what}: cannot read {path}: {err}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise LonglabError(f"{what}: {path} is not a {FORMAT} manifest")
+    return manifest
+
+
+def load_checkpoint(
+    out: str | os.PathLike[str], what: str = "DIR"
+) -> tuple[LabLM, TrainConfig, dict[str, Any]]:
+    """The trained model (eval mode), its train config and the manifest from ``OUT``."""
+    from safetensors.torch import load_file
+
+    manifest = read_manifest(out, what)
+    cfg = TrainConfig(**manifest["train"])
+    model = LabLM(LabConfig(**manifest["model"]))
+    path = Path(out) / manifest["checkpoint"] / "model.safetensors"
+    try:
+        state = load_file(str(path))
+    except (OSError, ValueError, RuntimeError) as err:
+        raise LonglabError(f"{what}: cannot read {path}: {err}") from None
+    model.load_state_dict(state)
+    return model.eval(), cfg, manifest
+
+
+def train(
+    cfg: TrainConfig, out: str | os.PathLike[str], *, progress: bool = True,
+    log: Callable[[str], None] | None = print,
+) -> dict[str, Any]:
+    """Train (or resume) into ``out``; returns the final manifest."""
+    from safetensors.torch import load_file
+
+    out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise LonglabError(f"--out: {out} is a file, not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(cfg.seed)
+    task = task_config(cfg.task, cfg.seed)
+    model = LabLM(cfg.model_config())
+    opt = _optimizer(model, cfg)
+    start, history, elapsed = 0, [], 0.0
+    if (out / "manifest.json").exists():
+        manifest = read_manifest(out, "--out")
+        if manifest["train"] != cfg.to_dict():
+            diff = sorted(k for k in cfg.to_dict() if manifest["train"].get(k) != cfg.to_dict()[k])
+            raise LonglabError(
+                f"--out: {out} holds a run with other settings ({', '.join(diff)} differ); "
+                "use the same arguments to resume, or another directory"
+            )
+        ck = out / manifest["checkpoint"]
+        model.load_state_dict(load_file(str(ck / "model.safetensors")))
+        from safetensors import safe_open
+
+        state_dict = opt.state_dict()
+        with safe_open(str(ck / "optimizer.safetensors"), "pt") as f:
+            scalars = json.loads((f.metadata() or {}).get("scalars", "{}"))
+            for pid in state_dict["param_groups"][0]["params"] + state_dict["param_groups"][1]["params"]:
+                st = {}
+                for key in ("exp_avg", "exp_avg_sq"):
+                    name = f"{pid}.{key}"
+                    if name in f.keys():
+                        st[key] = f.get_tensor(name)
+                if f"{pid}.step" in scalars:
+                    st["step"] = torch.tensor(scalars[f"{pid}.step"])
+                if st:
+                    state_dict["state"][pid] = st
+        opt.load_state_dict(state_dict)
+        start, history, elapsed = manifest["step"], manifest["history"], manifest["elapsed_s"]
+        if start >= cfg.steps:
+            if log:
+                log(f"longlab lab train: {out} is complete ({start} steps)")
+            return manifest
+        if log:
+            log(f"longlab lab train: resuming {out} at step {start}")
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=cfg.steps, initial=start, desc=f"{cfg.mixer} {cfg.task}", unit="step")
+    model.train()
+    t0 = time.perf_counter()
+    running = None
+    for step in range(start, cfg.steps):
+        batch = task.sample(cfg.batch, cfg.train_len, batch_generator(cfg.seed, step), exact=False)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        logits = model(batch.tokens)
+        loss = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
+        total = loss
+        aux = model.aux_loss()
+        if aux is not None:
+            total = total + cfg.aux_weight * aux
+        opt.zero_grad(set_to_none=True)
+        total.backward()
+        if cfg.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        value = float(loss.detach())
+        running = value if running is None else 0.95 * running + 0.05 * value
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{running:.3f}")
+        done = step + 1
+        if done % cfg.ckpt_every == 0 or done == cfg.steps:
+            history.append({"step": done, "loss": round(running, 5)})
+            _save(out, done, model, opt, cfg, history, elapsed + time.perf_counter() - t0)
+    if bar is not None:
+        bar.close()
+    return read_manifest(out, "--out")

@@ -1,0 +1,285 @@
+"""``longlab train drope|ropeid|repo``: recalibrate a RoPE model after changing its positions.
+
+DroPE's recipe (Gelberg et al. 2025, arXiv 2512.12167) at CPU scale: ordinary next-token loss at a fixed
+length, AdamW (β = (0.9, 0.999), weight decay 0), gradient clipping 1.0, linear warmup (10% of the steps)
+then cosine decay to 0. Text: longlab's shipped essay haystack, its sentences shuffled into documents
+(EOS between documents), packed into ``seq_len`` windows; the last 20% of the sentences are held out
+for the before/after loss in the manifest. Trained tensors: ``attn`` (q/k/v/o projections and any
+modules the method adds; default for DroPE and RoPE-ID), ``all`` (every weight but the embeddings) or
+``added`` (only the added modules; default for RePo). Files: ``model.safetensors`` with only the trained
+tensors and ``manifest.json`` (base model and a fingerprint of its weights, position spec, steps, tokens,
+losses), written to a temporary directory and renamed, so a failed run leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shutil
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..paths import __version__, cache_dir
+from ..recipe import LonglabError, check_choice, check_range
+from .base import PositionMethod, format_position, parse_position
+from .variants import MANIFEST, WEIGHTS, base_fingerprint
+
+__all__ = [
+    "TRAINABLE",
+    "recalibrate",
+    "save_variant",
+    "training_windows",
+    "add_position_train_arguments",
+    "position_train_main",
+]
+
+TRAINABLE = ("drope", "ropeid", "repo")
+HELD_OUT = 0.2
+
+
+def _sentences(split: str) -> list[str]:
+    from ..tasks.haystacks import essay_sentences
+
+    _, sentences = essay_sentences("builtin")
+    cut = int(len(sentences) * (1 - HELD_OUT))
+    return list(sentences[:cut] if split == "train" else sentences[cut:])
+
+
+def training_windows(
+    tokenizer: Any, seq_len: int, count: int, seed: int = 0, split: str = "train"
+) -> torch.Tensor:
+    """``[count, seq_len]`` token windows of shuffled essay documents (``split``: train or held-out)."""
+    rng = random.Random(seed)
+    sentences = _sentences(split)
+    eos = tokenizer.eos_token_id
+    stream: list[int] = []
+    while len(stream) < count * seq_len:
+        rng.shuffle(sentences)
+        stream += tokenizer.encode(" ".join(sentences), add_special_tokens=False)
+        if eos is not None:
+            stream.append(eos)
+    return torch.tensor(stream[: count * seq_len]).view(count, seq_len)
+
+
+def _trainable(model: Any, which: str) -> list[tuple[str, torch.nn.Parameter]]:
+    added = ("longlab_q_norm", "longlab_k_norm", "longlab_repo")
+    attn = ("q_proj", "k_proj", "v_proj", "o_proj")
+    emb = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
+    out = []
+    for name, p in model.named_parameters():
+        parts = name.split(".")
+        take = any(a in parts for a in added)
+        if which in ("attn", "all") and not take:
+            take = which == "all" and id(p) not in emb or which == "attn" and any(a in parts for a in attn)
+        if take:
+            out.append((name, p))
+    return out
+
+
+@torch.no_grad()
+def _loss(model: Any, windows: torch.Tensor) -> float:
+    losses = [model(w[None], labels=w[None]).loss.item() for w in windows]
+    return sum(losses) / len(losses)
+
+
+def recalibrate(
+    model: Any,
+    tokenizer: Any,
+    *,
+    steps: int,
+    seq_len: int = 1024,
+    batch: int = 1,
+    lr: float = 1e-4,
+    train: str = "attn",
+    seed: int = 0,
+    minutes: float | None = None,
+    log: Any = None,
+    eval_windows: int = 2,
+) -> dict[str, Any]:
+    """Train ``model`` (its position method already applied) in place; return the figures for the manifest."""
+    check_range("--steps", steps, 1, None, integer=True)
+    check_range("--seq-len", seq_len, 8, None, integer=True)
+    check_range("--batch", batch, 1, None, integer=True)
+    check_range("--lr", lr, 0, 1, low_open=True)
+    check_choice("--train", train, ("attn", "all", "added"))
+    log = log or (lambda msg: None)
+    torch.manual_seed(seed)
+    params = _trainable(model, train)
+    if not params:
+        raise LonglabError(f"--train {train}: no tensors to train in this model")
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for _, p in params:
+        p.requires_grad_(True)
+    held = training_windows(tokenizer, seq_len, eval_windows, seed=seed + 1, split="held-out")
+    model.eval()
+    loss_before = _loss(model, held)
+    data = training_windows(tokenizer, seq_len, steps * batch, seed=seed)
+    opt = torch.optim.AdamW([p for _, p in params], lr=lr, betas=(0.9, 0.999), weight_decay=0.0)
+    warmup = max(1, steps // 10)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    model.train()
+    losses: list[float] = []
+    start = time.perf_counter()
+    done = 0
+    for step in range(steps):
+        chunk = data[step * batch : (step + 1) * batch]
+        loss = model(chunk, labels=chunk).loss
+        if not torch.isfinite(loss):
+            raise LonglabError(f"loss is {loss.item()} at step {step}: lower --lr")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in params], 1.0)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())
+        done = step + 1
+        log(
+            f"step {done}/{steps} loss {losses[-1]:.3f} lr {sched.get_last_lr()[0]:.2e} "
+            f"{time.perf_counter() - start:.0f}s"
+        )
+        if minutes is not None and time.perf_counter() - start > 60 * minutes:
+            break
+    model.eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    seconds = time.perf_counter() - start
+    head = losses[: max(1, min(10, len(losses) // 4))]
+    tail = losses[-max(1, min(10, len(losses) // 4)) :]
+    return {
+        "steps": done,
+        "steps_planned": steps,
+        "seq_len": seq_len,
+        "batch": batch,
+        "tokens": done * batch * seq_len,
+        "lr": lr,
+        "schedule": f"linear warmup {warmup} steps, cosine to 0",
+        "optimizer": "AdamW(0.9,0.999), wd 0, clip 1",
+        "train": train,
+        "trained_tensors": len(params),
+        "trained_parameters": sum(p.numel() for _, p in params),
+        "train_loss_first": sum(head) / len(head),
+        "train_loss_last": sum(tail) / len(tail),
+        "heldout_loss_before": loss_before,
+        "heldout_loss_after": _loss(model, held),
+        "heldout_tokens": eval_windows * seq_len,
+        "seconds": seconds,
+        "data": "builtin essay haystack (tasks_essay.txt), first 80% of sentences, shuffled per document",
+        "_names": [n for n, _ in params],
+    }
+
+
+def save_variant(
+    model: Any, method: PositionMethod, out: str | Path, base_model: str, stats: dict[str, Any]
+) -> Path:
+    """Write ``out/model.safetensors`` (the trained tensors) and ``out/manifest.json`` atomically."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    names = stats.pop("_names")
+    own = dict(model.named_parameters())
+    tensors = {n: own[n].detach().to("cpu", torch.float32).contiguous() for n in names}
+    if not all(torch.isfinite(t).all() for t in tensors.values()):
+        raise LonglabError("trained weights are not all finite; nothing written (lower --lr)")
+    manifest = {
+        "longlab_variant": 1,
+        "base_model": base_model,
+        "base_fingerprint": base_fingerprint(model),
+        "position": method.without_weights()
+        if hasattr(method, "without_weights")
+        else format_position(method),
+        "paper": method.paper,
+        "longlab_version": __version__,
+        **stats,
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        save_file(tensors, str(tmp / WEIGHTS))
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def add_position_train_arguments(parser: argparse.ArgumentParser) -> None:
+    """Extend ``longlab train`` with ``drope``, ``ropeid`` and ``repo`` and their options."""
+    for action in parser._actions:
+        if action.dest == "method" and action.choices is not None:
+            action.choices = [*action.choices, *TRAINABLE]
+    parser.add_argument(
+        "--steps", type=int, default=None, help="drope/ropeid/repo: optimizer steps (default 50)"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=1, help="drope/ropeid/repo: windows per step (default 1)"
+    )
+    parser.add_argument(
+        "--params",
+        default="",
+        help="drope/ropeid/repo: the method's parameters, e.g. qk_norm=true or cycles=2",
+    )
+    parser.add_argument(
+        "--train",
+        default=None,
+        choices=("attn", "all", "added"),
+        help="drope/ropeid/repo: tensors to train (default attn; added for repo)",
+    )
+
+
+def position_train_main(args: argparse.Namespace) -> int:
+    """Run ``longlab train drope|ropeid|repo`` from parsed arguments."""
+    from ..models import load_model
+
+    spec = args.method + (f":{args.params}" if args.params else "")
+    method = parse_position(spec)  # checked before the model loads
+    if getattr(method, "weights", ""):
+        raise LonglabError("--params: weights= is what training writes (use --out)")
+    steps = args.steps if args.steps is not None else 50
+    train = args.train or ("added" if args.method == "repo" else "attn")
+    if args.threads is not None:
+        check_range("--threads", args.threads, 1, 1024, integer=True)
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model, attn_implementation="sdpa", position=method)
+    print(
+        f"longlab train {args.method}: {args.model} with {method.spec}; {steps} steps x {args.batch} x "
+        f"{args.seq_len} tokens, lr {args.lr:g}, threads {torch.get_num_threads()}",
+        flush=True,
+    )
+    stats = recalibrate(
+        model,
+        tokenizer,
+        steps=steps,
+        seq_len=args.seq_len,
+        batch=args.batch,
+        lr=args.lr,
+        train=train,
+        seed=args.seed,
+        minutes=args.minutes if args.max_steps is None else None,
+        log=lambda m: print(m, flush=True),
+    )
+    key = Path(str(args.model)).name.replace(".gguf", "")
+    out = Path(args.out) if args.out else cache_dir() / "variants" / f"{key}-{method.spec.replace(':', '-')}"
+    save_variant(model, method, out, str(args.model), stats)
+    print(
+        f"held-out loss {stats['heldout_loss_before']:.3f} -> {stats['heldout_loss_after']:.3f} "
+        f"({stats['tokens']} training tokens, {stats['seconds']:.0f}s); wrote {out}",
+        flush=True,
+    )
+    print(f"load it: load_model({str(out)!r}) or --model {out}", flush=True)
+    return 0
