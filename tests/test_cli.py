@@ -191,10 +191,14 @@ def test_eval_jsonl_with_an_empty_context_is_refused_with_its_line(capsys, tmp_p
 
 def test_methods_lists_the_families_outside_recipes(capsys):
     """Reuse methods, drafts and verifiers have their own registries; `longlab methods` lists them too."""
+    from longlab.lab.mixers import MIXERS
+    from longlab.position import POSITIONS
     from longlab.reuse.methods import REUSE_METHODS
     from longlab.spec.base import DRAFTS, VERIFIERS
 
     assert main(["methods"]) == 0
     listed = {tuple(line.split()[:2]) for line in capsys.readouterr().out.splitlines() if line[:1].strip()}
-    for kind, registry in (("reuse", REUSE_METHODS), ("draft", DRAFTS), ("verify", VERIFIERS)):
+    families = (("reuse", REUSE_METHODS), ("draft", DRAFTS), ("verify", VERIFIERS), ("position", POSITIONS),
+                ("mixer", MIXERS))
+    for kind, registry in families:
         assert registry and all((name, kind) in listed for name in registry), kind

@@ -159,41 +159,38 @@ def _generate_docs(args: argparse.Namespace) -> int:
     return 0
 
 
+def _method_row(name: str, kind: str, cls: type) -> tuple[str, str, str, str, str]:
+    """One line of ``longlab methods``: name, kind, paper, the parameters with their defaults, summary."""
+    params = ", ".join(
+        f"{f.name}={f.default!r}"
+        for f in dataclasses.fields(cls)
+        if f.init and f.default is not dataclasses.MISSING
+    )
+    summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+    return name, kind, getattr(cls, "paper", ""), params, summary
+
+
 def _cmd_methods(args: argparse.Namespace) -> int:
     from .recipe import REGISTRY, get_method_class
 
     get_method_class("full")  # loads the registry
-    rows = []
-    for name in sorted(REGISTRY, key=lambda n: (REGISTRY[n].kind, n)):
-        cls = REGISTRY[name]
-        params = ", ".join(
-            f"{f.name}={f.default!r}"
-            for f in dataclasses.fields(cls)
-            if f.init and f.default is not dataclasses.MISSING
-        )
-        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        rows.append((name, cls.kind, cls.paper, params, summary))
+    rows = [_method_row(name, REGISTRY[name].kind, REGISTRY[name])
+            for name in sorted(REGISTRY, key=lambda n: (REGISTRY[n].kind, n))]
     if args.markdown:
         print("| method | kind | paper | parameters |\n|---|---|---|---|")
         for name, kind, paper, params, _ in rows:
             print(f"| `{name}` | {kind} | {paper} | {params} |")
         return 0
+    from .lab.mixers import MIXERS
     from .position import POSITIONS
     from .reuse.methods import REUSE_METHODS
     from .spec.base import DRAFTS, VERIFIERS
 
-    # the families that are not recipe parts: generate(reuse=...), speculative=..., verify=..., position=...
-    families = (("reuse", REUSE_METHODS), ("draft", DRAFTS), ("verify", VERIFIERS), ("position", POSITIONS))
-    for kind, registry in families:
-        for name in sorted(registry):
-            cls = registry[name]
-            params = ", ".join(
-                f"{f.name}={f.default!r}"
-                for f in dataclasses.fields(cls)
-                if f.init and f.default is not dataclasses.MISSING
-            )
-            summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-            rows.append((name, kind, getattr(cls, "paper", ""), params, summary))
+    # the families that are not recipe parts: generate(reuse=...), speculative=..., verify=..., position=...,
+    # and the layers lab's token mixers (longlab lab train --mixer NAME)
+    families = (("reuse", REUSE_METHODS), ("draft", DRAFTS), ("verify", VERIFIERS), ("position", POSITIONS),
+                ("mixer", MIXERS))
+    rows += [_method_row(n, kind, registry[n]) for kind, registry in families for n in sorted(registry)]
     for name, kind, paper, params, summary in rows:
         print(f"{name:<16} {kind:<8} {paper:<18} {summary}")
         print(f"{'':<16} {'':<8} params: {params}")

@@ -43,19 +43,26 @@ def _check_original(method: PositionMethod) -> None:
     method.check("original", 0, None, integer=True)
 
 
-@register_position("pi")
 @dataclass
-class PI(PositionMethod):
-    """Position interpolation (Chen et al. 2023, arXiv 2306.15595): position ``m`` is read as ``m/s``, i.e.
-    every frequency ``θ_i -> θ_i/s``. transformers' ``rope_type="linear"``."""
+class ScaledRope(PositionMethod):
+    """Base of the methods whose only parameters are the scale ``factor`` s = L'/L (>= 1) and the layer
+    types they change (``layers``: ``""``/``full`` the global layers, ``all`` every layer)."""
 
-    paper = "arXiv 2306.15595"
     factor: float = 4.0
     layers: str = ""
 
     def validate(self) -> None:
         check_factor(self)
         _check_layers(self)
+
+
+@register_position("pi")
+@dataclass
+class PI(ScaledRope):
+    """Position interpolation (Chen et al. 2023, arXiv 2306.15595): position ``m`` is read as ``m/s``, i.e.
+    every frequency ``θ_i -> θ_i/s``. transformers' ``rope_type="linear"``."""
+
+    paper = "arXiv 2306.15595"
 
     def layer_rope(self, params: dict[str, Any], head_dim: int, original: int) -> LayerRope:
         return LayerRope({**params, "rope_type": "linear", "factor": float(self.factor)})
@@ -63,18 +70,12 @@ class PI(PositionMethod):
 
 @register_position("ntk")
 @dataclass
-class NTK(PositionMethod):
+class NTK(ScaledRope):
     """NTK-aware scaling (bloc97 2023; Peng et al. 2023, arXiv 2309.00071 §3.1): a larger base
     ``b' = b·s^{D/(D-2)}``, so the highest frequency is kept and the lowest is divided by ``s``. Plain
     RoPE with the new ``rope_theta``."""
 
     paper = "arXiv 2309.00071 (NTK-aware, bloc97 2023)"
-    factor: float = 4.0
-    layers: str = ""
-
-    def validate(self) -> None:
-        check_factor(self)
-        _check_layers(self)
 
     def layer_rope(self, params: dict[str, Any], head_dim: int, original: int) -> LayerRope:
         theta = float(params["rope_theta"]) * self.factor ** (head_dim / (head_dim - 2))
@@ -83,19 +84,13 @@ class NTK(PositionMethod):
 
 @register_position("dynamic-ntk")
 @dataclass
-class DynamicNTK(PositionMethod):
+class DynamicNTK(ScaledRope):
     """Dynamic NTK (emozilla 2023; Peng et al. 2023 §3.3), transformers' ``rope_type="dynamic"``: at a
     current length ``ℓ > L`` the base is ``b·(s·ℓ/L - (s-1))^{D/(D-2)}``, recomputed when ``ℓ`` grows; at
     ``ℓ <= L`` plain RoPE. ``L`` is the model's ``max_position_embeddings``. With chunked prefill the keys
     of earlier chunks keep the base of their own chunk (as in transformers' own cache)."""
 
     paper = "arXiv 2309.00071 (dynamic NTK, emozilla 2023)"
-    factor: float = 4.0
-    layers: str = ""
-
-    def validate(self) -> None:
-        check_factor(self)
-        _check_layers(self)
 
     def layer_rope(self, params: dict[str, Any], head_dim: int, original: int) -> LayerRope:
         return LayerRope({**params, "rope_type": "dynamic", "factor": float(self.factor)})
