@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ...recipe import LonglabError
+from ...recipe import LonglabError, build_method, shorten
 from ..positions import POSITIONS, Positions
 
 __all__ = [
@@ -92,7 +92,8 @@ def _check_float(name: str, field: str, value: Any, lo: float, *, strict: bool =
 
 
 def mixer_config(spec: str | MixerConfig, **overrides: Any) -> MixerConfig:
-    """A mixer config from ``"name"`` or ``"name:k=v,k2=v2"`` (values as JSON scalars, never evaluated)."""
+    """A mixer config from ``"name"`` or ``"name:k=v,k2=v2"``, parsed by the one parameter parser of
+    every registry (:func:`longlab.recipe.build_method`: literals, never evaluated, type-checked)."""
     if isinstance(spec, MixerConfig):
         return dataclasses.replace(spec, **overrides) if overrides else spec
     if not isinstance(spec, str) or not spec.strip():
@@ -100,24 +101,8 @@ def mixer_config(spec: str | MixerConfig, **overrides: Any) -> MixerConfig:
     name, _, rest = spec.strip().partition(":")
     if name not in MIXERS:
         raise LonglabError(f"--mixer: unknown mixer {name!r}; choose one of {', '.join(sorted(MIXERS))}")
-    cls = MIXERS[name]
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    kwargs: dict[str, Any] = {}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
-        key, eq, raw = item.partition("=")
-        if not eq or key not in fields:
-            raise LonglabError(
-                f"--mixer: {name} has no parameter {key!r}; parameters: {', '.join(fields) or '(none)'}"
-            )
-        try:
-            kwargs[key] = json.loads(raw)
-        except ValueError:
-            kwargs[key] = raw
-    kwargs.update(overrides)
-    try:
-        return cls(**kwargs)
-    except TypeError as err:
-        raise LonglabError(f"--mixer: {name}: {err}") from None
+    cfg = build_method(MIXERS[name], name, rest.strip(), f"--mixer {shorten(spec)}", kind="--mixer: ")
+    return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 
 class MixerModule(nn.Module):
