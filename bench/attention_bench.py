@@ -59,8 +59,8 @@ from longlab.kernels import (
 from longlab.masks import MASKS, SliceMask, make_mask
 
 SHAPES = {"gqa": (9, 3, 64), "mha": (9, 9, 64)}  # SmolLM2-135M heads: 9 query heads, 3 KV heads, D = 64
-DEFAULT_KERNELS = ["naive", "sdpa-math", "sdpa", "flex", "gather", "executor-gather", "executor-flex",
-                   "executor-split", "flash-attn", "flashinfer"]
+DEFAULT_KERNELS = ["naive", "sdpa-math", "sdpa", "flex", "gather", "grouped", "executor-gather",
+                   "executor-flex", "executor-split", "executor-grouped", "flash-attn", "flashinfer"]
 CP_MASKS = ["FULL", "CAUSAL", "CAUSAL_DOCUMENT"]
 
 
@@ -177,7 +177,8 @@ def bench_kernels(args: argparse.Namespace, device: torch.device, dtype: torch.d
                         rows_out.append({**base, "kernel": kern, "skipped": reason})
                         continue
                     try:
-                        build_s, prep = _timed(partial(prepare, kern, mask, device, args.block), device)
+                        build_s, prep = _timed(partial(prepare, kern, mask, device, args.block, H // H_kv),
+                                               device)
                         first_s, out = _timed(partial(run, q, k, v, prep, scaling), device)  # compiles flex
                     except Exception as exc:  # noqa: BLE001 - a kernel that fails is reported, not fatal
                         why = f"{type(exc).__name__}: {exc}"[:300]
@@ -193,7 +194,7 @@ def bench_kernels(args: argparse.Namespace, device: torch.device, dtype: torch.d
                 for rep in range(args.repeats):  # interleaved: every kernel once per repeat
                     for kern, st in live.items():
                         if rep > 0:
-                            rebuild = partial(prepare, kern, mask, device, args.block)
+                            rebuild = partial(prepare, kern, mask, device, args.block, H // H_kv)
                             st["build"].append(_timed(rebuild, device)[0])
                         fwd_call = partial(run, q, k, v, st["prep"], scaling)
                         if rep == 0:
@@ -243,7 +244,32 @@ def _exec_call(backend: str, q, k, v, m, scaling: float):
         return dense_causal_attention(q, k, v, scaling)
     if backend == "split":
         return split_block_sparse_attention(q, k, v, m, scaling)
+    if backend == "flex-prebuilt":  # the flex kernel alone: its BlockMask built before the timed call
+        from longlab.sparse.executor import _compiled_flex
+
+        bm = _PREBUILT.get(id(m))
+        if bm is None or bm[0] is not m:
+            from longlab.sparse.executor import to_flex_block_mask
+
+            bm = _PREBUILT[id(m)] = (m, to_flex_block_mask(m, compute_q_blocks=False))
+        with torch._dynamo.config.patch(recompile_limit=64):
+            return _compiled_flex()(q, k, v, block_mask=bm[1], scale=scaling, enable_gqa=True)
     return block_sparse_attention(q, k, v, m, scaling, backend=backend)
+
+
+_PREBUILT: dict[int, tuple[Any, Any]] = {}
+
+
+def _profile_call(call) -> list[dict]:
+    """Self CPU time per op of one call (torch.profiler), the 12 largest: where the time goes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        call()
+    ev = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in ev)
+    return [{"op": e.key[:80], "self_ms": e.self_cpu_time_total / 1e3, "calls": e.count,
+             "share": e.self_cpu_time_total / max(total, 1)} for e in ev[:12]]
 
 
 def bench_executor(args: argparse.Namespace) -> list[dict]:
@@ -259,18 +285,20 @@ def bench_executor(args: argparse.Namespace) -> list[dict]:
     for T in [int(x) for x in args.exec_lengths.split(",")]:
         T_q = min(T, args.exec_chunk) if args.exec_chunk else T  # a chunk of queries at the end of T keys
         g = torch.Generator().manual_seed(args.seed)
-        q = torch.randn(1, H, T_q, D, generator=g)
-        k, v = (torch.randn(1, H_kv, T, D, generator=g) for _ in range(2))
+        dev, dt = torch.device(args.device), getattr(torch, args.dtype)
+        q = torch.randn(1, H, T_q, D, generator=g).to(dev, dt)
+        k, v = (torch.randn(1, H_kv, T, D, generator=g).to(dev, dt) for _ in range(2))
         scaling = 1.0 / math.sqrt(D)
         n_q, n_k = -(-T_q // bs), -(-T // bs)
         allowed = causal_allowed(T_q, T, bs, bs)
         masks = {}
         for keep in [float(x) for x in args.exec_keep.split(",")]:
             raw = (torch.rand(1, H, n_q, n_k, generator=g) < keep) & allowed
-            masks[f"random-per-head keep={keep:g}"] = enforce_required(BlockSparseMask(raw, bs, bs, T_q, T))
+            masks[f"random-per-head keep={keep:g}"] = enforce_required(BlockSparseMask(raw.to(dev), bs, bs,
+                                                                                       T_q, T))
         band = allowed & ~allowed.tril(T // bs - T_q // bs - (2048 // bs) - 1)
         band[:, 0] = True
-        masks["sink+2k window"] = enforce_required(BlockSparseMask(band.expand(1, H, -1, -1).clone(), bs, bs,
+        masks["sink+2k window"] = enforce_required(BlockSparseMask(band.expand(1, H, -1, -1).to(dev), bs, bs,
                                                                    T_q, T))
         for name, m in masks.items():
             times: dict[str, list[float]] = {c: [] for c in backends}
@@ -279,19 +307,27 @@ def bench_executor(args: argparse.Namespace) -> list[dict]:
             for _ in range(args.repeats):
                 for c in backends:
                     call = partial(_exec_call, c, q, k, v, m, scaling)
-                    times[c].append(_timed(call, torch.device("cpu"))[0])
+                    times[c].append(_timed(call, dev)[0])
             dens = density(m)
             dense_s = statistics.median(times["sdpa-causal"])
             from longlab.sparse.executor import to_flex_block_mask
 
-            build = statistics.median(_timed(partial(to_flex_block_mask, enforce_required(m)),
-                                             torch.device("cpu"))[0] for _ in range(3))
+            build = statistics.median(_timed(partial(to_flex_block_mask, enforce_required(m), False),
+                                             dev)[0] for _ in range(3))
+            enforce_s = statistics.median(_timed(partial(enforce_required, m), dev)[0]
+                                          for _ in range(3))
+            profiles = {}
+            if args.exec_profile:
+                for c in backends[1:]:
+                    profiles[c] = _profile_call(partial(_exec_call, c, q, k, v, m, scaling))
             for c in backends:
                 t = statistics.median(times[c])
                 rows.append({"T": T, "T_q": T_q, "mask": name, "backend": c, "density": dens, "s": t,
                              "dense_s": dense_s, "ideal_s": dens * dense_s, "efficiency": dens * dense_s / t,
                              "speedup_vs_dense": dense_s / t,
-                             "flex_block_mask_build_s": build if c == "flex" else None})
+                             "flex_block_mask_build_s": build if c == "flex" else None,
+                             "enforce_required_s": enforce_s, "profile": profiles.get(c),
+                             "repeats": args.repeats, "threads": torch.get_num_threads()})
                 print(f"[executor T={T} T_q={T_q} {name} rho={dens:.3f}] {c}: {t * 1e3:.0f} ms "
                       f"(ideal {dens * dense_s * 1e3:.0f} ms, efficiency {dens * dense_s / t:.2f})",
                       file=sys.stderr, flush=True)
@@ -491,6 +527,19 @@ def print_tables(result: dict) -> None:
                 print(f"| {r['shape']} | {r['T']} | {r['mask']} | {r['kernel']} | {r['bwd_s'] * 1e3:.1f} | "
                       f"{r['tflops_bwd'] * 1e3:.0f} | {_mb(r['peak_fwd_mb'])} | {_mb(r['peak_bwd_mb'])} |")
             print()
+            bk = [k for k in KERNELS if any(r["kernel"] == k for r in brows)]
+            for shape, T in dict.fromkeys((r["shape"], r["T"]) for r in brows):
+                print(f"## backward, {shape}, T={T}: bwd ms (GFLOP/s, backward FLOPs = 2.5 x forward)\n")
+                print("| mask | " + " | ".join(bk) + " | fastest |")
+                print("|---|" + "---|" * (len(bk) + 1))
+                sub = [r for r in brows if (r["shape"], r["T"]) == (shape, T)]
+                for mname in dict.fromkeys(r["mask"] for r in sub):
+                    got = {r["kernel"]: r for r in sub if r["mask"] == mname}
+                    cells = [f"{got[k]['bwd_s'] * 1e3:.1f} ({got[k]['tflops_bwd'] * 1e3:.0f})" if k in got
+                             else "-" for k in bk]
+                    best = min(got.values(), key=lambda r: r["bwd_s"])["kernel"]
+                    print(f"| {mname} | " + " | ".join(cells) + f" | {best} |")
+                print()
         skipped = {(r["kernel"], r["skipped"].split(";")[0][:90]) for r in result["kernels"]
                    if "skipped" in r}
         if skipped:
@@ -507,6 +556,7 @@ def print_tables(result: dict) -> None:
                   f"{r['ideal_s'] * 1e3:.0f} | {r['efficiency']:.2f} | {r['speedup_vs_dense']:.2f} | "
                   f"{_ms(r.get('flex_block_mask_build_s'))} |")
         print()
+        _executor_compact(erows)
     crows = result.get("cp", [])
     if crows:
         print("## context parallel (processes on this machine, 1 thread each; slowest rank)\n")
@@ -524,6 +574,43 @@ def print_tables(result: dict) -> None:
                   f"{r['fwd_bytes_theory'] / 2**20:.2f} | {r['bwd_bytes'] / 2**20:.2f} | "
                   f"{r['bwd_bytes_theory'] / 2**20:.2f} | {err} |")
         print()
+
+
+def _executor_compact(erows: list[dict]) -> None:
+    """One row per (T, T_q, mask): each backend's ms and efficiency side by side, the BlockMask build apart,
+    and where the time of the profiled call went (share of the attention op; gather = index_select/index)."""
+    backs = [b for b in dict.fromkeys(r["backend"] for r in erows) if b != "sdpa-causal"]
+    print("## executor, side by side: ms (efficiency = density x dense / time)\n")
+    print("| T | T_q | mask | density | dense ms | " + " | ".join(backs) +
+          " | BlockMask build ms | grouped: attention op / gather share |")
+    print("|---|---|---|---|---|" + "---|" * len(backs) + "---|---|")
+    for key in dict.fromkeys((r["T"], r.get("T_q", r["T"]), r["mask"]) for r in erows):
+        sub = {r["backend"]: r for r in erows if (r["T"], r.get("T_q", r["T"]), r["mask"]) == key}
+        cells = [f"{sub[b]['s'] * 1e3:.0f} ({sub[b]['efficiency']:.2f})" if b in sub else "-" for b in backs]
+        any_row = next(iter(sub.values()))
+        build = _ms(sub["flex"].get("flex_block_mask_build_s")) if "flex" in sub else ""
+        share = ""
+        prof = sub.get("grouped", {}).get("profile")
+        if prof:
+            att = sum(p["share"] for p in prof if "flash_attention" in p["op"])
+            gat = sum(p["share"] for p in prof if p["op"] in ("aten::index_select", "aten::index"))
+            share = f"{att:.2f} / {gat:.2f}"
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {any_row['density']:.3f} | "
+              f"{any_row['dense_s'] * 1e3:.0f} | " + " | ".join(cells) + f" | {build} | {share} |")
+    print()
+
+
+def _merge(runs: list[dict], names: list[str]) -> dict:
+    """Several saved runs as one result: rows concatenated, each run's meta kept (with its file name)."""
+    out: dict[str, Any] = {"meta": {**runs[0]["meta"], "merged_from": [
+        {"file": n, "argv": r["meta"].get("argv"), "uptime": r["meta"].get("uptime"),
+         "uptime_end": r["meta"].get("uptime_end"), "threads": r["meta"].get("threads")}
+        for n, r in zip(names, runs)]}}
+    for part in ("kernels", "executor", "cp"):
+        rows = [row for r in runs for row in r.get(part, [])]
+        if rows:
+            out[part] = rows
+    return out
 
 
 def _efficiency(krows: list[dict]) -> list[dict]:
@@ -560,28 +647,62 @@ def plot(result: dict, path: Path) -> list[Path]:
 
     written = []
     krows = [r for r in result.get("kernels", []) if "fwd_s" in r]
-    if krows:
-        shape = "gqa" if any(r["shape"] == "gqa" for r in krows) else krows[0]["shape"]
-        masks = list(dict.fromkeys(r["mask"] for r in krows))
+    kern_all = [k for k in KERNELS if any(r["kernel"] == k for r in krows)]
+    palette = [plt.get_cmap("tab10")(i) for i in range(10)] + ["black", "gold", "navy"]
+    colour = {k: palette[KERNELS.index(k) % len(palette)] for k in kern_all}  # one fixed colour per kernel
+    for shape in sorted({r["shape"] for r in krows}):
+        masks = list(dict.fromkeys(r["mask"] for r in krows if r["shape"] == shape))
         cols = 5
-        fig, axes = plt.subplots(math.ceil(len(masks) / cols), cols, figsize=(3.4 * cols,
-                                 2.8 * math.ceil(len(masks) / cols)), squeeze=False)
+        nrow = math.ceil(len(masks) / cols)
+        fig, axes = plt.subplots(nrow, cols, figsize=(3.4 * cols, 2.6 * nrow + 0.9), squeeze=False)
         for ax, mname in zip(axes.flat, masks):
-            for kern in dict.fromkeys(r["kernel"] for r in krows):
+            for kern in kern_all:
                 pts = sorted((r["T"], r["tflops_fwd"] * 1e3) for r in krows
                              if r["mask"] == mname and r["kernel"] == kern and r["shape"] == shape)
                 if pts:
-                    ax.plot(*zip(*pts), marker="o", ms=3, label=kern)
+                    ax.plot(*zip(*pts), marker="o", ms=3, color=colour[kern], label=kern)
             ax.set_xscale("log", base=2)
             ax.set_title(mname, fontsize=8)
             ax.tick_params(labelsize=7)
         for ax in list(axes.flat)[len(masks):]:
             ax.axis("off")
-        axes[0][0].set_ylabel("forward GFLOP/s")
-        axes[0][0].legend(fontsize=6)
-        fig.suptitle(f"kernels x masks, {shape}, forward GFLOP/s vs T", fontsize=9)
-        fig.tight_layout()
-        p = path.with_name(path.stem + "_kernels.png")
+        for r in range(nrow):
+            axes[r][0].set_ylabel("forward GFLOP/s", fontsize=7)
+        handles = [plt.Line2D([], [], color=colour[k], marker="o", ms=3, label=k) for k in kern_all]
+        fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 8), fontsize=7, frameon=False)
+        fig.suptitle(f"kernels x masks, {shape}, forward GFLOP/s (from the unmasked area) vs T", fontsize=9)
+        fig.tight_layout(rect=(0, 0.35 / (2.6 * nrow + 0.9), 1, 1))  # legend below the panels, off the curves
+        p = path.with_name(path.stem + f"_kernels_{shape}.png")
+        fig.savefig(p, dpi=110)
+        plt.close(fig)
+        written.append(p)
+    erows = result.get("executor", [])
+    if erows:
+        modes = sorted({"chunk" if r.get("T_q", r["T"]) < r["T"] else "one-shot" for r in erows})
+        emasks = list(dict.fromkeys(r["mask"] for r in erows))
+        backs = [b for b in dict.fromkeys(r["backend"] for r in erows) if b != "sdpa-causal"]
+        bcol = {b: plt.get_cmap("tab10")(i) for i, b in enumerate(backs)}
+        fig, axes = plt.subplots(len(modes), len(emasks), figsize=(3.3 * len(emasks), 2.7 * len(modes) + 0.8),
+                                 squeeze=False)
+        for r_i, mode in enumerate(modes):
+            for c_i, mname in enumerate(emasks):
+                ax = axes[r_i][c_i]
+                for b in backs:
+                    pts = sorted((r["T"], r["efficiency"]) for r in erows if r["mask"] == mname and
+                                 r["backend"] == b and (r.get("T_q", r["T"]) < r["T"]) == (mode == "chunk"))
+                    if pts:
+                        ax.plot(*zip(*pts), marker="o", ms=3, color=bcol[b])
+                ax.axhline(0.8, color="grey", ls="--", lw=0.8)
+                ax.set_xscale("log", base=2)
+                ax.set_title(f"{mode}: {mname}", fontsize=8)
+                ax.tick_params(labelsize=7)
+            axes[r_i][0].set_ylabel("efficiency = rho x dense / time", fontsize=7)
+        handles = [plt.Line2D([], [], color=bcol[b], marker="o", ms=3, label=b) for b in backs]
+        handles.append(plt.Line2D([], [], color="grey", ls="--", label="goal 0.8"))
+        fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=7, frameon=False)
+        fig.suptitle("sparse-prefill executor: efficiency vs T (SmolLM2 GQA heads)", fontsize=9)
+        fig.tight_layout(rect=(0, 0.35 / (2.7 * len(modes) + 0.8), 1, 1))
+        p = path.with_name(path.stem + "_executor.png")
         fig.savefig(p, dpi=110)
         plt.close(fig)
         written.append(p)
@@ -614,9 +735,10 @@ def plot(result: dict, path: Path) -> list[Path]:
                 ax.set_xlabel("world size")
         axes[0][0].set_ylabel("fwd + bwd ms (slowest rank)")
         axes[1][0].set_ylabel("fwd MiB sent per rank (-- theory)")
-        axes[0][0].legend(fontsize=7)
+        fig.legend(*axes[0][0].get_legend_handles_labels(), loc="lower center", ncol=len(STRATEGIES),
+                   fontsize=7, frameon=False)
         fig.suptitle(f"context parallel, {shape}, T={T}, processes on this machine (gloo)", fontsize=9)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.06, 1, 1))
         p = path.with_name(path.stem + "_cp.png")
         fig.savefig(p, dpi=110)
         plt.close(fig)
@@ -650,17 +772,24 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--cp-dtype", default="float32")
     p.add_argument("--exec-lengths", default="8192,16384,32768")
     p.add_argument("--exec-keep", default="0.2,0.5,0.8", help="fraction of causal blocks each head keeps")
-    p.add_argument("--exec-backends", default="gather,flex,split")
+    p.add_argument("--exec-backends", default="gather,flex,flex-prebuilt,split,grouped")
+    p.add_argument("--exec-profile", action="store_true", help="store one profiled call per backend")
     p.add_argument("--exec-chunk", type=int, default=0, help="queries per call (chunked prefill); 0 = T")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="default bench/results/attention_bench[_quick].json")
-    p.add_argument("--report", metavar="JSON", help="print the tables and redraw the plots of a saved run")
+    p.add_argument("--report", metavar="JSON", nargs="+",
+                   help="print the tables and redraw the plots of saved runs (several: merged into --out)")
     args = p.parse_args(argv)
     if args.report:
         import json
 
-        saved = json.loads(Path(args.report).read_text())
-        pngs = plot(saved, Path(args.report))
+        runs = [json.loads(Path(f).read_text()) for f in args.report]
+        saved = runs[0] if len(runs) == 1 else _merge(runs, args.report)
+        base = Path(args.report[0])
+        if len(runs) > 1:
+            base = Path(args.out or "bench/results/attention_bench_merged.json")
+            write_json(base, saved)
+        pngs = plot(saved, base)
         print_tables(saved)
         print("wrote " + ", ".join(str(x) for x in pngs))
         return

@@ -22,6 +22,7 @@ from longlab.eval.store import ResultStore
 
 TOKEN = ("llmlingua", "longllmlingua", "hico", "tpp", "comi")
 KV = ("snapkv", "tova", "hico-drop", "snapkv-qa", "tova-qa", "hico-drop-qa")  # -qa: --query-aware runs
+QUANT = ("kivi4", "kivi2")  # quantized KV: no ratio; placed at the memory it measurably holds
 
 
 def _split(recipe: str) -> tuple[str, float]:
@@ -119,6 +120,7 @@ def table(data: dict, ratios: list[float]) -> tuple[str, dict]:
                 kept = statistics.fmean(rows[i]["extra"]["context"]["kept_tokens"]
                                         / rows[i]["extra"]["context"]["original_tokens"] for i in common)
                 lines.append(f"| {m} | {r:g} | {cs:.2f} | {ps:.2f} | {fs:.2f} | {saved:.2f} | {kept:.3f} |")
+        lines += quant_section(cells, full, ids, ratios, methods, curves.setdefault(task, {}))
         combos = sorted(k[0] for k in cells if k[1] == -1.0)
         if combos:
             lines += ["", "Combined recipes:", "", "| recipe | accuracy | kv_bytes_after / full |",
@@ -130,6 +132,33 @@ def table(data: dict, ratios: list[float]) -> tuple[str, dict]:
                 lines.append(f"| {c} | {_cell(rows, ids)} | {frac:.3f} |")
         lines.append("")
     return "\n".join(lines), curves
+
+
+def quant_section(cells: dict, full: dict, ids: list[str], ratios: list[float], methods: list[str],
+                  curves: dict) -> list[str]:
+    """KIVI beside the eviction and token methods: its accuracy at the KV memory it measurably holds
+    (``kv_bytes_after`` over the full cache's: codes, scales and the full-precision residual), and paired
+    differences against every method at the two nominal kept memories that bracket it (the one above
+    holds more memory than KIVI, the one below less)."""
+    quant = [q for q in QUANT if (q, 0.0) in cells and all(i in cells[(q, 0.0)] for i in ids)]
+    if not quant or not ids:
+        return []
+    nominal = sorted((r for r in ratios if r > 0), key=lambda r: 1 - r)  # kept memory, increasing
+    out = ["", "Quantized KV (KIVI, G = 32, R = 128) at the memory it holds (same samples); paired "
+           "difference KIVI - method at the nominal kept memories bracketing it (*: the 95% CI excludes 0):",
+           "", "| recipe | accuracy | KV memory held / full | vs kept memory | " + " | ".join(methods) + " |",
+           "|---|---|---|---|" + "---|" * len(methods)]
+    for q in quant:
+        rows = cells[(q, 0.0)]
+        held = statistics.fmean(rows[i]["kv_bytes_after"] / full[i]["kv_bytes_after"] for i in ids)
+        below = [r for r in nominal if 1 - r <= held][-1:]
+        above = [r for r in nominal if 1 - r > held][:1]
+        for k, near in enumerate(above + below):
+            diffs = [_diff(rows, cells.get((m, near), {}), ids) for m in methods]
+            head = f"| {q} | {_cell(rows, ids)} | {held:.3f} |" if k == 0 else "| | | |"
+            out.append(f"{head} {1 - near:g} | " + " | ".join(diffs) + " |")
+        curves[q] = [(held, statistics.fmean(rows[i]["score"] for i in ids))]
+    return out
 
 
 def needles(data: dict, ratios: list[float], tokenizer_dir: str) -> str:
@@ -177,25 +206,28 @@ def plot(curves: dict, path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), squeeze=False)
     for ax, (task, methods) in zip(axes[0], sorted(curves.items())):
-        for m, pts in methods.items():
+        colours = [*plt.get_cmap("tab10").colors, "black", "gold"]
+        for k, (m, pts) in enumerate(methods.items()):
             pts = sorted(pts)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m,
-                    linestyle="--" if m in KV else "-")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="*" if m in QUANT else "o",
+                    markersize=11 if m in QUANT else 5, label=m, color=colours[k % len(colours)],
+                    linestyle="none" if m in QUANT else ("--" if m in KV else "-"))
         ax.set_xscale("log", base=2)
         ax.set_xlabel("KV memory held (fraction of the full cache, measured)")
         ax.set_ylabel("accuracy")
         ax.set_title(task)
         ax.set_ylim(-0.05, 1.05)
-        ax.legend(fontsize=7)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--out", default=None, help="stem of the .md and .png (default: DIR/compression_table)")
-    ap.add_argument("--ratios", default="0,0.5,0.75,0.875")
+    ap.add_argument("--ratios", default="0,0.5,0.75,0.875,0.9375")
     ap.add_argument("--needles", default=None, metavar="TOKENIZER_DIR",
                     help="also check needle survival (the model's tokenizer directory)")
     args = ap.parse_args()

@@ -5,8 +5,10 @@ stored rows are skipped, so a sweep can be run in pieces of a few mixers).
     python bench/lab_extrapolation.py --task mqar --mixers softmax ssmax --seeds 0 \\
         --train-len 64 --steps 600 --lengths 64 128 256 512 1024 --root runs/lab
 
-Writes ``ROOT/ckpt/<task>/<mixer>/seed<s>/`` and ``ROOT/results/results.sqlite``; prints one line per
-model (parameters, training seconds, final loss) and per length (mean score).
+A mixer name ``NAME+POS`` trains ``NAME``'s spec with positions ``POS`` (``softmax+nape``: the NAPE control).
+Writes ``ROOT/ckpt/<task>[/<tag>]/<mixer>/seed<s>/`` and ``ROOT/results/results.sqlite``; prints one line per
+model (parameters, training seconds, final loss) and per length (mean score). ``--tag`` keeps runs of other
+settings of one task (``mqar:alphabet=16``, other step counts) in their own checkpoint directories.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ SPECS = {
     "lssar": "lssar",
     "race": "race",
     "l2a": "l2a:window=16",
+    "l2a-hard": "l2a:window=16,hard_rate=true",  # the rate term on the STE gate (the routed fraction)
     "lact": "lact:chunk=16,window=16",
     "ultramem": "ultramem",
     "linear": "linear",
@@ -51,6 +54,7 @@ def main() -> None:
     ap.add_argument("--lengths", type=int, nargs="+", default=[64, 128, 256, 512, 1024])
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--root", default="runs/lab")
+    ap.add_argument("--tag", default="", help="checkpoint subdirectory for these settings")
     ap.add_argument("--max-minutes", type=float, default=0.0,
                     help="start no new model after this many minutes (0: no limit); re-run to continue")
     args = ap.parse_args()
@@ -62,10 +66,12 @@ def main() -> None:
     root = Path(args.root)
     for seed in args.seeds:
         for name in args.mixers:
-            spec = SPECS.get(name, name)
+            base, _, positions = name.partition("+")
+            spec = SPECS.get(base, base)
             cfg = TrainConfig(mixer=spec, task=args.task, train_len=args.train_len, steps=args.steps,
-                              batch=args.batch, lr=args.lr, seed=seed, params=args.params, ckpt_every=100)
-            ck = root / "ckpt" / args.task.split(":")[0] / name / f"seed{seed}"
+                              batch=args.batch, lr=args.lr, seed=seed, params=args.params, ckpt_every=100,
+                              positions=positions)
+            ck = root / "ckpt" / args.task.split(":")[0] / args.tag / name / f"seed{seed}"
             spent = time.perf_counter() - start
             if args.max_minutes and spent + 1.3 * last > 60 * args.max_minutes:
                 print(f"# time cap: stopping before {name} seed {seed} ({spent:.0f} s); re-run to continue")

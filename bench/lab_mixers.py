@@ -5,7 +5,8 @@ as ratios that fall with length.
     python bench/lab_mixers.py --lengths 256 1024 4096 16384 --repeats 3 --out bench/results/lab_mixers.json
 
 One layer (D = 64, H = 4, B = 1, float32, no grad) built from the sweep's specs (ultramem: attention
-plus its parallel memory layer; no MLP anywhere). Memory: the peak of
+plus its parallel memory layer; no MLP anywhere). ``l2a@R`` routes exactly the top fraction R of the tokens
+to global attention (``l2a`` alone: a random router, about half). Memory: the peak of
 the profiler's CPU allocation timeline during one forward (``torch.profiler``, ``profile_memory``),
 i.e. the largest live set of tensors the layer allocates. A mixer whose forward exceeds ``--budget-s``
 is not run at longer lengths.
@@ -44,13 +45,32 @@ class WithMemory(torch.nn.Module):
         return self.mod(x) + self.mod.parallel_ffn(x)
 
 
+class FixedRate(torch.nn.Module):
+    """L2A whose router sends the top ``rate`` fraction of each sequence's tokens to global attention
+    (random router weights, threshold at the (1 − rate) quantile of this input's gate logits)."""
+
+    def __init__(self, mod: torch.nn.Module, rate: float) -> None:
+        super().__init__()
+        self.mod, self.rate = mod, rate
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        logits = self.mod.router(x)[..., 0]
+        k = max(1, round(self.rate * x.shape[1]))
+        cut = logits.topk(k, dim=-1).values[..., -1:]  # [B, 1]: the k-th largest logit
+        self.mod.gate = lambda h: torch.where(logits >= cut, 0.75, 0.25).to(h.dtype)  # 1[g > τ] on top k
+        return self.mod(x)
+
+
 def build(name: str, dim: int, heads: int) -> torch.nn.Module:
-    cfg = mixer_config(SPECS[name])
+    base, _, rate = name.partition("@")
+    cfg = mixer_config(SPECS[base])
     pos = Positions(cfg.default_positions, heads, dim // heads)
     mod = cfg.build(dim, heads, pos).eval()
     router = getattr(mod, "router", None)
     if router is not None:  # L2A with random router weights: routes ~50% of tokens to global attention
         torch.nn.init.normal_(router.weight, std=1.0)
+    if rate:  # "l2a@0.1": exactly that fraction of tokens routed (the trained router's rate)
+        return FixedRate(mod, float(rate))
     return WithMemory(mod) if getattr(mod, "parallel_ffn", None) is not None else mod
 
 
@@ -103,12 +123,15 @@ def main() -> None:
         for m, ts in times.items():
             med = statistics.median(ts)
             mem = peak_mb(mods[m], x)
-            row = {"mixer": m, "spec": SPECS[m], "length": length, "median_ms": med * 1e3,
+            row = {"mixer": m, "spec": SPECS[m.partition("@")[0]], "length": length, "median_ms": med * 1e3,
                    "ratio_to_softmax": (med / base) if base else None, "peak_mb": mem,
                    "repeats": len(ts), "load": os.getloadavg()[0]}
             results.append(row)
             ratio = f"{med / base:6.2f}×" if base else "   -  "
             print(f"{m:>9} T={length:>6}: {med * 1e3:9.1f} ms  {ratio}  peak {mem:8.1f} MB", flush=True)
+            rate = getattr(getattr(mods[m], "mod", mods[m]), "last_rate", None)
+            if rate is not None:
+                row["global_rate"] = rate
             if med > args.budget_s:
                 alive.discard(m)
     out = Path(args.out)

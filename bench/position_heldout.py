@@ -27,12 +27,20 @@ def main() -> None:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--windows", type=int, default=4)
     ap.add_argument("--out", default="bench/results/position/heldout.json")
+    ap.add_argument("--specs", default="", help="comma-separated specs (default: the list above); merged "
+                    "into --out, other entries kept")
     args = ap.parse_args()
     from longlab.models import load_model
     from longlab.position.train import _loss, training_windows
+    from longlab.recipe import split_recipes
 
+    out = Path(args.out)
     result = {"seq_len": 512, "windows": args.windows, "load": os.getloadavg()[0], "loss": {}}
-    for spec in SPECS:
+    if args.specs and out.exists():
+        old = json.loads(out.read_text())
+        if old.get("windows") == args.windows:
+            result["loss"] = old["loss"]
+    for spec in split_recipes(args.specs) if args.specs else SPECS:
         weights = spec.split("weights=")[-1] if "weights=" in spec else None
         if weights and not Path(weights).is_dir():
             continue
@@ -42,8 +50,8 @@ def main() -> None:
         held = training_windows(tok, 512, args.windows, seed=1, split="held-out")
         result["loss"][spec] = _loss(model, held)
         print(f"{spec:60s} {result['loss'][spec]:.3f}", flush=True)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ def nll_by_position(model, ids: torch.Tensor, chunk: int) -> torch.Tensor:
     with torch.no_grad():
         for start in range(0, ids.shape[1], chunk):
             piece = ids[:, start : start + chunk]
-            logits = model(input_ids=piece, past_key_values=cache, use_cache=True).logits[0].float()  # [C, V]
+            logits = model(input_ids=piece, cache=cache, use_cache=True).logits[0].float()  # [C, V]
             logp = torch.log_softmax(logits, dim=-1)
             if prev_last is not None:  # the previous chunk's last token predicts this chunk's first
                 out.append(-prev_last[piece[0, 0]].reshape(1))

@@ -36,6 +36,20 @@ case "$1" in
         --out runs/position/repo-smollm2
       $PY bench/position_heldout.py --out bench/results/position/heldout.json
       $PY bench/upi_hybrid.py --minutes 3.5 --out bench/results/position/upi.json ;;
+  # wave 3 (issue 14 follow-up): tasks beyond 4k for the training-free methods, n = 1 per cell per piece
+  G8) $PY "${EVAL[@]}" --tasks passkey --lengths 8192 --samples 1 --positions "${SCALED/dynamic-ntk:factor=2,/}" ;;
+  G-dyn) $PY bench/position_ppl.py --methods dynamic-ntk:factor=2 --length 16384 --out "$PPL" ;;
+  G-lr) $PY bench/position_longrope_search.py --factor 2 --target 16384 --minutes 5.5 \
+          --out bench/results/position/longrope_search.json ;;
+  G-lrval) $PY bench/position_ppl.py --length 16384 --out "$PPL" \
+             --methods longrope:factor=2,factors=bench/results/position/longrope_search.json
+           $PY bench/position_tasks.py --positions dynamic-ntk:factor=2 --tasks passkey --length 8192 ;;
+  G16) $PY bench/position_tasks.py --positions yarn:factor=2,dynamic-ntk:factor=2 --tasks passkey --length 16384 ;;
+  G-upi) $PY bench/upi_hybrid.py --minutes 3 --queries 16 --out bench/results/position/upi_q16.json
+         $PY -m longlab.cli train drope --params qk_norm=true --model smollm2-135m --steps 60 --seq-len 512 \
+           --lr 3e-4 --minutes 7.5 --out runs/position/drope-qk-smollm2
+         $PY bench/position_heldout.py --out bench/results/position/heldout.json \
+           --specs drope:qk_norm=true,drope:qk_norm=true,weights=runs/position/drope-qk-smollm2 ;;
   suite) $PY -m pytest -q -p no:cacheprovider tests/ || true ;;
     *) echo "unknown piece $1" >&2; exit 2 ;;
 esac

@@ -5,6 +5,7 @@ training length with no scaling, YaRN alone, UPI (Δ/n on the top-20% ERF heads 
 
 Task (exact ground truth): random filler tokens with ``pairs`` key-value pairs planted at random places,
 then ``queries`` × (QUERY, key) each followed by its value; the loss and the accuracy are on the values.
+``--queries 16`` gives 8× the supervised answers per sequence of the default 2 (the run that learned).
 The model: ``HybridLM`` (longlab.position.upi), layers MAMA, d_model 64, 4 heads. Training length 128.
 """
 
@@ -41,8 +42,8 @@ def batch(n: int, length: int, pairs: int = 4, queries: int = 2, seed: int = 0) 
     return ids, targets
 
 
-def accuracy(model, length: int, n: int, seed: int) -> tuple[float, float]:
-    ids, targets = batch(n, length, seed=seed)
+def accuracy(model, length: int, n: int, seed: int, pairs: int = 4, queries: int = 2) -> tuple[float, float]:
+    ids, targets = batch(n, length, pairs, queries, seed=seed)
     with torch.no_grad():
         logits = model(ids)
     mask = targets != -100
@@ -57,6 +58,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--eval-n", type=int, default=64)
+    ap.add_argument("--pairs", type=int, default=4, help="key-value pairs planted per sequence")
+    ap.add_argument("--queries", type=int, default=2, help="queries per sequence (answers scored)")
     ap.add_argument("--out", default="bench/results/position/upi.json")
     args = ap.parse_args()
     from longlab.position import apply_position
@@ -68,7 +71,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.0)
     start, step, losses = time.perf_counter(), 0, []
     while step < args.steps and time.perf_counter() - start < 60 * args.minutes:
-        ids, targets = batch(args.batch, 128, seed=1000 + step)
+        ids, targets = batch(args.batch, 128, args.pairs, args.queries, seed=1000 + step)
         logits = model(ids)
         loss = torch.nn.functional.cross_entropy(logits.view(-1, 64), targets.view(-1), ignore_index=-100)
         opt.zero_grad()
@@ -96,6 +99,9 @@ def main() -> None:
         "train_tokens": step * args.batch * 128,
         "final_train_loss": sum(losses[-100:]) / min(100, len(losses)),
         "eval_n": args.eval_n,
+        "pairs": args.pairs,
+        "queries": args.queries,
+        "answers_per_cell": args.eval_n * args.queries,
         "load": os.getloadavg()[0],
         "rows": [],
     }
@@ -105,7 +111,7 @@ def main() -> None:
             m = copy.deepcopy(model)
             if spec is not None and mult > 1:
                 apply_position(m, f"{spec}{',' if ':' in spec else ':'}factor={mult}")
-            acc, loss = accuracy(m, length, args.eval_n, seed=99)
+            acc, loss = accuracy(m, length, args.eval_n, seed=99, pairs=args.pairs, queries=args.queries)
             result["rows"].append(
                 {"length": length, "factor": mult, "variant": name, "acc": acc, "loss": loss}
             )

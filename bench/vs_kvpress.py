@@ -388,6 +388,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kept-check", action="store_true",
                    help="compare kept indices of knorm/streaming on both sides instead of the sweep")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "vs_kvpress.json")
+    p.add_argument("--blocks", default=None,
+                   help="run only these (task, length) blocks (0-based, comma-separated, --tasks x --lengths "
+                   "order) and write their raw parts to --out, to be combined by --merge")
+    p.add_argument("--merge", default=None,
+                   help="comma-separated parts files written with --blocks (same other arguments): build the "
+                   "table from them instead of running")
     p.add_argument("--kvpress-driver", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--samples-jsonl", help=argparse.SUPPRESS)
     p.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -455,9 +461,40 @@ def main(argv: list[str] | None = None) -> int:
         blocks: dict[tuple[str, int], list] = {}
         for s in samples:
             blocks.setdefault((s.task, s.length), []).append(s)
+        try:
+            selected = None if args.blocks is None else {int(x) for x in args.blocks.split(",")}
+        except ValueError as err:
+            return fail(f"--blocks: {err}")
+        if selected is not None and (not selected or not selected <= set(range(len(blocks)))):
+            return fail(f"--blocks: choose from 0..{len(blocks) - 1}, got {args.blocks!r}")
         kv_parts: list[dict] = []
         side_parts: dict[str, list[dict]] = {m: [] for m in modes}
+        block_commands: list[str] = []
+        missing: list[str] = []
+        if args.merge is not None:  # parts of earlier --blocks runs, in block order
+            found: dict[int, dict] = {}
+            for name in args.merge.split(","):
+                part = json.loads(Path(name).read_text())
+                if part.get("longlab_modes") != modes or part.get("cells") != cells:
+                    return fail(f"--merge: {name} was run with other modes or recipes")
+                block_commands.append(part["command"])
+                for i, kvp, sides_of in zip(part["blocks"], part["kvpress"], part["longlab"]):
+                    found[i] = {"kvpress": kvp, "longlab": sides_of}
+            if not set(found) <= set(range(len(blocks))):
+                return fail(f"--merge: parts cover blocks {sorted(found)}, not all in 0..{len(blocks) - 1}")
+            keys = list(blocks)
+            missing = [f"{keys[i][0]}@{keys[i][1]}" for i in range(len(blocks)) if i not in found]
+            if missing:  # a partial merge: the table covers the blocks that ran, and says which did not
+                print(f"warning: --merge: blocks {missing} missing; the table covers the others", flush=True)
+                covered = {keys[i] for i in found}
+                samples = [s for s in samples if (s.task, s.length) in covered]
+            for i in sorted(found):
+                kv_parts.append(found[i]["kvpress"])
+                for m in modes:
+                    side_parts[m].append(found[i]["longlab"][m])
         for b, ((task, length), block) in enumerate(blocks.items()):
+            if args.merge is not None or (selected is not None and b not in selected):
+                continue
             block_jsonl = tmp / f"block{b}.jsonl"
             save_jsonl(block, block_jsonl)
             load_before = _load()
@@ -481,6 +518,15 @@ def main(argv: list[str] | None = None) -> int:
                 side_parts[mode].append(part)
                 print(f"[{b + 1}/{len(blocks)}] {task}@{length}: longlab {mode} {part['sweep_s']:.1f}s wall, "
                       f"{part['sweep_cpu_s']:.1f}s CPU", flush=True)
+        if selected is not None:
+            args.out.write_text(json.dumps({
+                "blocks": sorted(selected), "kvpress": kv_parts,
+                "longlab": [{m: side_parts[m][i] for m in modes} for i in range(len(kv_parts))],
+                "longlab_modes": modes, "cells": cells,
+                "command": "python bench/vs_kvpress.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            }) + "\n")
+            print(f"wrote the parts of blocks {sorted(selected)} to {args.out}; combine them with --merge")
+            return 0
         kv = _merge(kv_parts)
         sides = {m: _merge(parts) for m, parts in side_parts.items()}
         for m in modes:
@@ -536,6 +582,8 @@ def main(argv: list[str] | None = None) -> int:
             "query_aware": False, "kvpress_question": args.kvpress_question,
             "prompt_id_mismatches": mismatched, "longlab_modes": modes,
             "command": "python bench/vs_kvpress.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "block_commands": block_commands,
+            "blocks_missing": missing if args.merge is not None else [],
         },
         "table": table,
         "mean_of_compressed": {m: _cis(pooled[m], pooled["kvpress"]) for m in modes},

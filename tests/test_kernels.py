@@ -34,8 +34,8 @@ KW = {
     "RANDOM_BLOCK_0.5": {"block": BLOCK, "seed": 3},
     "RANDOM_BLOCK_0.8": {"block": BLOCK, "seed": 3},
 }
-CPU_KERNELS = ["naive", "sdpa-math", "sdpa", "flex-eager", "gather", "executor-gather", "executor-flex",
-               "executor-split"]
+CPU_KERNELS = ["naive", "sdpa-math", "sdpa", "flex-eager", "gather", "grouped", "executor-gather",
+               "executor-flex", "executor-split", "executor-grouped"]
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
 
@@ -85,7 +85,7 @@ def test_kernel_forward_backward_equal_naive_fp64(kernel, name):
     assert out.shape == ref.shape
     assert (out.double() - ref).abs().max() <= TOL[torch.float32]
     if no_bwd:
-        assert "flex" in kernel or kernel == "executor-split"
+        assert "flex" in kernel or kernel in ("executor-split", "grouped", "executor-grouped")
         return
     out.backward(dout.float())
     for got, want in zip((q.grad, k.grad, v.grad), grads):
@@ -93,7 +93,7 @@ def test_kernel_forward_backward_equal_naive_fp64(kernel, name):
 
 
 @pytest.mark.parametrize("name", ["CAUSAL", "CAUSAL_DOCUMENT", "SLIDING_WINDOW", "SHARE_QUESTION"])
-@pytest.mark.parametrize("kernel", ["naive", "sdpa", "flex-eager", "gather"])
+@pytest.mark.parametrize("kernel", ["naive", "sdpa", "flex-eager", "gather", "grouped"])
 def test_kernel_bf16_within_tolerance(kernel, name):
     mask = _mask(name)
     q, k, v = _qkv(torch.bfloat16)
@@ -251,3 +251,23 @@ def test_gather_inference_merge_ignores_a_part_a_row_sees_nothing_in():
     with torch.inference_mode():
         fast = attention(q, k, v, mask, "gather", block=4)
     assert (fast - attention(q, k, v, mask, "naive")).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("mask", [
+    SliceMask([[4, 10], [0, 2]], [[0, 10], [12, 16]], ["causal", "full"], 10, 16),  # rows 2-3 see nothing
+    SliceMask([[0, 8], [0, 2]], [[0, 4], [4, 6]], ["full", "full"], 8, 8),  # rows 2-7 see no partial key
+], ids=["empty-rows", "empty-part"])
+def test_grouped_kernel_rows_without_keys_and_empty_parts(mask):
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, mask.q_len, 8, generator=g)
+    k, v = (torch.randn(1, 1, mask.k_len, 8, generator=g) for _ in range(2))
+    fast = attention(q, k, v, mask, "grouped", block=4)
+    assert torch.isfinite(fast).all()
+    assert (fast - attention(q, k, v, mask, "naive")).abs().max() < 1e-5
+
+
+def test_grouped_kernel_checks_the_gqa_it_was_prepared_for():
+    mask = _mask("CAUSAL")
+    q, k, v = (x.detach() for x in _qkv())
+    with pytest.raises(LonglabError, match="gqa"):
+        run(q, k, v, prepare("grouped", mask, "cpu", BLOCK, gqa=1))

@@ -79,7 +79,7 @@ def test_causal(name):
 def _mixer(spec: str, positions: str = "rope", seed: int = 0):
     torch.manual_seed(seed)
     cfg = mixer_config(spec)
-    return cfg.build(D, H, Positions(positions, H, D // H)).double().eval()
+    return cfg.build(D, H, Positions(positions, H, D // H, train_len=16)).double().eval()
 
 
 def _x(t: int = T, seed: int = 2) -> torch.Tensor:
@@ -107,7 +107,7 @@ def _dense_softmax(mod, x, scale_rows=None):
     return mod.o(out.transpose(1, 2).reshape(x.shape[0], t, D))
 
 
-@pytest.mark.parametrize("positions", ["rope", "nope", "alibi", "nape"])
+@pytest.mark.parametrize("positions", ["rope", "nope", "alibi", "nape", "ropeid"])
 def test_softmax_sdpa_equals_brute_force(positions):
     mod = _mixer("softmax:row_chunk=7", positions)
     x = _x()
@@ -256,6 +256,23 @@ def test_l2a_gather_equals_dense_routing_and_costs_scale_with_rate():
     assert mod.router.weight.grad is not None and mod.router.weight.grad.abs().sum() > 0  # STE
 
 
+def test_l2a_rate_loss_soft_vs_hard():
+    """The default rate term uses the soft gate; ``hard_rate`` uses the STE gate, whose value is the routed
+    fraction (so gates parked just below τ no longer satisfy it)."""
+    x = _x()
+    for hard in (False, True):
+        mod = _mixer(f"l2a:window=4,hard_rate={'true' if hard else 'false'}").train()
+        torch.nn.init.zeros_(mod.router.weight)
+        torch.nn.init.constant_(mod.router.bias, math.log(0.2 / 0.8))  # every gate 0.2 < τ: nothing routed
+        mod(x)
+        assert mod.last_rate == 0.0
+        want = (0.0 - 0.2) ** 2 if hard else (0.2 - 0.2) ** 2
+        assert float(mod.aux_loss.detach()) == pytest.approx(want, abs=1e-12)
+        mod.aux_loss.backward()
+        grad = float(mod.router.bias.grad)
+        assert (grad < 0) if hard else grad == pytest.approx(0.0, abs=1e-12)  # hard: pushes gates up
+
+
 def test_lact_update_is_the_gradient_of_the_chunk_loss():
     mod = _mixer("lact:chunk=6,window=6")
     b, c = 2, 6
@@ -340,6 +357,32 @@ def test_ultramem_without_memory_is_softmax():
 def test_bad_mixer_specs(spec, match):
     with pytest.raises(LonglabError, match=match):
         mixer_config(spec)
+
+
+def test_ropeid_rotates_a_quarter_of_the_channels_at_its_frequencies():
+    from longlab.position.rope import ropeid_inv_freq
+
+    d, L = 16, 64
+    pos = Positions("ropeid", 2, d, train_len=L)
+    inv = ropeid_inv_freq(d, L, 1.0)  # [8]: 4 rotated pairs, 4 NoPE pairs
+    assert inv[0] == 1.0 and math.isclose(float(inv[3]) * L, 2 * math.pi, rel_tol=1e-6)
+    assert (inv[4:] == 0).all()
+    x = torch.randn(1, 2, 6, d, dtype=torch.float64)
+    t = torch.arange(6)
+    out = pos.rotate(x, t)
+    torch.testing.assert_close(out[..., 8:], x[..., 8:])  # channels 8..15: NoPE, untouched
+    for i in range(4):  # pair i = channels (2i, 2i+1), angle t·ω_i, by hand
+        c, s = torch.cos(t * float(inv[i])).double(), torch.sin(t * float(inv[i])).double()
+        torch.testing.assert_close(out[..., 2 * i], x[..., 2 * i] * c - x[..., 2 * i + 1] * s)
+        torch.testing.assert_close(out[..., 2 * i + 1], x[..., 2 * i] * s + x[..., 2 * i + 1] * c)
+    # scores depend on the offset only: q at 5, k at 2 equals q at 13, k at 10
+    q, k = torch.randn(d, dtype=torch.float64), torch.randn(d, dtype=torch.float64)
+    def score(a, b):
+        return pos.rotate(q.view(1, 1, 1, d), torch.tensor([a])).flatten() @ pos.rotate(
+            k.view(1, 1, 1, d), torch.tensor([b])).flatten()
+    torch.testing.assert_close(score(5, 2), score(13, 10))
+    with pytest.raises(LonglabError, match="ropeid needs"):
+        Positions("ropeid", 2, d)  # no training length
 
 
 def test_positions_a_mixer_cannot_take():

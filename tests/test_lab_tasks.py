@@ -22,7 +22,7 @@ def _gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-@pytest.mark.parametrize("name", sorted(TASKS))
+@pytest.mark.parametrize("name", sorted(set(TASKS) - {"lcube"}))  # lcube (continuous): test_lab_lcube.py
 @pytest.mark.parametrize("length", [64, 257])
 def test_exact_length_vocab_and_seeding(name, length):
     task = task_config("pcfg:max_length=300" if name == "pcfg" else name)

@@ -156,6 +156,57 @@ def test_cli_train_eval_and_errors(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
 
 
+def test_position_controls_get_their_own_recipe(tmp_path):
+    from longlab.lab.evaluate import recipe_name
+
+    assert recipe_name("softmax", "rope") == "softmax" and recipe_name("asentmax", "nape") == "asentmax"
+    assert recipe_name("softmax", "nape") == "softmax+nape"
+    assert recipe_name("asentmax", "rope") == "asentmax+rope"
+    train(_cfg(positions="nape"), tmp_path / "n", progress=False, log=None)
+    rows = evaluate(tmp_path / "n", [24], out=tmp_path / "res", samples=2, batch=2, log=None)
+    assert {r["recipe"] for r in rows} == {"softmax+nape"}
+
+
+def test_ropeid_positions_are_set_for_the_training_length(tmp_path):
+    cfg = _cfg(positions="ropeid")
+    assert cfg.model_config().train_len == 24 and _cfg().model_config().train_len == 0
+    train(cfg, tmp_path / "r", progress=False, log=None)
+    model, _, _ = load_checkpoint(tmp_path / "r")
+    rot = model.blocks[0].mixer.positions
+    half = rot.inv_freq.numel() // 2
+    assert rot.kind == "ropeid" and rot.inv_freq[0] == 1.0 and (rot.inv_freq[half:] == 0).all()
+    rows = evaluate(tmp_path / "r", [48], out=tmp_path / "res", samples=2, batch=2, log=None)
+    assert {r["recipe"] for r in rows} == {"softmax+ropeid"}
+
+
+def test_several_training_seeds_give_a_t_interval_over_seed_means():
+    from scipy import stats
+
+    from longlab.eval.stats import score_estimate
+    from longlab.lab.plot import cell_estimate
+
+    one = cell_estimate({0: [1.0, 0.0, 1.0, 1.0]})
+    assert one[3] == "n=4" and one[1] < 0.75 < one[2]  # Wilson over samples
+    mean, lo, hi, what = cell_estimate({0: [0.2, 0.4], 1: [0.6, 0.6], 2: [0.9, 0.7]})
+    means = [0.3, 0.6, 0.8]
+    half = stats.t.ppf(0.975, 2) * stats.tstd(means) / 3**0.5
+    assert what == "3 seeds×2" and mean == pytest.approx(sum(means) / 3)
+    assert lo == pytest.approx(max(0.0, mean - half)) and hi == pytest.approx(min(1.0, mean + half))
+    # seeds that agree exactly: the interval is still the test-sampling one (24 sequences, not 0 width)
+    same = {s: {str(i): 1.0 for i in range(24)} for s in range(3)}
+    m, lo, hi, what = cell_estimate(same)
+    assert m == 1.0 and hi == 1.0 and lo == pytest.approx(score_estimate([1.0] * 24).low) and lo < 0.9
+
+
+def test_samples_without_a_scored_position_are_left_out_of_the_table():
+    base = {"model": "lab-flipflop-train64", "task": "flipflop", "recipe": "softmax", "length": 64, "seed": 0}
+    rows = [dict(base, sample_id=str(i), score=1.0, extra={"answers_per_sample": 2, "train_steps": 4})
+            for i in range(3)]
+    rows.append(dict(base, sample_id="3", score=0.0, extra={"answers_per_sample": 0, "train_steps": 4}))
+    table = extrapolation_table(rows)
+    assert "| softmax | 1.00" in table and "n=3" in table
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ["flipflop", "passkey"])
 def test_softmax_learns_the_task(tmp_path, task):

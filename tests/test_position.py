@@ -262,3 +262,97 @@ def test_yarn_ramps_differ_on_smollm2_shape():
     apply_position(model, "yarn:factor=4")
     code = model.model.rotary_emb.inv_freq.double()
     assert (code - paper).abs().max() / theta.max() > 1e-3
+
+
+def _chunked_vs_one_shot(model, ids: torch.Tensor, chunk: int, cache_kind: str) -> list[float]:
+    """Max |logit difference| per chunk between a one-shot forward and a chunked prefill through a cache."""
+    from transformers import DynamicCache
+
+    from longlab.cache import LonglabCache
+
+    with torch.no_grad():
+        one = model(ids).logits
+        cache = DynamicCache(config=model.config) if cache_kind == "dynamic" else LonglabCache("full")
+        outs = [
+            model(
+                input_ids=ids[:, s : s + chunk],
+                position_ids=torch.arange(s, min(s + chunk, ids.shape[1]))[None],
+                cache=cache,
+                use_cache=True,
+            ).logits
+            for s in range(0, ids.shape[1], chunk)
+        ]
+    chunked = torch.cat(outs, 1)
+    starts = range(0, ids.shape[1], chunk)
+    return [(one[:, s : s + chunk] - chunked[:, s : s + chunk]).abs().max().item() for s in starts]
+
+
+@pytest.mark.parametrize("cache_kind", ("dynamic", "longlab"))
+def test_dynamic_ntk_chunked_prefill_keeps_old_bases_unless_rerotated(cache_kind):
+    """The cause of dynamic NTK's jump past L with chunked prefill: cached keys keep the base of their own
+    chunk. One attention layer (L = 64, 160 tokens in chunks of 32): without re-rotation the last chunk's
+    logits differ from a one-shot forward of all 160 tokens; with re-rotation they are the same (in one
+    layer the keys depend on the tokens only, so re-rotated keys are exactly the one-shot keys)."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 250, (1, 160))
+    diffs = {}
+    for rerotate in ("false", "true"):
+        model = build_tiny_model("tiny-llama", max_position_embeddings=64, num_hidden_layers=1)
+        apply_position(model, f"dynamic-ntk:factor=2,rerotate={rerotate}")
+        diffs[rerotate] = _chunked_vs_one_shot(model, ids, 32, cache_kind)
+    assert diffs["false"][-1] > 0.1  # the last chunk's queries meet keys of four other bases
+    assert diffs["true"][-1] < 1e-4
+    # the first two chunks (lengths 32, 64 <= L): plain RoPE in the chunked pass, the 160-token base in
+    # the one-shot pass, so both modes differ from one-shot there alike (dynamic NTK by definition)
+    assert diffs["true"][:2] == pytest.approx(diffs["false"][:2])
+
+
+def test_dynamic_ntk_rerotate_gemma3_full_layers_only():
+    """Gemma 3: only the full-attention layer is dynamic; re-rotating its cached keys makes the chunked
+    last chunk equal the one-shot forward (the sliding layers keep their RoPE, and their keys untouched)."""
+    torch.manual_seed(1)
+    ids = torch.randint(0, 250, (1, 160))
+    model = build_tiny_model("tiny-gemma3", max_position_embeddings=64)
+    apply_position(model, "dynamic-ntk:factor=2")
+    assert _chunked_vs_one_shot(model, ids, 32, "dynamic")[-1] < 1e-4
+    keep = build_tiny_model("tiny-gemma3", max_position_embeddings=64)
+    apply_position(keep, "dynamic-ntk:factor=2,rerotate=false")
+    assert _chunked_vs_one_shot(keep, ids, 32, "dynamic")[-1] > 1e-2
+
+
+def test_rotate_keys_composes_rotations():
+    """R(m·θ2) k = rotate_keys(R(m·θ1) k, m, θ2 - θ1) in the rotate-half layout; unrotated channels kept."""
+    from longlab.position.rope import rotate_keys
+
+    torch.manual_seed(2)
+    k = torch.randn(1, 2, 50, 8)
+    pos = torch.arange(50).expand(1, 2, 50)
+    t1, t2 = torch.tensor([1.0, 0.1]), torch.tensor([0.7, 0.02])  # 2 pairs rotated, channels 4..7 not
+
+    def rope(x, theta):
+        return rotate_keys(x, pos, theta)
+
+    assert torch.allclose(rotate_keys(rope(k, t1), pos, t2 - t1), rope(k, t2), atol=1e-5)
+    assert torch.equal(rope(k, t1)[..., 4:], k[..., 4:])
+    assert torch.allclose(rope(k, t1)[..., :4].norm(dim=-1), k[..., :4].norm(dim=-1), atol=1e-5)
+
+
+def test_dynamic_ntk_generate_same_tokens_for_any_chunk_size(tokenizer):
+    """Through longlab's pipeline (LonglabCache, chunked prefill, decode): with re-rotation a one-layer model
+    generates the same tokens whether the 270-token prompt (L = 64) is fed in chunks of 32 or at once."""
+    import warnings
+
+    from longlab.pipeline import generate
+
+    ctx = "the quick brown fox jumps over the lazy dog. " * 6
+    texts = []
+    for chunk in (32, 4096):
+        model = build_tiny_model("tiny-llama", max_position_embeddings=64, num_hidden_layers=1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # beyond max_position_embeddings: expected here
+            out = generate(
+                model, tokenizer, ctx, "what?", recipe="full", max_new_tokens=8, chunk_size=chunk,
+                position="dynamic-ntk:factor=2",
+            )
+        texts.append(out.texts)
+    assert texts[0] == texts[1]

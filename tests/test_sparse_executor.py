@@ -123,3 +123,42 @@ def test_sparse_prefill_returns_output_and_mask():
     out, mask = sparse_prefill(q, k, v, sel, backend="gather")
     assert out.shape == q.shape and mask.mask.shape == (1, 4, 4, 4)
     assert (out - _masked_reference(q, k, v, mask, 0.125)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("sharing", ["per-head", "head-shared", "some-kv-groups-shared"])
+@pytest.mark.parametrize("case", CASES + [(1, 6, 2, 1, 300, 32, 64, 64), (2, 6, 2, 200, 700, 32, 64, 128)],
+                         ids=_ids)
+def test_grouped_backend_equals_masked_softmax(case, sharing):
+    # the grouped backend batches q-blocks with equal block counts into one fused call each
+    B, H, H_kv, T_q, T_k, D, bq, bk = case
+    q, k, v = _inputs(B, H, H_kv, T_q, T_k, D)
+    mask = _random_mask(B, H, T_q, T_k, bq, bk, p=0.4)
+    if sharing != "per-head":
+        sel = mask.mask.clone()
+        g = H // H_kv
+        n_shared = H_kv if sharing == "head-shared" else 1  # first KV group's g heads select alike
+        for h in range(n_shared * g):
+            sel[:, h] = sel[:, (h // g) * g]
+        mask = enforce_required(mask.with_mask(sel))
+    out = block_sparse_attention(q, k, v, mask, 0.125, backend="grouped")
+    assert out.shape == (B, H, T_q, D)
+    assert (out - _masked_reference(q, k, v, mask, 0.125)).abs().max() <= 1e-5
+
+
+def test_grouped_backend_full_mask_equals_dense():
+    q, k, v = _inputs(1, 6, 2, 384, 1000, 64)
+    out = block_sparse_attention(q, k, v, full_mask(1, 6, 384, 1000, 128, 128), backend="grouped")
+    assert (out - dense_causal_attention(q, k, v)).abs().max() <= 1e-5
+
+
+def test_auto_is_grouped_on_cpu_inference_and_differentiable_with_autograd():
+    q, k, v = _inputs(1, 6, 2, 300, 700, 32)
+    mask = _random_mask(1, 6, 300, 700, 64, 64, p=0.4)
+    with torch.no_grad():
+        auto = block_sparse_attention(q, k, v, mask, 0.2)
+    assert torch.equal(auto, block_sparse_attention(q, k, v, mask, 0.2, backend="grouped"))
+    qg = q.clone().requires_grad_()
+    out = block_sparse_attention(qg, k, v, mask, 0.2)  # autograd: not the forward-only grouped backend
+    out.sum().backward()
+    assert qg.grad is not None and torch.isfinite(qg.grad).all()
+    assert (out.detach() - _masked_reference(q, k, v, mask, 0.2)).abs().max() <= 1e-5

@@ -9,7 +9,7 @@ Shapes: ``q [B, H, T_q, D]`` post-RoPE queries, ``k, v [B, H_kv, T, D]`` what th
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -36,6 +36,9 @@ class LayerContext:
     cache: Any = None  # LonglabCache
     attn_output: torch.Tensor | None = None  # [B, H, T_q, D] once computed
     fallback_kv: tuple | None = field(default=None, repr=False)  # (k, v, key_index) without a cache
+    # without a cache layer: whether every slot of ``fallback_kv`` is valid, when the caller knows
+    # (rows of a stacked layer, ``layer.row_valid``); None = one pass over ``key_index`` when asked
+    valid_hint: bool | None = field(default=None, repr=False)
 
     # Views of the cache layer, always current (they change when a policy evicts).
     @property
@@ -72,6 +75,8 @@ class LayerContext:
     def all_valid(self) -> bool:
         """Every held slot holds a real token (tracked by the cache layer, no pass over ``T``)."""
         flag = getattr(self.layer, "all_valid", None)
+        if flag is None:
+            flag = self.valid_hint
         return flag if flag is not None else bool((self.key_index >= 0).all())
 
     @property
@@ -206,10 +211,11 @@ def layer_attention(ctx: LayerContext, softcap: float | None) -> torch.Tensor:
 
 def _ragged_rows(ctx: LayerContext) -> list[LayerContext] | None:
     """Batch rows of unequal length, each held after leading empty slots (``layer.lead_pad [B]``, set
-    when the harness stacks several branches into one batch), as one context per row over its own
-    slots ``[lead_pad[b]:]``; None when the batch is uniform enough (under a quarter of the slots are
-    leading padding) that one padded call costs less than a call per row. Exact either way: a row's
-    empty slots are invisible to its queries."""
+    when the harness stacks several branches into one batch), as one context per run of consecutive
+    rows with the same lead, over their own slots ``[lead_pad[b]:]``; None when the batch is uniform
+    enough (under a quarter of the slots are leading padding) that one padded call costs less. Exact
+    either way: a row's empty slots are invisible to its queries. ``layer.row_valid`` tells each run
+    whether all its slots are valid, so no run makes a pass over its slots to find out."""
     lead = getattr(ctx.layer, "lead_pad", None)
     B, T = ctx.q.shape[0], ctx.key_index.shape[-1]
     if lead is None or B == 1:
@@ -217,13 +223,21 @@ def _ragged_rows(ctx: LayerContext) -> list[LayerContext] | None:
     starts = lead.tolist()
     if 4 * sum(starts) < B * T:
         return None
+    flags = getattr(ctx.layer, "row_valid", None)
     k, v, kidx = ctx.k, ctx.v, ctx.key_index
+    runs, b0 = [], 0
+    for b in range(1, B + 1):
+        if b == B or starts[b] != starts[b0]:
+            runs.append((b0, b, starts[b0]))
+            b0 = b
     return [
-        replace(
-            ctx, q=ctx.q[b : b + 1], query_index=ctx.query_index[b : b + 1], layer=None, cache=None,
-            fallback_kv=(k[b : b + 1, :, s:], v[b : b + 1, :, s:], kidx[b : b + 1, :, s:]), attn_output=None,
+        LayerContext(
+            ctx.layer_idx, ctx.num_layers, ctx.module, ctx.phase, ctx.q[b0:b1], ctx.scaling,
+            ctx.query_index[b0:b1], ctx.sliding_window,
+            fallback_kv=(k[b0:b1, :, s:], v[b0:b1, :, s:], kidx[b0:b1, :, s:]),
+            valid_hint=all(flags[b0:b1]) if flags is not None else None,
         )
-        for b, s in enumerate(starts)
+        for b0, b1, s in runs
     ]
 
 

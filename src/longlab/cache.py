@@ -67,6 +67,7 @@ class _Slots:
         if self.key == "_slots_index":
             obj.__dict__["_valid_all"] = obj.__dict__["_heads_shared"] = None  # recomputed when asked
             obj.__dict__["lead_pad"] = None  # a new layout: no known leading empty slots
+            obj.__dict__["row_valid"] = None
 
 
 class LonglabLayer(CacheLayerMixin):
@@ -94,6 +95,9 @@ class LonglabLayer(CacheLayerMixin):
         # [B] leading empty slots of each row (rows of unequal length stacked as one batch), or None:
         # attention may then skip them per row (longlab.attention._ragged_rows)
         self.lead_pad: torch.Tensor | None = None
+        # with ``lead_pad``: per row, whether every slot after its leading empty ones holds a real token
+        # (kept across appends; forgotten with the layout), so attention per row needs no pass over T
+        self.row_valid: list[bool] | None = None
 
     # --- transformers' layer protocol -------------------------------------------------------------
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -159,14 +163,21 @@ class LonglabLayer(CacheLayerMixin):
     def _select_batch(self, fn) -> None:
         if not self.is_initialized:
             return
-        lead = self.lead_pad  # assigning index forgets it
-        self.keys, self.values, self.index, self.n_real = map(
-            fn, (self.keys, self.values, self.index, self.n_real)
-        )
+        lead, row_valid = self.lead_pad, self.row_valid  # assigning index forgets them
+        # select whole buffers, spare slots included, so the next append (the decode step that follows
+        # a dropped row) writes in place instead of copying the layer a second time
+        slots = {name: self.__dict__["_slots_" + name] for name in ("keys", "values", "index")}
+        self.index = None  # resets the layout flags; the selected buffers are set below
+        for name, (buf, n, _) in slots.items():
+            new = fn(buf)
+            self.__dict__["_slots_" + name] = (new, n, id(self) if new.data_ptr() != buf.data_ptr() else None)
+        self.n_real = fn(self.n_real)
         self.extras = {k: fn(v) for k, v in self.extras.items()}
         self.state = {k: fn(v) for k, v in self.state.items()}
         if lead is not None:
             self.lead_pad = fn(lead)
+            if row_valid is not None:
+                self.row_valid = fn(torch.tensor(row_valid, device=lead.device)).tolist()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         self._select_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
@@ -206,9 +217,10 @@ class LonglabLayer(CacheLayerMixin):
         return self._heads_shared
 
     def index_changed(self) -> None:
-        """Forget what :attr:`all_valid` and :attr:`heads_share_slots` know (after an in-place edit of
-        ``index``)."""
+        """Forget what :attr:`all_valid`, :attr:`heads_share_slots` and ``row_valid`` know (after an
+        in-place edit of ``index``)."""
         self._valid_all = self._heads_shared = None
+        self.row_valid = None
 
     def mark_padding(self, new_valid: torch.Tensor) -> None:
         """The last ``T_new`` slots were written with ``new_valid`` ``[B, T_new]``: padding slots become
@@ -223,6 +235,7 @@ class LonglabLayer(CacheLayerMixin):
         pos = pos.masked_fill(~new_valid, -1)
         self.index[..., -T_new:] = pos[:, None, :].expand(-1, self.index.shape[1], -1)
         self._valid_all = False  # heads still share slots exactly when they did
+        self.row_valid = None
         self.n_real -= n_pad
 
     def keep(self, mask: torch.Tensor) -> None:
@@ -289,6 +302,7 @@ class LonglabLayer(CacheLayerMixin):
         for name, buf in (("keys", keys), ("values", values), ("index", index)):
             layer.__dict__["_slots_" + name] = (buf, T, id(layer))
         layer.lead_pad = torch.tensor(lead, device=keys.device)  # [B]
+        layer.row_valid = [bool(x.all_valid) for x in rows]  # one pass per row, here, not per step
         layer.n_real = torch.cat([x.n_real for x in rows])  # [B]
         layer.extras, layer.state = {}, {}
         return layer

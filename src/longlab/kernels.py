@@ -18,6 +18,12 @@ with ``q [B, H, T_q, D]``, ``k, v [B, H_kv, T_k, D]`` (GQA: query head ``h`` rea
   mask-free fused SDPA call over the tile's full blocks (a view of k/v when they are contiguous) and one
   over its partial blocks with their element mask, merged by log-sum-exp, GQA packed as query rows; with
   autograd, one SDPA call over all selected blocks with an element mask where a partial block needs one;
+* ``grouped``: longlab's batched block kernel for head-shared masks (forward only, no compile): the
+  q-blocks that select the same number of full k-blocks form one group, gathered into ``[G, H_kv, n, D]``
+  and run as **one** mask-free fused SDPA call; likewise the partial blocks, with their element mask as an
+  additive mask; GQA packed as query rows; the two parts merged by log-sum-exp. The plan (groups, key
+  indices, masks) is the mask construction, built by :func:`prepare` for a given ``gqa``;
+* ``executor-grouped``: the executor's grouped backend (:func:`grouped_block_sparse_attention`);
 * ``executor-split``: the same per-head causal block layout, run as one fused-SDPA call per query tile for
   the (head-shared) diagonal blocks with their causal mask, plus one mask-free call per head over that
   head's gathered fully-visible blocks, merged by log-sum-exp (:func:`split_block_sparse_attention`);
@@ -55,8 +61,8 @@ from longlab.sparse.executor import (
 __all__ = ["KERNELS", "Prepared", "unavailable_reason", "backward_unsupported_reason", "prepare", "run",
            "attention", "flops", "split_block_sparse_attention"]
 
-KERNELS = ("naive", "sdpa-math", "sdpa", "flex", "flex-eager", "gather", "executor-gather", "executor-flex",
-           "executor-split", "flash-attn", "flashinfer")
+KERNELS = ("naive", "sdpa-math", "sdpa", "flex", "flex-eager", "gather", "grouped", "executor-gather",
+           "executor-flex", "executor-split", "executor-grouped", "flash-attn", "flashinfer")
 _RECOMPILE_LIMIT = 256
 
 
@@ -81,8 +87,9 @@ def backward_unsupported_reason(kernel: str, device: torch.device | str = "cpu")
     ``NotImplementedError`` for backward on CPU."""
     if kernel in ("flex", "flex-eager", "executor-flex") and torch.device(device).type == "cpu":
         return "flex_attention has no backward on CPU (torch NotImplementedError)"
-    if kernel == "executor-split":
-        return "executor-split is forward only (aten's CPU flash op with log-sum-exp has no autograd here)"
+    if kernel in ("executor-split", "grouped", "executor-grouped"):
+        return (f"{kernel} is forward only (it merges parts by the log-sum-exp of aten's CPU flash op, "
+                "which has no gradient)")
     if kernel == "flashinfer":
         return "flashinfer is an inference library (no backward)"
     return None
@@ -110,8 +117,10 @@ def unavailable_reason(kernel: str, mask: SliceMask | None = None, device: torch
     return None
 
 
-def prepare(kernel: str, mask: SliceMask, device: torch.device | str = "cpu", block: int = 128) -> Prepared:
-    """Convert ``mask`` to what ``kernel`` reads (the mask-construction step, timed apart)."""
+def prepare(kernel: str, mask: SliceMask, device: torch.device | str = "cpu", block: int = 128,
+            gqa: int = 1) -> Prepared:
+    """Convert ``mask`` to what ``kernel`` reads (the mask-construction step, timed apart). ``gqa``: query
+    heads per KV head (``grouped`` packs them as query rows, so its element masks are built for it)."""
     reason = unavailable_reason(kernel, mask, device, block)
     if reason is not None:
         raise LonglabError(reason)
@@ -125,6 +134,8 @@ def prepare(kernel: str, mask: SliceMask, device: torch.device | str = "cpu", bl
         payload = mask.to_flex_block_mask(block, block, device)
     elif kernel == "gather":
         payload = _gather_plan(mask.to_block_layout(block, block), device)
+    elif kernel == "grouped":
+        payload = _grouped_plan(mask.to_block_layout(block, block), gqa, device)
     elif kernel.startswith("executor"):
         payload = mask.to_block_sparse(block, block)
     else:
@@ -163,6 +174,11 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Prepared,
             return fn(q, k, v, block_mask=payload, scale=scaling, enable_gqa=gqa)
     if kernel == "gather":
         return _gather(q, k, v, payload, scaling)
+    if kernel == "grouped":
+        if payload.g != q.shape[1] // k.shape[1]:
+            raise LonglabError(f"grouped: prepared with gqa={payload.g}, inputs have H/H_kv = "
+                               f"{q.shape[1] // k.shape[1]} (pass gqa= to prepare)")
+        return _grouped(q, k, v, payload, scaling)
     if kernel == "executor-split":
         B, H = q.shape[:2]
         return split_block_sparse_attention(q, k, v, payload.with_mask(payload.mask.expand(B, H, -1, -1)),
@@ -177,7 +193,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Prepared,
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: SliceMask, kernel: str = "sdpa",
               scaling: float | None = None, block: int = 128) -> torch.Tensor:
     """One call: prepare ``mask`` for ``kernel`` and run it. q: [B, H, T_q, D], k, v: [B, H_kv, T_k, D]."""
-    return run(q, k, v, prepare(kernel, mask, q.device, block), scaling)
+    return run(q, k, v, prepare(kernel, mask, q.device, block, q.shape[1] // k.shape[1]), scaling)
 
 
 # ---- helpers ----------------------------------------------------------------------------------------------
@@ -365,3 +381,115 @@ def _flashinfer_ragged(flashinfer, qt, kt, vt, cu_t, causal, scaling):  # pragma
     w = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD")
     w.plan(cu_t, cu_t, qt.shape[1], kt.shape[1], qt.shape[2], causal=causal, sm_scale=scaling)
     return w.run(qt, kt, vt)
+
+
+@dataclass(frozen=True)
+class _Group:
+    qb: torch.Tensor  # [G] q-block indices
+    cols: torch.Tensor  # [G, n] key indices (clamped to T_k - 1)
+    add: torch.Tensor | None  # [G, 1, g * bq, n] additive mask (0 / -inf), None = every key visible
+    empty: torch.Tensor | None  # [G, bq] rows that see no key of this group
+
+
+@dataclass(frozen=True)
+class _GroupedPlan:
+    full: list[_Group]
+    part: list[_Group]
+    bq: int
+    g: int
+
+
+_GROUP_ELEMS = 32 * 2**20  # gathered key rows x D per grouped call (bounds the copies)
+
+
+def _grouped_plan(lay: BlockLayout, g: int, device) -> _GroupedPlan:
+    """Group the q-blocks of a head-shared layout by how many full / partial k-blocks they select: each
+    group becomes one batched fused-SDPA call (mask-free for full blocks, an additive element mask for
+    partial ones). A clipped last k-block (``T_k % bk``) always goes with the partial blocks."""
+    bq, bk, T_q, T_k = lay.bq, lay.bk, lay.q_len, lay.k_len
+    full, part = lay.full.clone(), lay.partial.clone()
+    if T_k % bk:
+        part[:, -1] |= full[:, -1]
+        full[:, -1] = False
+    offs = torch.arange(bk)
+
+    def groups(sel: torch.Tensor, masked: bool) -> list[_Group]:
+        out = []
+        cnt = sel.sum(-1)  # [n_qb]
+        order = torch.argsort(sel.to(torch.int8), dim=-1, descending=True, stable=True)
+        for c in cnt.unique().tolist():
+            if c == 0:
+                continue
+            qb = (cnt == c).nonzero().flatten()
+            cols = (order[qb, :c, None] * bk + offs).flatten(1)  # [G, c * bk]
+            add = empty = None
+            if masked:
+                rows = (qb[:, None] * bq + torch.arange(bq)).clamp(max=T_q - 1)  # [G, bq]
+                vis = torch.stack([lay.element_mask(r, k) for r, k in zip(rows, cols)])  # [G, bq, n]
+                vis &= (cols < T_k)[:, None, :]
+                empty = ~vis.any(-1)
+                add = torch.zeros(vis.shape).masked_fill_(~vis, float("-inf"))
+                add = add.repeat(1, g, 1)[:, None].to(device)  # rows packed as (head in group, row)
+                empty = empty.to(device) if bool(empty.any()) else None
+            out.append(_Group(qb.to(device), cols.clamp(max=T_k - 1).to(device), add, empty))
+        return out
+
+    return _GroupedPlan(groups(full, False), groups(part, True), bq, g)
+
+
+def _gather_rows(xt: torch.Tensor, idx: torch.Tensor, ws: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    """``xt[:, idx]`` into a reused workspace. xt: [B, T, H_kv, D], idx: [n] -> [B, n, H_kv, D]"""
+    n = idx.numel() * xt.shape[0] * xt.shape[2] * xt.shape[3]
+    if name not in ws or ws[name].numel() < n:
+        ws[name] = xt.new_empty(n)
+    out = ws[name][:n].view(xt.shape[0], idx.numel(), *xt.shape[2:])
+    return torch.index_select(xt, 1, idx, out=out)
+
+
+def _grouped(q, k, v, plan: _GroupedPlan, scaling: float) -> torch.Tensor:
+    """Run a grouped plan: per group one fused call, batch ``B x G``, GQA packed as ``g x bq`` query rows,
+    K/V gathered once per group; the full and partial parts merge by log-sum-exp.
+    q: [B, H, T_q, D], k/v: [B, H_kv, T_k, D] -> [B, H, T_q, Dv]"""
+    B, H, T_q, D = q.shape
+    H_kv, Dv, bq, g = k.shape[1], v.shape[-1], plan.bq, plan.g
+    n_qb = -(-T_q // bq)
+    q6 = F.pad(q, (0, 0, 0, n_qb * bq - T_q)).view(B, H_kv, g, n_qb, bq, D)
+    kt, vt = k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()  # [B, T_k, H_kv, D]: rows gather
+    ws: dict[str, torch.Tensor] = {}  # gather workspaces reused by every group (fresh buffers page-fault)
+    parts = []
+    for groups in (plan.full, plan.part):
+        if not groups:
+            continue
+        o6 = q.new_zeros(B, H_kv, g, n_qb, bq, Dv)
+        l6 = torch.full((B, H_kv, g, n_qb, bq), float("-inf"), device=q.device)
+        for grp in groups:
+            n = grp.cols.shape[1]
+            step = max(1, _GROUP_ELEMS // (n * (D + Dv) * H_kv * B))
+            for s in range(0, grp.qb.numel(), step):
+                qb, cols = grp.qb[s: s + step], grp.cols[s: s + step]
+                G = qb.numel()
+                qs = q6[:, :, :, qb].permute(0, 3, 1, 2, 4, 5).reshape(B * G, H_kv, g * bq, D)
+                flat = cols.flatten()
+                ks = _gather_rows(kt, flat, ws, "k").view(B * G, n, H_kv, D).transpose(1, 2)  # strided view
+                vs = _gather_rows(vt, flat, ws, "v").view(B * G, n, H_kv, Dv).transpose(1, 2)
+                add = None if grp.add is None else grp.add[s: s + step].to(q.dtype).repeat(B, 1, 1, 1)
+                if q.device.type == "cpu":
+                    o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                        qs, ks, vs, 0.0, False, attn_mask=add, scale=scaling)
+                else:
+                    s_ = torch.matmul(qs.float(), ks.float().transpose(-1, -2)) * scaling
+                    s_ = s_ if add is None else s_ + add.float()
+                    lse = torch.logsumexp(s_, -1)
+                    o = torch.matmul(torch.softmax(s_, -1).nan_to_num(0.0), vs.float()).to(q.dtype)
+                o = o.view(B, G, H_kv, g, bq, Dv).permute(0, 2, 3, 1, 4, 5)
+                lse = lse.float().view(B, G, H_kv, g, bq).permute(0, 2, 3, 1, 4)
+                if grp.empty is not None:
+                    e = grp.empty[s: s + step][None, None, None]  # [1, 1, 1, G, bq]
+                    lse = lse.masked_fill(e, float("-inf"))
+                    o = o.masked_fill(e[..., None], 0.0)
+                o6[:, :, :, qb] = o
+                l6[:, :, :, qb] = lse
+        parts.append((o6, l6))
+    if not parts:
+        return q.new_zeros(B, H, T_q, Dv)
+    return merge_by_lse(parts).reshape(B, H, n_qb * bq, Dv)[:, :, :T_q]

@@ -21,8 +21,10 @@ The question part is never compressed. ``generate`` and the eval harness call
 (original and kept tokens, kept spans, ``context_s``: the compression's own time, not in ``prefill_s``).
 
 Methods: ``llmlingua@r``, ``longllmlingua@r`` (:mod:`.lingua`), ``hico@r``, ``tpp@r`` (:mod:`.merge`),
-``comi@r`` (:mod:`.comi`, the training-free hard variant: merged input embeddings), the KV policy
-``hico-drop@r`` (:mod:`.drop`: HiCo's layer-wise hierarchical token dropping on the cache),
+``comi@r`` (:mod:`.comi`, the training-free hard variant: merged input embeddings; ``comi@r:fusion=PATH``
+the soft variant with a trained fusion layer), the KV policy ``hico-drop@r`` (:mod:`.drop`: HiCo's
+layer-wise hierarchical token dropping on the cache) and its in-forward form
+:class:`~longlab.compress.hico_forward.HiCoForward` (later layers of the prefill run on fewer tokens),
 ``inftythink`` (:mod:`.inftythink`: segment-and-summarise reasoning in a bounded cache) and
 ``guidance`` (:mod:`.guidance`), a context part that removes nothing but builds a sentence pool
 from the context and replaces greedy decoding with prefix-tail guided decoding and citations

@@ -17,7 +17,13 @@ question's hidden states and ``cos`` the cosine similarity:
 2. **Fine merging** (intra-group MIG): ``mig_t = alpha cos(h_t, h_q) - beta max_{t' in g, t' != t}
    cos(h_t, h_t')``; ``w = softmax_g(mig)``; memory ``m_g = sum_t w_t e_t``.
 
-The trained soft variant (fusion layer + LoRA decoder) is not implemented.
+**Soft variant** (``comi@r:fusion=PATH``): COMI trains a fusion layer that turns merged encoder states
+into the decoder's memory vectors. Here a :class:`Fusion` layer, trained on longlab's own generated
+samples with the target model frozen (``bench/comi_soft.py``; weights in a safetensors file, never a
+pickle), maps each group's MIG-merged input embedding ``m_g`` and MIG-merged hidden state
+``z_g = sum_t w_t h_t`` to ``m_g + W [m_g; z_g rms(m_g) / rms(z_g)] + b`` (``W``, ``b`` zero at
+initialisation, so an untrained layer is the hard variant exactly). COMI's LoRA-tuned decoder is not
+reproduced: the decoder stays frozen.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ import torch
 from ..recipe import LonglabError, register
 from .base import Compressed, ContextCompressor, Prompt, check_prompt, keep_budget
 
-__all__ = ["COMI", "reallocate", "group_weights"]
+__all__ = ["COMI", "Fusion", "reallocate", "group_weights", "load_fusion", "save_fusion", "answer_loss",
+           "train_fusion"]
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -75,6 +82,101 @@ def group_weights(hg: torch.Tensor, hq: torch.Tensor, alpha: float = 1.0, beta: 
     return torch.softmax(alpha * rel - beta * sim.max(-1).values, dim=0)
 
 
+class Fusion(torch.nn.Module):
+    """COMI-soft's fusion layer: ``m + W [m; z rms(m) / rms(z)] + b`` for merged embeddings ``m [G, D]``
+    and merged hidden states ``z [G, D]``; ``W [D, 2D]``, ``b [D]`` start at zero (the hard variant)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.proj = torch.nn.Linear(2 * dim, dim)
+        torch.nn.init.zeros_(self.proj.weight)
+        torch.nn.init.zeros_(self.proj.bias)
+
+    def forward(self, m: torch.Tensor, z: torch.Tensor) -> torch.Tensor:  # [G, D], [G, D] -> [G, D]
+        def rms(t: torch.Tensor) -> torch.Tensor:
+            return t.float().pow(2).mean(-1, keepdim=True).add(1e-12).sqrt()
+
+        zn = (z.float() * (rms(m) / rms(z))).to(m.dtype)
+        return m + self.proj(torch.cat([m, zn], dim=-1).to(self.proj.weight.dtype)).to(m.dtype)
+
+
+_FUSIONS: dict[str, Fusion] = {}
+
+
+def save_fusion(fusion: Fusion, path: str, **metadata: str) -> None:
+    """Write the fusion layer's weights as safetensors (``metadata``: what it was trained on)."""
+    from safetensors.torch import save_file
+
+    save_file({k: v.detach().contiguous().cpu() for k, v in fusion.state_dict().items()}, path,
+              metadata={k: str(v) for k, v in metadata.items()})
+
+
+def load_fusion(path: str, dim: int) -> Fusion:
+    """Load (once per process) a fusion layer saved by :func:`save_fusion` for hidden size ``dim``."""
+    if path not in _FUSIONS:
+        from safetensors.torch import load_file
+
+        try:
+            state = load_file(path)
+        except (OSError, ValueError) as e:  # missing file, not safetensors
+            raise LonglabError(f"comi: fusion={path!r} is not a readable safetensors file ({e})") from None
+        w = state.get("proj.weight")
+        if w is None or tuple(w.shape) != (dim, 2 * dim) or set(state) != {"proj.weight", "proj.bias"}:
+            raise LonglabError(f"comi: fusion={path!r} does not hold a fusion layer for hidden size {dim}")
+        fusion = Fusion(dim)
+        fusion.load_state_dict(state)
+        _FUSIONS[path] = fusion.eval()
+    return _FUSIONS[path]
+
+
+def answer_loss(model: object, fusion: Fusion, example: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Mean cross-entropy of the answer tokens when the frozen ``model`` reads
+    ``[lead; fusion(memories, states); embed(tail)]`` (teacher-forced). ``example``: ``lead [h, D]``
+    (the template head's embeddings), ``memories``/``states`` ``[G, D]``, ``tail [t]`` ids (question
+    part, then the answer), ``n_answer`` (int tensor: the answer's last tokens of ``tail``)."""
+    table = model.get_input_embeddings()  # type: ignore[attr-defined]
+    tail = example["tail"]
+    x = torch.cat([example["lead"], fusion(example["memories"], example["states"]), table(tail)])[None]
+    k = int(example["n_answer"])
+    logits = model(inputs_embeds=x, use_cache=False, logits_to_keep=k + 1).logits[0, :-1]  # type: ignore[operator]
+    return torch.nn.functional.cross_entropy(logits.float(), tail[-k:])
+
+
+def train_fusion(model: object, examples: list[dict[str, torch.Tensor]], steps: int, lr: float = 1e-3,
+                 seed: int = 0, log_every: int = 10) -> tuple[Fusion, list[float]]:
+    """Train a :class:`Fusion` layer (the model frozen) with Adam on :func:`answer_loss`, one example
+    per step in a seeded shuffled order. Returns the layer and the running mean loss every
+    ``log_every`` steps."""
+    if not examples or steps < 1:
+        raise LonglabError("comi: train_fusion needs at least one example and one step")
+    dim = examples[0]["memories"].shape[-1]
+    fusion = Fusion(dim)
+    frozen = [(p, p.requires_grad) for p in model.parameters()]  # type: ignore[attr-defined]
+    for p, _ in frozen:
+        p.requires_grad_(False)
+    opt = torch.optim.Adam(fusion.parameters(), lr=lr)
+    gen = torch.Generator().manual_seed(seed)
+    order: list[int] = []
+    log, window = [], []
+    try:
+        for _ in range(steps):
+            if not order:
+                order = torch.randperm(len(examples), generator=gen).tolist()
+            loss = answer_loss(model, fusion, examples[order.pop()])
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(fusion.parameters(), 1.0)
+            opt.step()
+            window.append(float(loss.detach()))
+            if len(window) == log_every:
+                log.append(sum(window) / len(window))
+                window = []
+    finally:
+        for p, flag in frozen:
+            p.requires_grad_(flag)
+    return fusion.eval(), log
+
+
 @register("comi")
 @dataclass
 class COMI(ContextCompressor):
@@ -89,21 +191,20 @@ class COMI(ContextCompressor):
     layer: int = -1  # hidden-state layer of the scorer (-1: the last)
     alpha: float = 1.0
     beta: float = 1.0
+    fusion: str = ""  # a trained Fusion layer (safetensors): the soft variant; "" = the hard variant
 
     def validate(self) -> None:
         super().validate()
         self.check("alpha", 0, None)
         self.check("beta", 0, None)
 
-    def compress(self, prompt: Prompt, scorer: object) -> Compressed:
-        check_prompt(prompt)
-        if not prompt.question or not prompt.question.strip():
-            raise LonglabError("comi is query-aware: it needs a question")
-        if self.compression_ratio == 0:
-            return self.identity(prompt)
+    def merge(self, prompt: Prompt, scorer: object
+              ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:
+        """The two MIG stages: merged input embeddings ``[G, D]``, merged hidden states ``[G, D]``, group
+        sizes and each group's representative (its highest-weight token)."""
         model = scorer.model  # type: ignore[attr-defined]
         device = next(model.parameters()).device
-        q = prompt.encode(" " + prompt.question.strip())
+        q = prompt.encode(" " + prompt.question.strip())  # type: ignore[union-attr]
         n = len(prompt.ids)
         with torch.inference_mode():
             x = torch.tensor([prompt.ids + q], device=device)
@@ -116,14 +217,28 @@ class COMI(ContextCompressor):
         hc, hq = h[:n], h[n:].mean(0)
         n_groups = keep_budget(n, self.compression_ratio)
         sizes = reallocate(hc, hq, n_groups, self.alpha, self.beta)
-        memories, source = [], []
+        memories, states, source = [], [], []
         a = 0
         for s in sizes:
             w = group_weights(hc[a : a + s], hq, self.alpha, self.beta)  # [s]
             memories.append((w[:, None].to(emb.dtype) * emb[a : a + s]).sum(0))
+            states.append((w[:, None] * hc[a : a + s]).sum(0))
             source.append(a + int(w.argmax()))
             a += s
-        out_c = Compressed([prompt.ids[i] for i in source], source, n, embeds=torch.stack(memories),
+        return torch.stack(memories), torch.stack(states), sizes, source
+
+    def compress(self, prompt: Prompt, scorer: object) -> Compressed:
+        check_prompt(prompt)
+        if not prompt.question or not prompt.question.strip():
+            raise LonglabError("comi is query-aware: it needs a question")
+        if self.compression_ratio == 0:
+            return self.identity(prompt)
+        memories, states, sizes, source = self.merge(prompt, scorer)
+        if self.fusion:
+            fusion = load_fusion(self.fusion, memories.shape[-1])
+            with torch.inference_mode():
+                memories = fusion(memories, states)
+        out_c = Compressed([prompt.ids[i] for i in source], source, len(prompt.ids), embeds=memories,
                            sizes=sizes)
-        out_c.info = {"groups": n_groups, "largest_group": max(sizes)}
+        out_c.info = {"groups": len(sizes), "largest_group": max(sizes), "soft": bool(self.fusion)}
         return out_c

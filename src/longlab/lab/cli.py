@@ -15,7 +15,8 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="lab_command", required=True)
     t = sub.add_parser("train", help="train a small LM with one token mixer on one synthetic task (CPU)")
     t.add_argument("--mixer", required=True, help="softmax, ssmax, asentmax, lssa, lssar:p=15, race, ...")
-    t.add_argument("--task", required=True, help="copy, mqar, passkey, flipflop, mtd, algebra (name:k=v,...)")
+    t.add_argument("--task", required=True,
+                   help="copy, mqar, passkey, flipflop, mtd, algebra, pcfg, lcube (name:k=v,...)")
     t.add_argument("--train-len", type=int, required=True)
     t.add_argument("--steps", type=int, required=True)
     t.add_argument("--out", required=True, help="checkpoint directory (re-run the same command to resume)")
@@ -27,7 +28,9 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     t.add_argument("--dim", type=int, default=64)
     t.add_argument("--layers", type=int, default=2)
     t.add_argument("--heads", type=int, default=4)
-    t.add_argument("--positions", default="", help="rope, nope, alibi, nape (default: the mixer's)")
+    t.add_argument("--positions", default="",
+                   help="rope, nope, alibi, nape, ropeid (default: the mixer's; another one gets its own "
+                        "recipe line, e.g. softmax+nape)")
     t.add_argument("--params", type=int, default=0, help="match the parameter count by the MLP width")
     t.add_argument("--ckpt-every", type=int, default=200)
     t.add_argument("--no-progress", action="store_true")

@@ -2,7 +2,8 @@
 results store (``results.sqlite``) that ``longlab eval`` writes, so ``longlab report`` shows score vs
 length with one line (recipe) per mixer.
 
-Row fields: ``model = "lab-<task name>-train<train_len>"``, ``recipe = method = <mixer spec>``,
+Row fields: ``model = "lab-<task name>-train<train_len>"``, ``recipe = <mixer spec>[+<positions>]`` (the
+positions only when not the mixer's default), ``method = <mixer spec>``,
 ``task = <task spec>``, ``length``, ``sample_id``, ``seed = <training seed>`` (several training seeds of
 one mixer are then several samples of one recipe), ``score`` (the task's per-sample score), and in
 ``extra``: params, training tokens and steps, positions, the checkpoint, and ``kl`` for tasks with
@@ -22,10 +23,19 @@ import torch
 
 from ..eval.store import ResultStore, check_results_dir, config_hash, make_run_key, peak_rss_mb
 from ..recipe import LonglabError
-from .tasks import kl_per_position, task_config
+from .tasks import task_config
 from .train import load_checkpoint
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "recipe_name"]
+
+
+def recipe_name(mixer: str, positions: str) -> str:
+    """The row's recipe: the mixer spec, plus ``+<positions>`` when they are not the mixer's default
+    (``softmax+nape``), so position controls get their own line."""
+    from .mixers import mixer_config
+
+    default = mixer_config(mixer).default_positions
+    return mixer if positions == default else f"{mixer}+{positions}"
 
 
 def _eval_generator(seed: int, length: int, index: int) -> torch.Generator:
@@ -66,11 +76,12 @@ def evaluate(
     identity = {"train": manifest["train"], "step": manifest["step"], "eval_seed": seed}
     chash = config_hash(identity)
     model_name = f"lab-{task.name}-train{cfg.train_len}"
+    recipe = recipe_name(cfg.mixer, cfg.positions)
     rows: list[dict[str, Any]] = []
     with ResultStore(target, what="--out") as store, torch.no_grad():
         for length in lengths:
             keys = [
-                make_run_key(model=model_name, recipe=cfg.mixer, task=cfg.task, length=length, sample_id=i,
+                make_run_key(model=model_name, recipe=recipe, task=cfg.task, length=length, sample_id=i,
                              seed=cfg.seed, config_hash=chash)
                 for i in range(samples)
             ]
@@ -95,10 +106,9 @@ def evaluate(
                     }
                     if rates:  # L2A: fraction of tokens routed to global attention (batch mean, all layers)
                         extra["global_rate"] = sum(rates) / len(rates)
-                    if part.probs is not None:
-                        extra["kl"] = float(kl_per_position(lj, part)[0])
+                    extra.update(task.metrics(lj, part))
                     row = {
-                        "run_key": keys[i], "model": model_name, "recipe": cfg.mixer, "method": cfg.mixer,
+                        "run_key": keys[i], "model": model_name, "recipe": recipe, "method": cfg.mixer,
                         "task": cfg.task, "length": length, "sample_id": str(i), "seed": cfg.seed,
                         "score": score, "prefill_s": secs, "context_tokens": length,
                         "config_hash": chash, "recipe_repr": repr(cfg.model_config()),
@@ -107,8 +117,9 @@ def evaluate(
                     store.add(row)
                     rows.append(row)
             if log:
-                mine = store.rows(model=model_name, recipe=cfg.mixer, task=cfg.task, length=length,
+                mine = store.rows(model=model_name, recipe=recipe, task=cfg.task, length=length,
                                   seed=cfg.seed, config_hash=chash)
+                mine = [r for r in mine if (r.get("extra") or {}).get("answers_per_sample") != 0]
                 mean = sum(r["score"] for r in mine) / max(1, len(mine))
-                log(f"{cfg.mixer:>12} {cfg.task} length {length:>6}: score {mean:.3f} (n={len(mine)})")
+                log(f"{recipe:>12} {cfg.task} length {length:>6}: score {mean:.3f} (n={len(mine)})")
     return rows

@@ -5,6 +5,8 @@
 ``"name"`` or ``"name:k=v"``) and the positions (``rope``/``nope``/``alibi``/``nape``) separately.
 ``forward(tokens: [B, T]) -> logits [B, T, V]`` is the causal full-sequence form; ``init_state`` /
 ``step(token: [B, 1])`` is the recurrent/decode form, available when every mixer has one.
+With ``input_dim = D > 0`` (continuous tasks: ``lcube``) the embedding is a linear map of ``x: [B, T, D]``
+and the head (untied) outputs ``[B, T, 2D]``: a diagonal Gaussian's mean and log-variance.
 """
 
 from __future__ import annotations
@@ -36,9 +38,14 @@ class LabConfig:
     n_heads: int = 4
     mlp_hidden: int = 0
     rope_theta: float = 10000.0
+    input_dim: int = 0  # > 0: continuous inputs [B, T, D] and a Gaussian head (vocab_size unused)
+    train_len: int = 0  # positions "ropeid": the training length its frequencies are set for
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "dim", "n_layers", "n_heads"):
+        if isinstance(self.input_dim, bool) or not isinstance(self.input_dim, int) or self.input_dim < 0:
+            raise LonglabError(f"lab model: input_dim must be an integer >= 0, got {self.input_dim!r}")
+        names = ("dim", "n_layers", "n_heads") + (() if self.input_dim else ("vocab_size",))
+        for name in names:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise LonglabError(f"lab model: {name} must be an integer >= 1, got {value!r}")
@@ -85,7 +92,7 @@ class SwiGLU(nn.Module):
 class Block(nn.Module):
     def __init__(self, cfg: LabConfig) -> None:
         super().__init__()
-        pos = Positions(cfg.positions, cfg.n_heads, cfg.dim // cfg.n_heads, cfg.rope_theta)
+        pos = Positions(cfg.positions, cfg.n_heads, cfg.dim // cfg.n_heads, cfg.rope_theta, cfg.train_len)
         self.norm1 = nn.RMSNorm(cfg.dim)
         self.mixer = cfg.mixer_config().build(cfg.dim, cfg.n_heads, pos)
         self.norm2 = nn.RMSNorm(cfg.dim)
@@ -112,17 +119,28 @@ class LabLM(nn.Module):
     def __init__(self, cfg: LabConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
-        nn.init.normal_(self.embed.weight, std=0.02 * cfg.dim**0.5)  # tied head: logits of order 1
+        if cfg.input_dim:
+            self.inp = nn.Linear(cfg.input_dim, cfg.dim)
+            self.head = nn.Linear(cfg.dim, 2 * cfg.input_dim)
+        else:
+            self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+            nn.init.normal_(self.embed.weight, std=0.02 * cfg.dim**0.5)  # tied head: logits of order 1
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = nn.RMSNorm(cfg.dim)
 
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.inp(tokens) if self.cfg.input_dim else self.embed(tokens)
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm(x)
+        return self.head(x) if self.cfg.input_dim else x @ self.embed.weight.T  # tied head
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens: [B, T]`` -> ``logits: [B, T, V]``."""
-        x = self.embed(tokens)
+        """``tokens: [B, T]`` -> ``logits: [B, T, V]`` (continuous: ``[B, T, D]`` -> ``[B, T, 2D]``)."""
+        x = self._embed(tokens)
         for blk in self.blocks:
             x = blk(x)
-        return self.norm(x) @ self.embed.weight.T  # tied head
+        return self._head(x)
 
     def aux_loss(self) -> torch.Tensor | None:
         """Sum of the mixers' auxiliary losses from the last forward (L2A's gate rate), or ``None``."""
@@ -137,12 +155,12 @@ class LabLM(nn.Module):
 
     def step(self, token: torch.Tensor, states: list[Any]) -> tuple[torch.Tensor, list[Any]]:
         """``token: [B, 1]`` -> ``logits [B, 1, V]`` and the new states."""
-        x = self.embed(token)
+        x = self._embed(token)
         new = []
         for blk, st in zip(self.blocks, states):
             x, st = blk.step(x, st)
             new.append(st)
-        return self.norm(x) @ self.embed.weight.T, new
+        return self._head(x), new
 
     def n_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

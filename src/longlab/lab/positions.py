@@ -6,9 +6,13 @@
   (Press et al. 2022, arXiv 2108.12409).
 - ``nape``: half the heads ALiBi with slopes ``1/h`` (h = 1, 2, ...), the other half NoPE
   (Vasylenko et al. 2025, ASEntmax, arXiv 2506.16640); length scaling acts on the NoPE heads only.
+- ``ropeid``: RoPE-ID (Wertheimer et al., arXiv 2603.18017): the first ``P = D/4`` rotation pairs
+  (channels ``0 .. 2P-1`` in the lab's interleaved layout; quarters 1 and 3 in rotate-half) rotate at
+  ``ω_i = (2π·c/L_train)^{i/(P-1)}``, from 1 rad/token down to ``c = 1`` turn within the training length
+  (:func:`longlab.position.rope.ropeid_inv_freq`); the other pairs are NoPE. No logit temperature.
 
-Score-based mixers take the bias; kernel/recurrent mixers (linear, race, lact, mamba) accept only
-``rope``/``nope`` (an additive score bias has no place in their factorised forms).
+Score-based mixers take the bias and RoPE-ID; kernel/recurrent mixers (linear, race, lact, mamba)
+accept only ``rope``/``nope`` (an additive score bias has no place in their factorised forms).
 """
 
 from __future__ import annotations
@@ -19,21 +23,32 @@ from ..recipe import LonglabError
 
 __all__ = ["POSITIONS", "Positions", "log_length"]
 
-POSITIONS = ("rope", "nope", "alibi", "nape")
+POSITIONS = ("rope", "nope", "alibi", "nape", "ropeid")
 
 
 class Positions:
     """Position handling for ``n_heads`` heads of size ``head_dim``."""
 
-    def __init__(self, kind: str, n_heads: int, head_dim: int, theta: float = 10000.0) -> None:
+    def __init__(self, kind: str, n_heads: int, head_dim: int, theta: float = 10000.0,
+                 train_len: int = 0, cycles: float = 1.0) -> None:
         if kind not in POSITIONS:
             raise LonglabError(f"positions: unknown {kind!r}; choose one of {', '.join(POSITIONS)}")
-        if kind == "rope" and head_dim % 2:
-            raise LonglabError(f"positions: rope needs an even head dim, got {head_dim}")
+        if kind in ("rope", "ropeid") and head_dim % 2:
+            raise LonglabError(f"positions: {kind} needs an even head dim, got {head_dim}")
+        if kind == "ropeid" and (head_dim < 4 or train_len < 2):
+            raise LonglabError(
+                f"positions: ropeid needs head dim >= 4 and the training length >= 2, "
+                f"got {head_dim} and {train_len}"
+            )
         self.kind = kind
         self.n_heads = n_heads
         self.head_dim = head_dim
         self.theta = float(theta)
+        self.inv_freq = None  # [D/2] RoPE-ID's per-pair frequencies (0 = NoPE pair)
+        if kind == "ropeid":
+            from ..position.rope import ropeid_inv_freq
+
+            self.inv_freq = ropeid_inv_freq(head_dim, train_len, cycles)
         slopes = torch.zeros(n_heads)
         nope = torch.ones(n_heads, dtype=torch.bool)
         if kind == "alibi":
@@ -51,11 +66,16 @@ class Positions:
         return self.kind in ("alibi", "nape")
 
     def rotate(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """RoPE on ``x: [B, H, T, D]`` at positions ``pos: [T]`` (identity unless ``rope``)."""
-        if self.kind != "rope":
+        """RoPE on ``x: [B, H, T, D]`` at positions ``pos: [T]``: pair ``(2i, 2i+1)`` rotated by
+        ``pos·ω_i`` with ``ω_i = θ^{-2i/D}`` (``rope``) or RoPE-ID's (``ropeid``; ``ω_i = 0`` leaves the
+        pair as it is); the identity for the other kinds."""
+        if self.kind not in ("rope", "ropeid"):
             return x
         d = x.shape[-1]
-        inv = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
+        if self.inv_freq is not None:
+            inv = self.inv_freq.to(x.device)
+        else:
+            inv = 1.0 / (self.theta ** (torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d))
         ang = pos.to(torch.float32)[:, None] * inv[None, :]  # [T, D/2]
         cos, sin = ang.cos().to(x.dtype), ang.sin().to(x.dtype)
         x1, x2 = x[..., 0::2], x[..., 1::2]

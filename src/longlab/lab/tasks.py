@@ -31,14 +31,19 @@ Registered (``TASKS``):
   sequence one or more groups from cyclic C3..C10 and dihedral D3..D5, elements mapped injectively
   to random variable symbols, facts ``, a b = c`` drawn from the Cayley tables; every token after ``=``
   is an answer (holdout_zero: the identity is never symbol 0).
+- ``lcube``: L-CUBE hierarchical Gaussian sequences (:mod:`longlab.lab.lcube`) [recon]: continuous
+  tokens ``x_t ∈ R^D``, the exact conditional ``p(x_t | x_{<t})``; the model has a linear input and a
+  diagonal-Gaussian head; score = the utilisation ``U`` (1: the exact conditional, 0: the marginal).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from ..recipe import LonglabError
 
@@ -71,6 +76,11 @@ class Batch:
     targets: torch.Tensor  # [B, T] long, IGNORE where no loss
     answer: torch.Tensor  # [B, T] bool, scored positions
     probs: torch.Tensor | None = None  # [B, T, V] exact next-token distribution (where known)
+    # continuous tasks (lcube): tokens are [B, T, D] floats; the next value, its exact conditional
+    values: torch.Tensor | None = None  # [B, T, D] x_{t+1} (the target at t)
+    cond_mean: torch.Tensor | None = None  # [B, T, D] E[x_{t+1} | x_{≤t}]
+    cond_var: torch.Tensor | None = None  # [T, D] Var[x_{t+1} | x_{≤t}] (data-independent)
+    info: torch.Tensor | None = None  # [T] available information I* of x_{t+1} (nats)
 
 
 @dataclass
@@ -83,6 +93,19 @@ class Task:
     @property
     def vocab_size(self) -> int:
         raise NotImplementedError
+
+    @property
+    def input_dim(self) -> int:
+        """0 for token tasks; the value dimension ``D`` of continuous tasks (``lcube``)."""
+        return 0
+
+    def loss(self, out: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Training loss: cross-entropy on the answer tokens (``out``: logits ``[B, T, V]``)."""
+        return F.cross_entropy(out.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
+
+    def metrics(self, out: torch.Tensor, batch: Batch) -> dict[str, float]:
+        """Extra per-sample numbers for the results row (``batch`` of one sequence)."""
+        return {"kl": float(kl_per_position(out, batch)[0])} if batch.probs is not None else {}
 
     def min_length(self) -> int:
         return 8
@@ -367,10 +390,11 @@ def mirror_descent(task: MTDTask, x: torch.Tensor, steps: int, eta: float) -> to
     rows = task._lag_rows(x)
     lik = rows[:, :-1].gather(-1, x[:, 1:, None, None].expand(-1, -1, k, 1))[..., 0][:, k - 1 :]  # [B, T', K]
     lam = torch.full((b, k), 1.0 / k)
+    log_lam = torch.log(lam)
     for _ in range(steps):
         g = (lik / (lik @ lam[..., None]).clamp_min(1e-30)).mean(1)
-        lam = lam * torch.exp(eta * g)
-        lam = lam / lam.sum(-1, keepdim=True)
+        log_lam = log_lam + eta * g  # the same update in log space: no overflow of exp(η g) for large g
+        lam = torch.softmax(log_lam, dim=-1)
     return lam
 
 
@@ -510,6 +534,101 @@ class PCFGTask(Task):
         targets[:, :-1] = x[:, 1:]
         probs = next_token_probs(self.grammar, x).float() if exact else None
         return Batch(x, targets, targets != IGNORE, probs)
+
+
+@register_task("lcube")
+@dataclass
+class LCubeTask(Task):
+    """L-CUBE (see :mod:`longlab.lab.lcube`): defaults β = 0.75, c = 1, ρ = 0.9, D = 8, σ_n = 0.1."""
+
+    dim: int = 8
+    beta: float = 0.75
+    c: float = 1.0
+    rho: float = 0.9
+    sigma: float = 0.1
+    min_logvar: float = -9.0  # clamp of the model's log-variance (keeps the Gaussian NLL finite)
+
+    def __post_init__(self) -> None:
+        _check(self.name, "dim", self.dim, 1)
+        ranges = {"beta": "(0, 1)", "c": "(0, inf)", "rho": "(0, 1)", "sigma": "[0, inf)"}
+        for f, allowed in ranges.items():
+            v = getattr(self, f)
+            ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+            ok = ok and (v >= 0 if f == "sigma" else v > 0) and (v < 1 if allowed.endswith("1)") else True)
+            if not ok:
+                raise LonglabError(f"task lcube: {f} must be a number in {allowed}, got {v!r}")
+        self._cond: dict[int, object] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return 0
+
+    @property
+    def input_dim(self) -> int:
+        return self.dim
+
+    def min_length(self) -> int:
+        return 2
+
+    def conditional(self, length: int):
+        from .lcube import Conditional
+
+        if length not in self._cond:
+            self._cond[length] = Conditional(length, self.dim, self.c, self.beta, self.rho, self.sigma)
+        return self._cond[length]
+
+    def sample(self, batch, length, gen, exact=True):
+        from .lcube import lcube_sample
+
+        self.check_length(length)
+        x = lcube_sample(batch, length, self.dim, self.c, self.beta, self.rho, self.sigma, gen)  # [B, T, D]
+        values = torch.zeros_like(x)
+        values[:, :-1] = x[:, 1:]
+        answer = torch.zeros(batch, length, dtype=torch.bool)
+        answer[:, :-1] = True
+        out = Batch(x.float(), torch.full((batch, length), IGNORE), answer, values=values.float())
+        if exact:
+            cond = self.conditional(length)
+            mean = cond.mean(x)  # [B, T, D] E[x_t | x_<t]
+            out.cond_mean = torch.zeros_like(x)
+            out.cond_mean[:, :-1] = mean[:, 1:]
+            out.cond_var = torch.ones(length, self.dim, dtype=torch.float64)
+            out.cond_var[:-1] = cond.var[1:]
+            out.info = torch.zeros(length, dtype=torch.float64)
+            out.info[:-1] = cond.info()[1:]
+        return out
+
+    def split(self, out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Model output ``[B, T, 2D]`` -> mean ``[B, T, D]`` and variance ``[B, T, D]``."""
+        mean, logvar = out[..., : self.dim], out[..., self.dim :]
+        return mean, torch.exp(logvar.clamp(self.min_logvar, 9.0))
+
+    def loss(self, out, batch):
+        """Gaussian negative log-likelihood of ``x_{t+1}`` per coordinate (up to ``½ log 2π``)."""
+        mean, var = self.split(out.float())
+        nll = 0.5 * (torch.log(var) + (batch.values - mean) ** 2 / var)  # [B, T, D]
+        m = batch.answer.float()[..., None]
+        return (nll * m).sum() / (m.sum() * self.dim)
+
+    def _kl(self, out, batch) -> torch.Tensor:
+        from .lcube import gaussian_kl
+
+        assert batch.cond_mean is not None and batch.cond_var is not None
+        mean, var = self.split(out.double())
+        return gaussian_kl(batch.cond_mean, batch.cond_var[None], mean, var)  # [B, T]
+
+    def score(self, logits, batch):
+        """Utilisation ``U = Σ_t (I*_t − KL_t) / Σ_t I*_t`` per sample ``[B]``."""
+        m = batch.answer.double()
+        kl = self._kl(logits, batch)
+        info = batch.info[None].double()
+        return (((info - kl) * m).sum(-1) / (info * m).sum(-1).clamp_min(1e-12)).float()
+
+    def metrics(self, out, batch):
+        m = batch.answer.double()
+        kl = (self._kl(out, batch) * m).sum(-1) / m.sum(-1)
+        info = (batch.info[None].double() * m).sum(-1) / m.sum(-1)
+        return {"kl": float(kl[0]), "info": float(info[0])}
 
 
 def task_config(spec: str | Task, seed: int = 0) -> Task:

@@ -22,11 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ..recipe import LonglabError
 from .model import LabConfig, LabLM, match_mlp_hidden
-from .tasks import IGNORE, task_config
+from .tasks import task_config
 
 __all__ = ["FORMAT", "TrainConfig", "load_checkpoint", "train"]
 
@@ -75,7 +74,8 @@ class TrainConfig:
         task = task_config(self.task, self.seed)
         cfg = LabConfig(
             vocab_size=task.vocab_size, mixer=self.mixer, positions=self.positions, dim=self.dim,
-            n_layers=self.n_layers, n_heads=self.n_heads,
+            n_layers=self.n_layers, n_heads=self.n_heads, input_dim=task.input_dim,
+            train_len=self.train_len if self.positions == "ropeid" else 0,
         )
         return match_mlp_hidden(cfg, self.params) if self.params else cfg
 
@@ -236,8 +236,7 @@ def train(
         batch = task.sample(cfg.batch, cfg.train_len, batch_generator(cfg.seed, step), exact=False)
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
-        logits = model(batch.tokens)
-        loss = F.cross_entropy(logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
+        loss = task.loss(model(batch.tokens), batch)
         total = loss
         aux = model.aux_loss()
         if aux is not None:

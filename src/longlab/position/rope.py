@@ -24,10 +24,21 @@ from typing import Any
 
 import torch
 
-from ..recipe import LonglabError
-from .base import LayerRope, PositionMethod, check_factor, register_position
+from ..recipe import LonglabError, shorten
+from .base import LayerRope, PositionMethod, check_factor, find_rotary, register_position
 
-__all__ = ["PI", "NTK", "DynamicNTK", "YaRN", "LongRoPE", "yarn_paper_inv_freq", "ropeid_inv_freq"]
+__all__ = [
+    "PI",
+    "NTK",
+    "DynamicNTK",
+    "rotate_keys",
+    "YaRN",
+    "LongRoPE",
+    "with_rescale",
+    "read_rescale",
+    "yarn_paper_inv_freq",
+    "ropeid_inv_freq",
+]
 
 
 def _base_inv_freq(base: float, dim: int) -> torch.Tensor:
@@ -86,14 +97,136 @@ class NTK(ScaledRope):
 @dataclass
 class DynamicNTK(ScaledRope):
     """Dynamic NTK (emozilla 2023; Peng et al. 2023 §3.3), transformers' ``rope_type="dynamic"``: at a
-    current length ``ℓ > L`` the base is ``b·(s·ℓ/L - (s-1))^{D/(D-2)}``, recomputed when ``ℓ`` grows; at
-    ``ℓ <= L`` plain RoPE. ``L`` is the model's ``max_position_embeddings``. With chunked prefill the keys
-    of earlier chunks keep the base of their own chunk (as in transformers' own cache)."""
+    current length ``ℓ > L`` the base is ``b·(s·ℓ/L - (s-1))^{D/(D-2)}``; at ``ℓ <= L`` plain RoPE. ``L``
+    is the model's ``max_position_embeddings``; ``ℓ`` is the largest position of the forward pass + 1.
+
+    A cache stores keys *after* rotation, so once the base grows (a chunked prefill crossing ``L``, every
+    decode step past ``L``) the keys of earlier forward passes are rotated with an older base than the
+    queries; transformers' dynamic rope keeps them so. With ``rerotate=true`` (default) every forward pass
+    first re-rotates the cached keys to the new base (``k <- R(m·(θ'_new - θ'_old))·k``, the rotation by
+    the difference of the two angles at each slot's position ``m``), so every query meets keys of one base:
+    the attention a one-shot prefill of the same length computes (exactly so in the first layer; deeper
+    layers differ because earlier chunks' hidden states were computed at their own length). The base of a
+    pass depends on that pass's positions only (not on the longest sequence the model saw before).
+    ``rerotate=false`` is transformers' behaviour through a cache."""
 
     paper = "arXiv 2309.00071 (dynamic NTK, emozilla 2023)"
+    rerotate: bool = True
 
     def layer_rope(self, params: dict[str, Any], head_dim: int, original: int) -> LayerRope:
         return LayerRope({**params, "rope_type": "dynamic", "factor": float(self.factor)})
+
+    def attach(self, model: Any, base_model: str | None) -> None:
+        if not self.rerotate:
+            return
+        decoder, attr, rotary = find_rotary(model)
+        rp = rotary.config.rope_parameters
+        if isinstance(rp, dict) and "dynamic" not in str(rp.get("rope_type", "")):  # per layer type
+            types = [t for t, v in rp.items() if isinstance(v, dict) and v.get("rope_type") == "dynamic"]
+        else:
+            types = [None]
+        layer_types = list(getattr(rotary.config, "layer_types", None) or [])
+        handle = decoder.register_forward_pre_hook(
+            _DynamicRerotate(attr, types, layer_types), with_kwargs=True
+        )
+        model.longlab_dynamic_hook = handle
+
+    def detach(self, model: Any) -> None:
+        handle = getattr(model, "longlab_dynamic_hook", None)
+        if handle is not None:
+            handle.remove()
+            del model.longlab_dynamic_hook
+
+
+def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """Rotate RoPE'd ``keys [B, H_kv, T, D]`` (rotate-half layout, the first ``2·len(delta)`` channels
+    rotated) further by ``positions [B, H_kv, T] · delta [D_rot/2]``: ``k·cos φ + rotate_half(k)·sin φ``.
+    Computed in float32, returned in ``keys``' dtype."""
+    half = delta.numel()
+    k = keys.float()
+    rot, rest = k[..., : 2 * half], k[..., 2 * half :]
+    phi = positions.float()[..., None] * delta.float().to(k.device)  # [B, H_kv, T, D_rot/2]
+    cos, sin = torch.cat((phi.cos(), phi.cos()), -1), torch.cat((phi.sin(), phi.sin()), -1)
+    turned = torch.cat((-rot[..., half:], rot[..., :half]), -1)  # rotate_half
+    return torch.cat((rot * cos + turned * sin, rest), -1).to(keys.dtype)
+
+
+class _DynamicRerotate:
+    """Forward pre-hook of the decoder for ``dynamic-ntk:rerotate=true``: set the rotary module's
+    frequencies for this pass's length ``ℓ`` (transformers' own dynamic formula) and re-rotate the
+    cache's keys, which hold the frequencies of the cache's length before this pass, to them."""
+
+    def __init__(self, attr: str, types: list[str | None], layer_types: list[str]) -> None:
+        self.attr, self.types, self.layer_types = attr, types, layer_types
+
+    @staticmethod
+    def inv_at(rotary: Any, layer_type: str | None, ell: int) -> torch.Tensor:
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+        orig = getattr(rotary, f"{layer_type}_original_inv_freq" if layer_type else "original_inv_freq")
+        if ell <= rotary.original_max_seq_len:
+            return orig
+        extra = {"layer_type": layer_type} if layer_type else {}
+        inv, _ = ROPE_INIT_FUNCTIONS["dynamic"](rotary.config, orig.device, seq_len=ell, **extra)
+        return inv.to(orig.device)
+
+    def __call__(self, module: Any, args: tuple, kwargs: dict) -> None:
+        rotary = getattr(module, self.attr)
+        cache = kwargs.get("cache", kwargs.get("past_key_values"))
+        pos = kwargs.get("position_ids")
+        layers = list(getattr(cache, "layers", None) or [])
+        past = _cache_length(cache, layers)
+        if pos is not None:
+            ell = int(pos.max()) + 1
+        else:
+            x = kwargs.get("input_ids", args[0] if args else None)
+            x = x if x is not None else kwargs["inputs_embeds"]
+            ell = past + x.shape[1]
+        for lt in self.types:
+            prefix = f"{lt}_" if lt else ""
+            inv = self.inv_at(rotary, lt, ell)
+            rotary.register_buffer(f"{prefix}inv_freq", inv.clone(), persistent=False)
+            setattr(rotary, f"{prefix}max_seq_len_cached", max(ell, rotary.original_max_seq_len))
+            if past == 0:
+                continue
+            old = self.inv_at(rotary, lt, past)
+            if torch.equal(old, inv):
+                continue
+            for i, layer in enumerate(layers):
+                if lt is not None and (i >= len(self.layer_types) or self.layer_types[i] != lt):
+                    continue
+                _rerotate_layer(layer, inv - old)
+
+
+def _cache_length(cache: Any, layers: list) -> int:
+    """Positions the cache has seen (its largest position + 1): 0 for no or an empty cache."""
+    for layer in layers:
+        if not getattr(layer, "is_initialized", False):
+            continue
+        n_real = getattr(layer, "n_real", None)
+        if n_real is not None:
+            return int(n_real.max()) if n_real.numel() else 0
+        return int(layer.get_seq_length())
+    return 0
+
+
+def _rerotate_layer(layer: Any, delta: torch.Tensor) -> None:
+    keys = getattr(layer, "keys", None)
+    if not getattr(layer, "is_initialized", False) or keys is None or keys.shape[-2] == 0:
+        return
+    if not isinstance(keys, torch.Tensor) or not getattr(type(layer), "batchable", True):
+        raise LonglabError(
+            f"dynamic-ntk: re-rotating cached keys needs plain key storage, but the cache layer is "
+            f"{type(layer).__name__}; use dynamic-ntk:rerotate=false (keys keep their own base)"
+        )
+    B, H, T, _ = keys.shape
+    index = getattr(layer, "index", None)
+    if isinstance(index, torch.Tensor) and index.shape == (B, H, T):
+        positions = index.clamp(min=0)  # longlab's cache: each slot's position (-1: empty)
+    else:  # transformers' layers: the last T of get_seq_length() positions (all of them, or a window)
+        end = int(layer.get_seq_length())
+        positions = torch.arange(end - T, end, device=keys.device).expand(B, H, T)
+    layer.keys = rotate_keys(keys, positions, delta)
 
 
 def yarn_paper_inv_freq(
@@ -170,16 +303,19 @@ class LongRoPE(PositionMethod):
     """LongRoPE (Ding et al. 2024, arXiv 2402.13753): per-pair rescale factors ``λ_i`` (``θ'_i = θ_i/λ_i``)
     and cos, sin × ``sqrt(1 + ln s / ln L)``, through transformers' ``rope_type="longrope"``.
 
-    The paper finds ``λ`` by evolutionary search; that search is not run here. ``init`` picks the search's
-    starting points: ``"ntk"`` ``λ_i = s^{2i/(D-2)}`` (NTK-aware as per-pair factors; 1 for the fastest pair,
-    ``s`` for the slowest) or ``"pi"`` ``λ_i = s``. The same factors are used at every length (transformers
-    would switch from short to long factors once the input exceeds ``L``, which re-rotates nothing already
-    cached), so a chunked prefill sees one table."""
+    ``init`` picks the search's starting points: ``"ntk"`` ``λ_i = s^{2i/(D-2)}`` (NTK-aware as per-pair
+    factors; 1 for the fastest pair, ``s`` for the slowest) or ``"pi"`` ``λ_i = s``. ``factors=PATH`` reads
+    searched factors instead (a JSON file with ``"rescale": [λ_0, ..., λ_{D/2-1}]``, as
+    :func:`longlab.position.search.longrope_search` writes; each ``λ_i >= 1``). The search's other
+    dimension, ``n̂`` initial positions left unscaled, is not implemented. The same factors are used at
+    every length (transformers would switch from short to long factors once the input exceeds ``L``,
+    which re-rotates nothing already cached), so a chunked prefill sees one table."""
 
     paper = "arXiv 2402.13753"
     factor: float = 4.0
     original: int = 0
     init: str = "ntk"
+    factors: str = ""
     layers: str = ""
 
     def validate(self) -> None:
@@ -187,9 +323,19 @@ class LongRoPE(PositionMethod):
         _check_original(self)
         self.check("init", choices=("ntk", "pi"))
         _check_layers(self)
+        if self.factors:
+            self._searched = read_rescale(self.factors)
 
     def rescale(self, head_dim: int) -> list[float]:
         half = head_dim // 2
+        searched = getattr(self, "_searched", None)
+        if searched is not None:
+            if len(searched) != half:
+                raise LonglabError(
+                    f"longrope: factors={shorten(self.factors)} has {len(searched)} rescale factors, "
+                    f"but this model's rotary dimension needs D/2 = {half}"
+                )
+            return list(searched)
         if self.init == "pi":
             return [float(self.factor)] * half
         return [float(self.factor ** (2 * i / (head_dim - 2))) for i in range(half)]
@@ -206,6 +352,37 @@ class LongRoPE(PositionMethod):
                 "long_factor": lam,
             }
         )
+
+
+def with_rescale(factor: float, rescale: list[float], **fields: Any) -> LongRoPE:
+    """A :class:`LongRoPE` with the given per-pair factors (the search's candidates; not a spec string)."""
+    method = LongRoPE(factor=factor, **fields)
+    method._searched = check_rescale("longrope: rescale", rescale)
+    return method
+
+
+def check_rescale(name: str, values: Any) -> list[float]:
+    if not isinstance(values, list) or not values:
+        raise LonglabError(f"{name} must be a non-empty list of numbers >= 1, got {shorten(values)}")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
+            raise LonglabError(f"{name}: every factor must be a finite number >= 1, got {shorten(v)}")
+    return [float(v) for v in values]
+
+
+def read_rescale(path: str) -> list[float]:
+    """The ``"rescale"`` list of a LongRoPE factors file (JSON; never evaluated as code)."""
+    import json
+    from pathlib import Path
+
+    shown = shorten(path)
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise LonglabError(f"longrope: factors={shown}: cannot read a JSON factors file: {exc}") from None
+    if not isinstance(data, dict) or "rescale" not in data:
+        raise LonglabError(f"longrope: factors={shown}: expected a JSON object with a 'rescale' list")
+    return check_rescale(f"longrope: factors={shown}", data["rescale"])
 
 
 def ropeid_inv_freq(dim: int, train_len: int, cycles: float, rotated: float = 0.5) -> torch.Tensor:

@@ -11,9 +11,14 @@ Backends behind :func:`block_sparse_attention`:
 * ``"split"``: per q-block, one fused CPU SDPA call over the diagonal blocks (shared by all heads, additive
   causal mask, a view of k/v) and mask-free calls over each head's fully visible blocks (one call for all
   heads when they share them), merged by log-sum-exp; GQA packed as query rows. Forward only.
+* ``"grouped"``: :func:`grouped_block_sparse_attention`: q-blocks (per head, or per KV head when its query
+  heads select alike) with equal block counts batched into one mask-free fused-SDPA call each, the
+  diagonal blocks of every q-block in one masked call, merged by log-sum-exp. Forward only; no compile.
 * ``"dense"``: the oracle, SDPA over all keys with an element causal mask (ignores the block mask).
-* ``"auto"``: ``"flex"`` for ``T_q >= FLEX_MIN_Q_LEN`` where the compile cost pays off, else ``"gather"``
-  (also if flex fails to compile, with one warning).
+* ``"auto"``: on CPU without autograd ``"grouped"`` (LongCA-bench here: 0.81-1.01 of the ideal
+  ``density x dense`` time in chunked prefill at 8k-32k, faster than flex in 11 of 12 cells, and no
+  compile; ``docs/results/attention-bench.md``); otherwise ``"flex"`` for ``T_q >= FLEX_MIN_Q_LEN`` where
+  the compile cost pays off, else ``"gather"`` (also if flex fails to compile, with one warning).
 """
 
 from __future__ import annotations
@@ -45,11 +50,12 @@ __all__ = [
     "quality_metrics",
     "sample_rows",
     "split_block_sparse_attention",
+    "grouped_block_sparse_attention",
     "sdpa_with_lse",
     "merge_by_lse",
 ]
 
-Backend = Literal["auto", "flex", "gather", "split", "dense"]
+Backend = Literal["auto", "flex", "gather", "split", "grouped", "dense"]
 FLEX_MIN_Q_LEN = 2048
 _FLEX_RECOMPILE_LIMIT = 64
 
@@ -148,8 +154,10 @@ def _encode_blocks(sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return num.contiguous(), idx.contiguous()
 
 
-def to_flex_block_mask(mask: BlockSparseMask):  # -> torch.nn.attention.flex_attention.BlockMask
-    """Convert to a flex ``BlockMask``: fully visible blocks as full blocks, others get a causal mask_mod."""
+def to_flex_block_mask(mask: BlockSparseMask, compute_q_blocks: bool = True):  # -> flex BlockMask
+    """Convert to a flex ``BlockMask``: fully visible blocks as full blocks, others get a causal mask_mod.
+
+    ``compute_q_blocks=False`` skips the transposed (per k-block) tables that only flex's backward reads."""
     from torch.nn.attention.flex_attention import BlockMask
 
     full_vis = fully_visible(mask.q_len, mask.k_len, mask.bq, mask.bk, mask.mask.device)
@@ -164,14 +172,15 @@ def to_flex_block_mask(mask: BlockSparseMask):  # -> torch.nn.attention.flex_att
         return kv_idx <= q_idx + offset
 
     return BlockMask.from_kv_blocks(num, idx, fnum, fidx, BLOCK_SIZE=(mask.bq, mask.bk), mask_mod=causal_mod,
-                                   seq_lengths=(mask.q_len, mask.k_len))
+                                   seq_lengths=(mask.q_len, mask.k_len), compute_q_blocks=compute_q_blocks)
 
 
 def _flex_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockSparseMask, scaling: float
 ) -> torch.Tensor:
     fn = _compiled_flex()
-    block_mask = to_flex_block_mask(mask)
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    block_mask = to_flex_block_mask(mask, compute_q_blocks=grad)
     with torch._dynamo.config.patch(recompile_limit=_FLEX_RECOMPILE_LIMIT):
         return fn(q, k, v, block_mask=block_mask, scale=scaling, enable_gqa=q.shape[1] != k.shape[1])
 
@@ -195,6 +204,9 @@ def block_sparse_attention(
     if backend == "dense":
         return dense_causal_attention(q, k, v, scaling)
     mask = enforce_required(mask)
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    if backend == "auto" and q.device.type == "cpu" and not grad:
+        return grouped_block_sparse_attention(q, k, v, mask, scaling)
     if backend == "auto" and T_q >= FLEX_MIN_Q_LEN and not _FLEX_BROKEN:
         try:
             return _flex_attention(q, k, v, mask, scaling)
@@ -206,7 +218,10 @@ def block_sparse_attention(
         return _flex_attention(q, k, v, mask, scaling)
     if backend == "split":
         return split_block_sparse_attention(q, k, v, mask, scaling)
-    raise ValueError(f"backend must be one of 'auto', 'flex', 'gather', 'split', 'dense'; got {backend!r}")
+    if backend == "grouped":
+        return grouped_block_sparse_attention(q, k, v, mask, scaling)
+    raise ValueError(f"backend must be one of 'auto', 'flex', 'gather', 'split', 'grouped', 'dense'; "
+                     f"got {backend!r}")
 
 
 def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float,
@@ -408,3 +423,121 @@ def quality_metrics(
         "rel_error_per_head": rel.tolist(),
         "n_sample_rows": int(rows.numel()),
     }
+
+
+_GROUP_BYTES = 256 * 2**20  # gathered K + V per grouped call (bounded memory)
+
+
+def grouped_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockSparseMask,
+                                   scaling: float | None = None) -> torch.Tensor:
+    """Causal block-sparse attention as a few batched fused-SDPA calls, merged by log-sum-exp (forward only).
+
+    q: [B, H, T_q, D], k, v: [B, H_kv, T_k, D], mask: ``[B, H, n_qb, n_kb]`` -> [B, H, T_q, Dv]. With the
+    sink and diagonal blocks added (:func:`enforce_required`), the selected blocks of q-block ``i`` split
+    into two disjoint key sets:
+
+    * the *diagonal* blocks (not fully visible, hence required, hence the same for every head): one
+      contiguous key range per q-block; all q-blocks and heads go into **one** fused call, batch ``B n_qb``,
+      GQA packed as ``g x bq`` query rows, keys gathered to a common width ``W`` with an additive causal
+      mask ``[B n_qb, 1, g bq, W]``;
+    * the selected *fully visible* blocks: no element mask. Units are (b, KV head, q-block) when the ``g``
+      query heads of the KV head select the same blocks (packed as ``g x bq`` rows), else (b, head,
+      q-block); units with equal block count and row count form one group, gathered into
+      ``[G, 1, c bk, D]`` and run as **one** mask-free fused call (batch ``G``), so the number of calls
+      is the number of distinct counts, not ``H x n_qb``.
+
+    ``O = sum_p O_p exp(lse_p - logaddexp_p lse_p)`` (:func:`merge_by_lse`); exact because the two key
+    sets are disjoint and together are the selected keys. The per-block work is aten's fused CPU flash
+    kernel, the same as dense SDPA's, plus one copy of each selected K/V block per unit (memory-bound)."""
+    B, H, H_kv, T_q, T_k = _check_qkv(q, k, v)
+    _check_mask(mask, B, H, T_q, T_k)
+    scaling = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
+    mask = enforce_required(mask)
+    g = H // H_kv
+    bq, bk, n_qb, n_kb = mask.bq, mask.bk, mask.n_qb, mask.n_kb
+    D, Dv = q.shape[-1], v.shape[-1]
+    dev = q.device
+    fv = fully_visible(T_q, T_k, bq, bk, dev)  # [n_qb, n_kb]
+    if T_k % bk:
+        fv[:, -1] = False  # a padded k-block always goes through the masked (diagonal) call
+    sel = mask.mask
+    full = sel & fv  # [B, H, n_qb, n_kb] per head
+    part = (sel & ~fv).any(0).any(0)  # [n_qb, n_kb]: diagonal blocks, shared by all heads
+    qpad = F.pad(q, (0, 0, 0, n_qb * bq - T_q))  # [B, H, n_qb * bq, D]
+    q6 = qpad.view(B, H_kv, g, n_qb, bq, D)
+    out6 = q.new_zeros(B, H_kv, g, n_qb, bq, Dv)
+    lse6 = torch.full((B, H_kv, g, n_qb, bq), float("-inf"), device=dev)
+    kb = F.pad(k, (0, 0, 0, n_kb * bk - T_k)).reshape(B * H_kv * n_kb, bk * D)  # one row per k-block
+    vb = F.pad(v, (0, 0, 0, n_kb * bk - T_k)).reshape(B * H_kv * n_kb, bk * Dv)
+    wk = wv = None  # gather workspaces, reused by every group (fresh buffers cost page faults)
+
+    # 1. fully visible blocks, grouped by (count, packed)
+    f5 = full.view(B, H_kv, g, n_qb, n_kb)
+    shared = (f5 == f5[:, :, :1]).all(-1).all(2)  # [B, H_kv, n_qb]: the g heads select the same blocks
+    counts = f5.sum(-1)  # [B, H_kv, g, n_qb]
+    order = torch.argsort(f5.to(torch.int8), dim=-1, descending=True, stable=True)  # selected first
+    units = []  # (packed, b, hkv, j (head in group, -1 packed), i, count)
+    pb, ph, pi = shared.nonzero(as_tuple=True)
+    units.append((True, pb, ph, torch.zeros_like(pb), pi, counts[pb, ph, 0, pi]))
+    ub, uh, uj, ui = (~shared)[:, :, None, :].expand(B, H_kv, g, n_qb).nonzero(as_tuple=True)
+    units.append((False, ub, uh, uj, ui, counts[ub, uh, uj, ui]))
+    for packed, ub, uh, uj, ui, uc in units:
+        rows = g * bq if packed else bq
+        for c in uc.unique().tolist():
+            if c == 0:
+                continue
+            pick = (uc == c).nonzero().flatten()
+            step = max(1, _GROUP_BYTES // (c * bk * (D + Dv) * k.element_size()))
+            for s in range(0, pick.numel(), step):
+                p = pick[s: s + step]
+                b, h, j, i = ub[p], uh[p], uj[p], ui[p]
+                rows_idx = ((b * H_kv + h)[:, None] * n_kb + order[b, h, j, i, :c]).flatten()  # [G c]
+                n = rows_idx.numel()
+                if wk is None or wk.shape[0] < n:
+                    wk, wv = kb.new_empty(max(n, step * c), bk * D), vb.new_empty(max(n, step * c), bk * Dv)
+                ks = torch.index_select(kb, 0, rows_idx, out=wk[:n]).view(-1, 1, c * bk, D)
+                vs = torch.index_select(vb, 0, rows_idx, out=wv[:n]).view(-1, 1, c * bk, Dv)
+                if packed:
+                    qs = q6[b, h, :, i].reshape(-1, 1, rows, D)  # [G, 1, g * bq, D]
+                    o, lse = sdpa_with_lse(qs, ks, vs, scaling)
+                    out6[b, h, :, i] = o.view(-1, g, bq, Dv)
+                    lse6[b, h, :, i] = lse.view(-1, g, bq)
+                else:
+                    qs = q6[b, h, j, i].reshape(-1, 1, rows, D)  # [G, 1, bq, D]
+                    o, lse = sdpa_with_lse(qs, ks, vs, scaling)
+                    out6[b, h, j, i] = o.view(-1, bq, Dv)
+                    lse6[b, h, j, i] = lse.view(-1, bq)
+
+    # 2. diagonal blocks: one masked call, batch B x n_qb, GQA packed
+    js = torch.arange(n_kb, device=dev)
+    first = torch.where(part, js, n_kb).amin(-1)  # [n_qb]
+    last = torch.where(part, js, -1).amax(-1)
+    c0 = first * bk
+    c1 = torch.clamp((last + 1) * bk, max=T_k)
+    W = int((c1 - c0).max())
+    kidx = c0[:, None] + torch.arange(W, device=dev)  # [n_qb, W]
+    qpos = torch.arange(n_qb * bq, device=dev).view(n_qb, bq) + (T_k - T_q)  # [n_qb, bq]
+    vis = (kidx[:, None, :] <= qpos[:, :, None]) & (kidx < c1[:, None])[:, None, :]  # [n_qb, bq, W]
+    kidx = kidx.clamp(max=T_k - 1)
+    add = torch.zeros(vis.shape, dtype=q.dtype, device=dev).masked_fill_(~vis, float("-inf"))
+    add = add.repeat(1, g, 1)[:, None].repeat(B, 1, 1, 1)  # [B n_qb, 1, g bq, W]
+    kd = k[:, :, kidx.flatten()].view(B, H_kv, n_qb, W, D).transpose(1, 2).reshape(B * n_qb, H_kv, W, D)
+    vd = v[:, :, kidx.flatten()].view(B, H_kv, n_qb, W, Dv).transpose(1, 2).reshape(B * n_qb, H_kv, W, Dv)
+    qd = q6.permute(0, 3, 1, 2, 4, 5).reshape(B * n_qb, H_kv, g * bq, D)
+    od, ld = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qd, kd, vd, 0.0, False, attn_mask=add,
+                                                                       scale=scaling) \
+        if dev.type == "cpu" else _fp32_with_lse(qd, kd, vd, scaling, add)
+    empty = ~vis.any(-1)  # [n_qb, bq]: rows whose own key sits in a fully visible block (bq != bk)
+    ld = ld.float().view(B, n_qb, H_kv, g, bq).permute(0, 2, 3, 1, 4)  # [B, H_kv, g, n_qb, bq]
+    od = od.view(B, n_qb, H_kv, g, bq, Dv).permute(0, 2, 3, 1, 4, 5)
+    if bool(empty.any()):
+        ld = ld.masked_fill(empty, float("-inf"))
+        od = od.masked_fill(empty[..., None], 0.0)
+    out = merge_by_lse([(out6, lse6), (od, ld)])  # [B, H_kv, g, n_qb, bq, Dv]
+    return out.reshape(B, H, n_qb * bq, Dv)[:, :, :T_q]
+
+
+def _fp32_with_lse(q, k, v, scaling, add):
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling + add.float()
+    lse = torch.logsumexp(s, -1)
+    return torch.matmul(torch.softmax(s, -1).nan_to_num(0.0), v.float()).to(q.dtype), lse

@@ -1,0 +1,80 @@
+"""COMI's trained soft variant (longlab.compress.comi: Fusion, train_fusion, comi@r:fusion=PATH)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import longlab  # noqa: F401  (registers the methods)
+from longlab.compress.api import compress_prompts, template_head
+from longlab.compress.base import Prompt
+from longlab.compress.comi import COMI, Fusion, answer_loss, load_fusion, save_fusion, train_fusion
+from longlab.compress.scorer import Scorer
+from longlab.pipeline import encode_prompts, generate
+from longlab.recipe import LonglabError, parse_recipe
+
+FACTS = [(f"The code of the {c} vault is {n}.", c, str(n))
+         for c, n in (("red", 417), ("blue", 862), ("green", 135), ("amber", 290))]
+
+
+def _context(i: int) -> str:
+    fact = FACTS[i][0]
+    return " ".join(f"Crate {k} holds {k * 3 % 7} bolts." for k in range(12)) + " " + fact + " The end."
+
+
+def _example(model, tokenizer, i: int, ratio: float = 0.75) -> tuple[dict, Prompt]:
+    _, color, answer = FACTS[i]
+    question = f"What is the code of the {color} vault?"
+    (ctx,), (q,) = encode_prompts(tokenizer, [_context(i)], [question], ["The code is"])
+    head = template_head(tokenizer, ctx)
+    prompt = Prompt(ctx[head:], question, q, tokenizer)
+    memories, states, _, _ = COMI(ratio).merge(prompt, Scorer(model))
+    ans = tokenizer(" " + answer, add_special_tokens=False)["input_ids"]
+    with torch.inference_mode():
+        lead = model.get_input_embeddings()(torch.tensor(ctx[:head], dtype=torch.long))
+    return {"lead": lead.clone(), "memories": memories.clone(), "states": states.clone(),
+            "tail": torch.tensor(q + ans, dtype=torch.long), "n_answer": torch.tensor(len(ans))}, prompt
+
+
+def test_an_untrained_fusion_is_the_hard_variant(llama, tokenizer, tmp_path, one_thread):
+    path = str(tmp_path / "zero.safetensors")
+    save_fusion(Fusion(llama.config.hidden_size), path, trained="no")
+    (ctx,), (q,) = encode_prompts(tokenizer, [_context(0)], ["What is the code of the red vault?"], [""])
+    args = ([ctx], [q], ["What is the code of the red vault?"])
+    hard = compress_prompts(llama, tokenizer, parse_recipe("comi@0.75").context, *args).rows[0]
+    soft = compress_prompts(llama, tokenizer, parse_recipe(f"comi@0.75:fusion={path}").context, *args).rows[0]
+    assert torch.equal(hard.embeds, soft.embeds) and hard.ids == soft.ids and soft.info["soft"]
+
+
+def test_training_lowers_the_answer_loss_and_round_trips(llama, tokenizer, tmp_path, one_thread):
+    torch.manual_seed(0)
+    examples = [_example(llama, tokenizer, i)[0] for i in range(len(FACTS))]
+    with torch.no_grad():
+        before = sum(float(answer_loss(llama, Fusion(llama.config.hidden_size), e)) for e in examples)
+    fusion, log = train_fusion(llama, examples, steps=40, lr=3e-3, log_every=10)
+    with torch.no_grad():
+        after = sum(float(answer_loss(llama, fusion, e)) for e in examples)
+    assert after < 0.8 * before and len(log) == 4
+    path = str(tmp_path / "trained.safetensors")
+    save_fusion(fusion, path, model="tiny-llama")
+    loaded = load_fusion(path, llama.config.hidden_size)
+    e = examples[0]
+    with torch.no_grad():
+        assert torch.equal(loaded(e["memories"], e["states"]), fusion(e["memories"], e["states"]))
+    r = generate(llama, tokenizer, _context(1), "What is the code of the blue vault?",
+                 f"comi@0.75:fusion={path}", max_new_tokens=3)
+    assert r.context[0]["merged"] and r.context[0]["soft"]
+
+
+def test_a_bad_fusion_file_is_refused(llama, tokenizer, tmp_path):
+    (ctx,), (q,) = encode_prompts(tokenizer, [_context(0)], ["What is the code?"], [""])
+    missing = parse_recipe(f"comi@0.5:fusion={tmp_path / 'none.safetensors'}").context
+    with pytest.raises(LonglabError, match="safetensors"):
+        compress_prompts(llama, tokenizer, missing, [ctx], [q], ["What is the code?"])
+    wrong = str(tmp_path / "wrong.safetensors")
+    save_fusion(Fusion(8), wrong)
+    with pytest.raises(LonglabError, match="hidden size"):
+        compress_prompts(llama, tokenizer, parse_recipe(f"comi@0.5:fusion={wrong}").context, [ctx], [q],
+                         ["What is the code?"])
+    with pytest.raises(LonglabError, match="example"):
+        train_fusion(llama, [], steps=3)
