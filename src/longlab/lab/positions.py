@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from ..position.rope import ropeid_inv_freq
 from ..recipe import LonglabError
 
 __all__ = ["POSITIONS", "Positions", "log_length"]
@@ -46,8 +47,6 @@ class Positions:
         self.theta = float(theta)
         self.inv_freq = None  # [D/2] RoPE-ID's per-pair frequencies (0 = NoPE pair)
         if kind == "ropeid":
-            from ..position.rope import ropeid_inv_freq
-
             self.inv_freq = ropeid_inv_freq(head_dim, train_len, cycles)
         slopes = torch.zeros(n_heads)
         nope = torch.ones(n_heads, dtype=torch.bool)
