@@ -272,6 +272,23 @@ def _profile_call(call) -> list[dict]:
              "share": e.self_cpu_time_total / max(total, 1)} for e in ev[:12]]
 
 
+def pair_density(m) -> float:
+    """Visible (query, key) pairs inside the selected blocks / visible pairs of the causal mask, over all
+    batches and heads: the fraction of the work dense causal attention does (a diagonal block counts its
+    causal half, not a whole block). ``ideal = pair_density x dense time``."""
+    from longlab.sparse.blockmask import block_geometry
+
+    geo = block_geometry(m.q_len, m.k_len, m.bq, m.bk, m.mask.device)
+    qpos = torch.arange(m.q_len, device=m.mask.device) + m.q_offset  # [T_q]
+    k_len = geo.k_last - geo.k_first + 1  # [n_kb] (the last block clipped to T_k)
+    per_row = (qpos[:, None] - geo.k_first[None, :] + 1).clamp(min=0)
+    per_row = torch.minimum(per_row, k_len[None, :])  # [T_q, n_kb]: visible keys of each block per row
+    pad = m.n_qb * m.bq - m.q_len
+    pairs = torch.nn.functional.pad(per_row, (0, 0, 0, pad)).view(m.n_qb, m.bq, m.n_kb).sum(1)  # [n_qb, n_kb]
+    kept = (m.mask.double() * pairs.double()).sum()
+    return float(kept / (pairs.double().sum() * m.mask.shape[0] * m.mask.shape[1]))
+
+
 def bench_executor(args: argparse.Namespace) -> list[dict]:
     """Per-head random causal block masks (what selectors hand the executor) at several densities, and a
     head-shared sink + 2k-window mask: each backend's time next to the ideal ``density x`` SDPA causal
@@ -308,7 +325,8 @@ def bench_executor(args: argparse.Namespace) -> list[dict]:
                 for c in backends:
                     call = partial(_exec_call, c, q, k, v, m, scaling)
                     times[c].append(_timed(call, dev)[0])
-            dens = density(m)
+            dens_blocks = density(m)
+            dens = pair_density(m)  # the efficiency's density: pairs, over the area dense causal computes
             dense_s = statistics.median(times["sdpa-causal"])
             from longlab.sparse.executor import to_flex_block_mask
 
@@ -322,7 +340,9 @@ def bench_executor(args: argparse.Namespace) -> list[dict]:
                     profiles[c] = _profile_call(partial(_exec_call, c, q, k, v, m, scaling))
             for c in backends:
                 t = statistics.median(times[c])
-                rows.append({"T": T, "T_q": T_q, "mask": name, "backend": c, "density": dens, "s": t,
+                rows.append({"T": T, "T_q": T_q, "mask": name, "backend": c, "density": dens,
+                             "block_density": dens_blocks, "efficiency_blocks": dens_blocks * dense_s / t,
+                             "s": t, "s_all": times[c], "uptime": os.popen("uptime").read().strip(),
                              "dense_s": dense_s, "ideal_s": dens * dense_s, "efficiency": dens * dense_s / t,
                              "speedup_vs_dense": dense_s / t,
                              "flex_block_mask_build_s": build if c == "flex" else None,
@@ -578,25 +598,32 @@ def print_tables(result: dict) -> None:
 
 def _executor_compact(erows: list[dict]) -> None:
     """One row per (T, T_q, mask): each backend's ms and efficiency side by side, the BlockMask build apart,
-    and where the time of the profiled call went (share of the attention op; gather = index_select/index)."""
+    and where the time of each profiled call went (share of the attention op: aten's fused op, or bmm for
+    ``folded``; gather = index_select / index)."""
     backs = [b for b in dict.fromkeys(r["backend"] for r in erows) if b != "sdpa-causal"]
-    print("## executor, side by side: ms (efficiency = density x dense / time)\n")
+    print("## executor, side by side: ms (efficiency = density x dense / time; density = visible pairs "
+          "computed / causal pairs, block density in brackets where recorded)\n")
     print("| T | T_q | mask | density | dense ms | " + " | ".join(backs) +
-          " | BlockMask build ms | grouped: attention op / gather share |")
+          " | BlockMask build ms | attention op / gather share |")
     print("|---|---|---|---|---|" + "---|" * len(backs) + "---|---|")
     for key in dict.fromkeys((r["T"], r.get("T_q", r["T"]), r["mask"]) for r in erows):
         sub = {r["backend"]: r for r in erows if (r["T"], r.get("T_q", r["T"]), r["mask"]) == key}
         cells = [f"{sub[b]['s'] * 1e3:.0f} ({sub[b]['efficiency']:.2f})" if b in sub else "-" for b in backs]
         any_row = next(iter(sub.values()))
         build = _ms(sub["flex"].get("flex_block_mask_build_s")) if "flex" in sub else ""
-        share = ""
-        prof = sub.get("grouped", {}).get("profile")
-        if prof:
-            att = sum(p["share"] for p in prof if "flash_attention" in p["op"])
-            gat = sum(p["share"] for p in prof if p["op"] in ("aten::index_select", "aten::index"))
-            share = f"{att:.2f} / {gat:.2f}"
-        print(f"| {key[0]} | {key[1]} | {key[2]} | {any_row['density']:.3f} | "
-              f"{any_row['dense_s'] * 1e3:.0f} | " + " | ".join(cells) + f" | {build} | {share} |")
+        shares = []
+        for b in backs:
+            prof = sub.get(b, {}).get("profile")
+            if prof and b not in ("flex", "flex-prebuilt"):
+                att = sum(p["share"] for p in prof if "flash_attention" in p["op"] or p["op"] == "aten::bmm")
+                gat = sum(p["share"] for p in prof if p["op"] in ("aten::index_select", "aten::index"))
+                shares.append(f"{b} {att:.2f} / {gat:.2f}")
+        dens = f"{any_row['density']:.3f}"
+        if any_row.get("block_density") is not None:
+            dens += f" ({any_row['block_density']:.3f})"
+        tail = f" | {build} | {'; '.join(shares)} |"
+        print(f"| {key[0]} | {key[1]} | {key[2]} | {dens} | "
+              f"{any_row['dense_s'] * 1e3:.0f} | " + " | ".join(cells) + tail)
     print()
 
 

@@ -21,6 +21,8 @@ from longlab.eval.stats import paired_difference, score_estimate
 from longlab.eval.store import ResultStore
 
 TOKEN = ("llmlingua", "longllmlingua", "hico", "tpp", "comi")
+# token dropping inside the prefill forward (hico-forward@r, query-aware); --alias names its variants
+FORWARD = ("hico-forward-qa", "hico-forward-l3-qa")
 KV = ("snapkv", "tova", "hico-drop", "snapkv-qa", "tova-qa", "hico-drop-qa")  # -qa: --query-aware runs
 QUANT = ("kivi4", "kivi2")  # quantized KV: no ratio; placed at the memory it measurably holds
 
@@ -32,17 +34,22 @@ def _split(recipe: str) -> tuple[str, float]:
     return name, float(ratio.split(":")[0]) if ratio else 0.0
 
 
-def load(dirs: list[str]) -> dict[str, dict[tuple[str, float], dict[str, dict]]]:
-    """task -> (method, r) -> sample_id -> row."""
+def load(dirs: list[str], aliases: dict[str, tuple[str, float]] | None = None
+         ) -> dict[str, dict[tuple[str, float], dict[str, dict]]]:
+    """task -> (method, r) -> sample_id -> row. ``aliases``: recipe -> (column, r) placing a recipe's rows
+    in a column of its own at a nominal r (e.g. a hico-forward variant at the memory it holds)."""
     out: dict = defaultdict(lambda: defaultdict(dict))
     for d in dirs:
         with ResultStore(d, readonly=True) as store:
             for row in store.iter_rows():
+                if row["recipe"] in (aliases or {}):
+                    out[row["task"]][aliases[row["recipe"]]][row["sample_id"]] = row  # type: ignore[index]
+                    continue
                 if "+" in row["recipe"]:
                     key = (row["recipe"], -1.0)
                 else:
                     key = _split(row["recipe"])
-                if row["query_aware"] and key[0] in ("snapkv", "tova", "hico-drop", "full"):
+                if row["query_aware"] and key[0] in ("snapkv", "tova", "hico-drop", "full", "hico-forward"):
                     key = (key[0] + "-qa", key[1])
                 out[row["task"]][key][row["sample_id"]] = row
     return out
@@ -67,7 +74,7 @@ def table(data: dict, ratios: list[float]) -> tuple[str, dict]:
     lines, curves = [], {}
     for task, cells in sorted(data.items()):
         full = cells.get(("full", 0.0), {})
-        methods = [m for m in (*TOKEN, *KV) if any((m, r) in cells for r in ratios)]
+        methods = [m for m in (*TOKEN, *FORWARD, *KV) if any((m, r) in cells for r in ratios)]
         # the samples every cell of the grid holds (a sweep cut short leaves its last sample out)
         ids = sorted(set(full).intersection(*(set(cells[(m, r)]) for m in methods for r in ratios
                                                 if (m, r) in cells)))
@@ -80,9 +87,11 @@ def table(data: dict, ratios: list[float]) -> tuple[str, dict]:
                 cell = _cell(rows, ids)
                 base = cells.get(("full-qa", 0.0), {}) if m.endswith("-qa") else full
                 kept = 1.0 - r  # the plot's x: the memory actually held, where measured
-                if r > 0 and rows and all(i in rows and i in base for i in ids):
-                    kept = statistics.fmean(rows[i]["kv_bytes_after"] / base[i]["kv_bytes_after"]
-                                            for i in ids)
+                if r > 0 and rows and all(i in rows for i in ids) and (m in FORWARD and not base
+                                                                       or all(i in base for i in ids)):
+                    # without a query-aware full run, a -qa row's own uncompressed size is the base
+                    kept = statistics.fmean(rows[i]["kv_bytes_after"] / (
+                        base[i]["kv_bytes_after"] if base else rows[i]["kv_bytes_before"]) for i in ids)
                     if kept > 1.15 * (1 - r) + 0.02:  # more memory than asked (TPP, hico-drop's early layers)
                         cell += f" † ({kept:.2f})"
                 row.append(cell)
@@ -228,11 +237,18 @@ def main() -> None:
     ap.add_argument("dirs", nargs="+")
     ap.add_argument("--out", default=None, help="stem of the .md and .png (default: DIR/compression_table)")
     ap.add_argument("--ratios", default="0,0.5,0.75,0.875,0.9375")
+    ap.add_argument("--alias", action="append", default=[], metavar="RECIPE=COLUMN@R",
+                    help="put RECIPE's rows in column COLUMN at removed fraction R (repeatable)")
     ap.add_argument("--needles", default=None, metavar="TOKENIZER_DIR",
                     help="also check needle survival (the model's tokenizer directory)")
     args = ap.parse_args()
     ratios = [float(x) for x in args.ratios.split(",")]
-    data = load(args.dirs)
+    aliases = {}
+    for item in args.alias:
+        recipe, _, target = item.rpartition("=")
+        column, _, r = target.rpartition("@")
+        aliases[recipe] = (column, float(r))
+    data = load(args.dirs, aliases)
     text, curves = table(data, ratios)
     if args.needles:
         text += "\nNeedle survival in the compressed context (the asked number, decoded kept spans):\n\n"

@@ -20,7 +20,9 @@ negligible).
 **Decode** (per length): the cache of every layer is filled with random post-RoPE keys/values of the
 model's shapes (decode cost depends on shapes, not values) and ``--steps`` decode steps of the full
 model are timed (median) for ``full``, ``quest:budget=B`` and ``retro:budget=B`` (RetroAttention with
-its output cache, page table and K/V refresh of the layer above).
+its output cache, page table and K/V refresh of the layer above). With ``--rounds R`` the three recipes'
+streams live side by side and take turns (order rotated each round), ``--steps`` steps each per round,
+so a change of machine load hits all three alike; the value is the median over all rounds' steps.
 
 **Fidelity** (``--parts fidelity``): on a real ``--fidelity-length`` context, full attention decodes
 ``--fidelity-steps`` tokens greedily; Quest and RetroAttention (``--fidelity-budget``) then decode the
@@ -152,28 +154,52 @@ def _filled_stream(model, recipe: str, length: int) -> Stream:
         k = torch.randn(1, H_kv, length, D, generator=gen)
         v = torch.randn(1, H_kv, length, D, generator=gen)
         cache.update(k, v, idx)
+    cache._updates_of_layer0 = 0  # the fill is not a model forward (the cache's hook check counts those)
     stream.seen_mask = torch.ones(1, length, dtype=torch.bool)
     stream.next_pos = torch.tensor([length])
     return stream
 
 
-def bench_decode(model, length: int, budget: int, steps: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"length": length, "budget": budget, "recipes": {}}
-    for template in DECODE_RECIPES:
-        recipe = template.format(budget=budget)
-        stream = _filled_stream(model, recipe, length)
-        token = 42
-        times = []
-        for i in range(steps + 2):
-            t0 = time.perf_counter()
-            logits = stream.feed([[token]], compress="none")
-            if i >= 2:  # warm-up: first steps install hooks / build page summaries
-                times.append(time.perf_counter() - t0)
-            token = int(logits[0].argmax())
-        out["recipes"][recipe] = {"step_ms": 1e3 * statistics.median(times), "min_ms": 1e3 * min(times)}
-    full = out["recipes"]["full"]["step_ms"]
-    for row in out["recipes"].values():
-        row["vs_full"] = row["step_ms"] / full
+def bench_decode(model, length: int, budget: int, steps: int, rounds: int = 1) -> dict[str, Any]:
+    """``rounds`` rounds of ``steps`` timed steps per recipe, recipes interleaved (order rotated each
+    round) on streams that live side by side, so load changes hit every recipe alike; the value is the
+    median over all rounds' steps, with the per-round medians kept."""
+    import os
+
+    out: dict[str, Any] = {"length": length, "budget": budget, "rounds": rounds, "recipes": {},
+                           "load_avg_1m_start": os.getloadavg()[0]}
+    recipes = [template.format(budget=budget) for template in DECODE_RECIPES]
+    streams, tokens = {}, {}
+    for recipe in recipes:
+        streams[recipe] = _filled_stream(model, recipe, length)
+        tokens[recipe] = 42
+        for _ in range(2):  # warm-up: first steps install hooks / build page summaries
+            tokens[recipe] = int(streams[recipe].feed([[tokens[recipe]]], compress="none")[0].argmax())
+    times: dict[str, list[float]] = {r: [] for r in recipes}
+    per_round: dict[str, list[float]] = {r: [] for r in recipes}
+    for rnd in range(rounds):
+        for recipe in recipes[rnd % len(recipes):] + recipes[: rnd % len(recipes)]:
+            block = []
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                logits = streams[recipe].feed([[tokens[recipe]]], compress="none")
+                block.append(time.perf_counter() - t0)
+                tokens[recipe] = int(logits[0].argmax())
+            times[recipe] += block
+            per_round[recipe].append(1e3 * statistics.median(block))
+    for recipe in recipes:
+        xs = sorted(times[recipe])
+        out["recipes"][recipe] = {"step_ms": 1e3 * statistics.median(xs), "min_ms": 1e3 * xs[0],
+                                  "q1_ms": 1e3 * xs[len(xs) // 4], "q3_ms": 1e3 * xs[(3 * len(xs)) // 4],
+                                  "n_steps": len(xs), "round_medians_ms": per_round[recipe]}
+    # per-round ratios (same round, adjacent in time) and their median
+    full_rounds = per_round["full"]
+    for recipe, row in out["recipes"].items():
+        row["vs_full"] = row["step_ms"] / out["recipes"]["full"]["step_ms"]
+        ratios = sorted(a / b for a, b in zip(per_round[recipe], full_rounds))
+        row["vs_full_round_ratios"] = ratios
+    out["load_avg_1m_end"] = os.getloadavg()[0]
+    del streams
     print("  " + f"{length:>6} " + "  ".join(f"{r} {v['step_ms']:7.1f} ms ({v['vs_full']:.2f}x)"
                                             for r, v in out["recipes"].items()), flush=True)
     return out
@@ -219,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--budget", type=int, default=1024, help="Quest/RetroAttention token budget")
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--rounds", type=int, default=1, help="decode: interleaved rounds of --steps per recipe")
     p.add_argument("--threads", type=int)
     p.add_argument("--parts", default="decode,compression,fidelity", help="which measurements to run")
     p.add_argument("--fidelity-length", type=int, default=2048)
@@ -248,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                 model, tokenizer, args.fidelity_length, args.fidelity_budget, args.fidelity_steps
             )
         for n in decode_lengths if "decode" in parts else ():
-            result["decode"].append(bench_decode(model, n, args.budget, args.steps))
+            result["decode"].append(bench_decode(model, n, args.budget, args.steps, args.rounds))
         model = _truncate(model, args.layers)
         for n in lengths if "compression" in parts else ():
             row = bench_compression(model, tokenizer, n, args.chunk_size, args.repeats)

@@ -9,6 +9,7 @@ A mixer name ``NAME+POS`` trains ``NAME``'s spec with positions ``POS`` (``softm
 Writes ``ROOT/ckpt/<task>[/<tag>]/<mixer>/seed<s>/`` and ``ROOT/results/results.sqlite``; prints one line per
 model (parameters, training seconds, final loss) and per length (mean score). ``--tag`` keeps runs of other
 settings of one task (``mqar:alphabet=16``, other step counts) in their own checkpoint directories.
+``--variants`` also tests each model on variants of its task (the algebra mechanism sets, an unseen group).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=32)
     ap.add_argument("--root", default="runs/lab")
     ap.add_argument("--tag", default="", help="checkpoint subdirectory for these settings")
+    ap.add_argument("--variants", nargs="*", default=[],
+                    help="also test every model on these variants of the task (algebra:query=commuted, ...)")
+    ap.add_argument("--variant-lengths", type=int, nargs="+", default=[64, 256])
+    ap.add_argument("--variant-samples", type=int, default=64)
     ap.add_argument("--max-minutes", type=float, default=0.0,
                     help="start no new model after this many minutes (0: no limit); re-run to continue")
     args = ap.parse_args()
@@ -83,6 +88,9 @@ def main() -> None:
                   f"train {man['elapsed_s']:.0f} s, loss {man['history'][-1]['loss']:.3f}", flush=True)
             evaluate(ck, args.lengths, out=root / "results", samples=args.samples, batch=8,
                      log=lambda s: print("   " + s, flush=True))
+            for variant in args.variants:
+                evaluate(ck, args.variant_lengths, out=root / "results", samples=args.variant_samples,
+                         batch=8, task=variant, log=lambda s: print("   " + s, flush=True))
             secs = time.perf_counter() - t1
             last = time.perf_counter() - t0
             print(f"          eval {secs:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)

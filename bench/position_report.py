@@ -82,19 +82,61 @@ def main() -> None:
     ap.add_argument("--doc", default="docs/results/position.md")
     ap.add_argument("--plots", default="docs/results")
     ap.add_argument("--vs", default="none,yarn:factor=2", help="baselines of the paired-difference tables")
+    ap.add_argument("--long", default="bench/results/position/long.json", help="position_long.py output")
+    ap.add_argument("--upi", default="bench/results/position/upi_passkey.json", help="upi_hybrid.py output")
     args = ap.parse_args()
     from longlab.eval.stats import paired_difference, stratified_difference, stratified_estimate
 
     rows = []
     if Path(args.db).exists():
         con = sqlite3.connect(f"file:{args.db}?mode=ro", uri=True)
-        rows = con.execute("select model, task, length, sample_id, score, prefill_s from results").fetchall()
+        rows = con.execute(
+            "select model, recipe, task, length, sample_id, score, prefill_s from results"
+        ).fetchall()
         con.close()
+    if Path(args.long).exists():  # bench/position_long.py: chunked prefill compressing after every chunk
+        for r in json.loads(Path(args.long).read_text()):
+            model = "smollm2-135m" + ("" if r["position"] == "none" else f"|{r['position']}")
+            recipe = r["recipe"] + " (per chunk)"
+            rows.append((model, recipe, r["task"], r["length"], r["sample_id"], r["score"], r["prefill_s"]))
+    parts: list[str] = []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tasks_seen = sorted({r[2] for r in rows}, key=lambda t: (t != "passkey", t))
+    if rows:
+        width = 9 + 3 * (len(tasks_seen) - 1)
+        fig, axes = plt.subplots(1, len(tasks_seen), figsize=(width, 4.2), squeeze=False)
+    for ti, task_name in enumerate(tasks_seen):
+        task_rows = [r for r in rows if r[2] == task_name]
+        parts += _task_tables(args, task_name, task_rows, axes[0][ti], stratified_estimate,
+                              stratified_difference, paired_difference)
+    if rows:
+        axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+        fig.tight_layout()
+        Path(args.plots).mkdir(parents=True, exist_ok=True)
+        fig.savefig(Path(args.plots) / "position-score-vs-length.png", dpi=120)
+        parts.append("![score vs length](position-score-vs-length.png)")
+        parts.append("")
+    parts += _ppl_section(args, plt)
+    if Path(args.upi).exists():
+        parts += _upi_section(json.loads(Path(args.upi).read_text()), args.plots, plt)
+    doc = Path(args.doc)
+    text = doc.read_text() if doc.exists() else f"{START}\n{END}\n"
+    head, _, rest = text.partition(START)
+    _, _, tail = rest.partition(END)
+    doc.write_text(head + START + "\n" + "\n".join(parts) + "\n" + END + tail)
+    print("\n".join(parts))
+
+
+def _task_tables(args, task_name, rows, ax, stratified_estimate, stratified_difference, paired_difference):
+    """The score table, paired-difference tables and one plot panel of one task."""
     cell: dict[tuple[str, int], dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
-    secs: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for model, task, length, sid, score, prefill in rows:
-        cell[(_label(model), length)][task][sid] = float(score)
-        secs[(_label(model), length)].append(float(prefill or 0))
+    for model, recipe, task, length, sid, score, _prefill in rows:
+        label = _label(model) + ("" if recipe in (None, "full") else f" + {recipe}")
+        cell[(label, length)][task][sid] = float(score)
     methods = sorted({m for m, _ in cell}, key=lambda m: (m != "none", m))
     lengths = sorted({n for _, n in cell})
     lines = [
@@ -143,55 +185,57 @@ def main() -> None:
                 mark = ("" if sig else " n.s.") + (f", sign test p={p:.2f}" if p is not None else "")
                 ci = f"[{100 * d.low:+.0f}, {100 * d.high:+.0f}]"
                 dout.append(f"{100 * d.mean:+.0f} {ci}{mark} (n={npair})")
-            diff_lines[b].append(f"| `{m}` | " + " | ".join(dout) + " |")
-    parts: list[str] = []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    if rows:
-        tasks_seen = sorted({t for v in cell.values() for t in v})
-        parts += [
-            f"Scores ×100 (mean over {', '.join(tasks_seen)}; 95% interval; n = rows in the cell):",
-            "",
-            *lines,
-            "",
-        ]
-        for b in baselines:
+            if any(c != "—" for c in dout):
+                diff_lines[b].append(f"| `{m}` | " + " | ".join(dout) + " |")
+    parts: list[str] = [
+        f"**{task_name}**: scores ×100 (mean; 95% interval, Wilson for pass/fail; n = samples in the cell):",
+        "",
+        *lines,
+        "",
+    ]
+    for b in baselines:
+        if len(diff_lines[b]) > 2 and any("(n=" in ln for ln in diff_lines[b][2:]):
             parts += [
-                f"Paired difference to `{b}` on the same samples, ×100 (95% paired bootstrap; n.s. unless "
-                "the interval excludes 0 *and* the exact sign test on the discordant pairs gives p < 0.05):",
+                f"{task_name}: paired difference to `{b}` on the same samples, ×100 (95% paired bootstrap; "
+                "n.s. unless the interval excludes 0 *and* the exact sign test on the discordant pairs gives "
+                "p < 0.05):",
                 "",
                 *diff_lines[b],
                 "",
             ]
-        fig, ax = plt.subplots(figsize=(9, 4.2))
-        for i, (m, pts) in enumerate(curves.items()):
-            dodge = 2 ** (0.03 * (i - (len(curves) - 1) / 2))  # side by side, so the bars do not overlap
-            xs = [p[0] * dodge for p in pts]
-            ax.errorbar(
-                xs,
-                [100 * p[1] for p in pts],
-                yerr=[[100 * (p[1] - p[2]) for p in pts], [100 * (p[3] - p[1]) for p in pts]],
-                marker="o",
-                capsize=3,
-                label=_short(m),
-                alpha=0.85,
-                **_style(i),
-            )
-        ax.axvline(8192, color="grey", ls=":", lw=1)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(lengths, [f"{n // 1024}k" for n in lengths])
-        ax.set_xlabel("prompt length (tokens; methods side by side); dotted: SmolLM2's trained 8k")
-        ax.set_ylabel("score ×100 (95% CI)")
-        ax.set_title("SmolLM2-135M: " + ", ".join(tasks_seen))
-        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        fig.tight_layout()
-        Path(args.plots).mkdir(parents=True, exist_ok=True)
-        fig.savefig(Path(args.plots) / "position-score-vs-length.png", dpi=120)
-        parts.append("![score vs length](position-score-vs-length.png)")
-        parts.append("")
+    for i, (m, pts) in enumerate(curves.items()):
+        dodge = 2 ** (0.03 * (i - (len(curves) - 1) / 2))  # side by side, so the bars do not overlap
+        xs = [p[0] * dodge for p in pts]
+        ax.errorbar(
+            xs,
+            [100 * p[1] for p in pts],
+            yerr=[[100 * (p[1] - p[2]) for p in pts], [100 * (p[3] - p[1]) for p in pts]],
+            marker="o",
+            capsize=3,
+            label=_short(m),
+            alpha=0.85,
+            **_style(_colour_index(m)),
+        )
+    ax.axvline(8192, color="grey", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [f"{n // 1024}k" for n in lengths])
+    ax.set_xlabel("prompt length (methods side by side); dotted: trained 8k", fontsize=8)
+    ax.set_ylabel("score ×100 (95% CI)")
+    ax.set_ylim(-5, 105)
+    ax.set_title(f"SmolLM2-135M: {task_name}")
+    return parts
+
+
+_COLOURS: dict[str, int] = {}
+
+
+def _colour_index(method: str) -> int:
+    """One colour per method across every panel."""
+    return _COLOURS.setdefault(method, len(_COLOURS))
+
+
+def _ppl_section(args, plt) -> list[str]:
+    parts: list[str] = []
     if Path(args.ppl).exists():
         ppl = json.loads(Path(args.ppl).read_text())
         fig, (ax, zoom) = plt.subplots(1, 2, figsize=(12, 4.6), gridspec_kw={"width_ratios": [3, 2]})
@@ -239,12 +283,103 @@ def main() -> None:
                 + f" | {_pooled(d, 0, 8192)} | {_pooled(d, 8192, 16384)} | {s:.0f} |"
             )
         parts += ["", "![perplexity vs position](position-ppl-vs-position.png)", ""]
-    doc = Path(args.doc)
-    text = doc.read_text() if doc.exists() else f"{START}\n{END}\n"
-    head, _, rest = text.partition(START)
-    _, _, tail = rest.partition(END)
-    doc.write_text(head + START + "\n" + "\n".join(parts) + "\n" + END + tail)
-    print("\n".join(parts))
+    return parts
+
+
+def _seed_interval(values: list[float]) -> tuple[float, float]:
+    """95% t-interval of the mean of ``values`` (one per training seed); zero width when they agree."""
+    import statistics
+
+    from scipy import stats
+
+    if len(values) < 2:
+        return float("-inf"), float("inf")
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    half = stats.t.ppf(0.975, len(values) - 1) * sd / len(values) ** 0.5
+    return mean - half, mean + half
+
+
+def _upi_section(data: dict, plots: str, plt) -> list[str]:
+    """UPI on the hybrid (``bench/upi_hybrid.py --task passkey``): the seed-pooled score per variant and
+    length (mean of seed means; 95% bootstrap over test sequences inside each seed), the per-seed means,
+    and paired differences on the same test sequences (stratified by seed)."""
+    from longlab.eval.stats import stratified_difference, stratified_estimate
+
+    seeds = data["seeds"]
+    variants = list(dict.fromkeys(r["variant"] for r in seeds[0]["rows"]))
+    lengths = sorted({r["length"] for r in seeds[0]["rows"]})
+    scores = {(sd["seed"], r["variant"], r["length"]): r["scores"] for sd in seeds for r in sd["rows"]}
+    ids = [sd["seed"] for sd in seeds]
+    n = len(seeds[0]["rows"][0]["scores"])
+    train_len = data["train_len"]
+    lines = [
+        f"UPI on the hybrid (passkey, trained at {train_len} tokens, "
+        f"{data['steps']} steps × {data['batch']}; "
+        f"{len(ids)} training seeds × {n} test sequences per length, the same sequences for every variant): "
+        "score ×100 = mean of the seed means, 95% bootstrap over test sequences within seeds; per-seed means "
+        "after it.",
+        "",
+        "| variant | " + " | ".join(f"{n_ // train_len}× ({n_})" for n_ in lengths) + " |",
+        "|---|" + "---|" * len(lengths),
+    ]
+    curves = {}
+    for v in variants:
+        cells = []
+        for length in lengths:
+            est = stratified_estimate([scores[(sd, v, length)] for sd in ids])
+            per = "/".join(f"{100 * sum(scores[(sd, v, length)]) / n:.0f}" for sd in ids)
+            cells.append(f"{100 * est.mean:.0f} [{100 * est.low:.0f}, {100 * est.high:.0f}] ({per})")
+            curves.setdefault(v, []).append((length, est.mean, est.low, est.high))
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    lines += ["", "Paired differences on the same test sequences, ×100: first the 95% paired bootstrap over "
+              "test sequences (stratified by seed), then in braces the 95% t-interval over the training "
+              "seeds' mean differences (per seed after it). Significant only when both intervals exclude 0; "
+              "otherwise n.s.:", "",
+              "| comparison | " + " | ".join(f"{n_ // train_len}×" for n_ in lengths[1:]) + " |",
+              "|---|" + "---|" * (len(lengths) - 1)]
+    upi = next(v for v in variants if v.startswith("UPI"))
+    for a, b in ((upi, "none"), (upi, "yarn only"), (upi, "all heads + YaRN"), ("yarn only", "none"),
+                 ("all heads + YaRN", "none")):
+        cells = []
+        for length in lengths[1:]:
+            d = stratified_difference([(scores[(sd, a, length)], scores[(sd, b, length)]) for sd in ids])
+            per = "/".join(
+                f"{100 * (sum(scores[(sd, a, length)]) - sum(scores[(sd, b, length)])) / n:+.0f}"
+                for sd in ids
+            )
+            lo, hi = _seed_interval(
+                [(sum(scores[(sd, a, length)]) - sum(scores[(sd, b, length)])) / n for sd in ids]
+            )
+            mark = "" if d.significant and (lo > 0 or hi < 0) else " n.s."
+            cells.append(
+                f"{100 * d.mean:+.0f} [{100 * d.low:+.0f}, {100 * d.high:+.0f}] {{{100 * lo:+.0f}, "
+                f"{100 * hi:+.0f}}}{mark} ({per})"
+            )
+        lines.append(f"| {a} − {b} | " + " | ".join(cells) + " |")
+    meta = ", ".join(
+        f"seed {sd['seed']}: {sd['train_seconds']:.0f} s, final loss {sd['final_train_loss']:.3f}, "
+        f"load {sd['load']:.1f}" for sd in seeds
+    )
+    lines += ["", f"Training: {meta}.", ""]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    for i, (v, pts) in enumerate(curves.items()):
+        dodge = 2 ** (0.03 * (i - (len(curves) - 1) / 2))
+        ax.errorbar([p[0] * dodge for p in pts], [100 * p[1] for p in pts],
+                    yerr=[[100 * (p[1] - p[2]) for p in pts], [100 * (p[3] - p[1]) for p in pts]],
+                    marker="osD^vP"[i % 6], ms=9 - i, capsize=3, label=v, alpha=0.85,
+                    **{**_style(i), "ls": ("-", "--", "-.", ":")[i % 4]})
+    ax.axvline(train_len, color="grey", ls=":", lw=1)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [str(n_) for n_ in lengths])
+    ax.set_ylim(-5, 105)
+    ax.set_xlabel(f"test length (tokens); dotted: training length {train_len}")
+    ax.set_ylabel("passkey digits right ×100 (95% CI)")
+    ax.set_title(f"Hybrid Mamba2-attention ({data.get('layers', 'MAMA')}), {len(ids)} seeds × {n} sequences "
+                 "(overlapping curves: equal scores)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    fig.tight_layout()
+    fig.savefig(Path(plots) / "position-upi.png", dpi=120)
+    return lines + ["![UPI on the hybrid](position-upi.png)", ""]
 
 
 if __name__ == "__main__":

@@ -50,6 +50,22 @@ case "$1" in
            --lr 3e-4 --minutes 7.5 --out runs/position/drope-qk-smollm2
          $PY bench/position_heldout.py --out bench/results/position/heldout.json \
            --specs drope:qk_norm=true,drope:qk_norm=true,weights=runs/position/drope-qk-smollm2 ;;
+  # wave 4 (H8a, queued first, runs the UPI piece, the priority): n = 3 per cell at 8k (samples 1-2
+  # added; sample 0 is reused from the store), 16k, 32k with a KV budget
+  H8) $PY bench/position_tasks.py --positions none,yarn:factor=2,ntk:factor=2 --tasks passkey --length 8192 \
+         --samples 3 ;;
+  H8b) $PY bench/position_tasks.py --positions longrope:factor=2,pi:factor=2,dynamic-ntk:factor=2 --tasks passkey \
+         --length 8192 --samples 3 ;;   # NOT RUN (no slot time)
+  H-upi|H8a) $PY bench/upi_hybrid.py --task passkey --train-len 64 --steps 1200 --seeds 0 1 2 --eval-n 96 \
+           --out bench/results/position/upi_passkey.json ;;
+  H-upi2) $PY bench/upi_hybrid.py --task passkey --train-len 64 --steps 1200 --seeds 0 1 2 --eval-n 96 --more \
+            --mults 1 2 4 8 16 32 --out bench/results/position/upi_passkey_more.json ;;  # NOT RUN
+  H16) $PY bench/position_tasks.py --positions yarn:factor=2 --tasks passkey --length 16384 --samples 3 ;;  # NOT RUN
+  # 32k: chunked prefill compressing after every chunk (longlab eval would feed 32k uncompressed first)
+  H32) $PY bench/position_long.py --length 32768 --positions yarn:factor=4 --recipe snapkv:budget=4096 \
+         --samples 1 --out bench/results/position/long.json ;;   # 475 s prefill, load 2.2
+  H32b) $PY bench/position_long.py --length 32768 --positions ntk:factor=4 --recipe snapkv:budget=4096 \
+          --samples 1 --out bench/results/position/long.json ;;  # NOT RUN (no slot time)
   suite) $PY -m pytest -q -p no:cacheprovider tests/ || true ;;
     *) echo "unknown piece $1" >&2; exit 2 ;;
 esac

@@ -42,6 +42,10 @@ same samples, then the next block -- so a load that drifts during the run weighs
 side's sweep time is its sum over blocks (model loads excluded), with CPU seconds and the load average
 before/after every block, since wall time on a shared machine is noisy.
 
+``--blocks`` runs only some blocks and ``--sample-part I/K`` only the I-th of K contiguous parts of each
+block's samples, writing a parts file; ``--merge`` builds the table from such files (each side's times
+summed over them), so a long sweep runs as several short jobs.
+
 ``--kept-check`` instead compares the kept indices of KnormPress/StreamingLLMPress with longlab's
 ``knorm``/``streaming`` on each side's own forward of the same prompt ids (one chunk, compression once).
 
@@ -347,6 +351,34 @@ def _merge(parts: list[dict]) -> dict:
     return out
 
 
+def _part_slice(part: tuple[int, int, str], n: int) -> tuple[int, int]:
+    """(I, K, "/") -> the I-th of K contiguous parts of n samples; (LO, HI, ":") -> LO..HI."""
+    a, b, kind = part
+    return (n * a // b, n * (a + 1) // b) if kind == "/" else (a, b)
+
+
+def _sample_parts(text: str | None, selected: set[int] | None) -> dict[int, tuple[int, int, str]] | str:
+    """``--sample-part``: ``"I/K"`` (every selected block) or ``"B=I/K,..."`` / ``"B=LO:HI,..."`` ->
+    {block: (I, K, "/") or (LO, HI, ":")}; an error message for anything else; {} when not given."""
+    if text is None:
+        return {}
+    if selected is None:
+        return "--sample-part needs --blocks (it writes a parts file for --merge)"
+    out: dict[int, tuple[int, int, str]] = {}
+    for entry in text.split(","):
+        block, _, part = entry.rpartition("=")
+        kind = ":" if ":" in part else "/"
+        try:
+            i, k = (int(x) for x in part.split(kind))
+            blocks = [int(block)] if block else sorted(selected)
+        except ValueError:
+            return f"--sample-part: expected I/K, B=I/K,... or B=LO:HI,... (integers), got {text!r}"
+        if not (0 <= i < k) or not set(blocks) <= selected:
+            return f"--sample-part: need 0 <= I < K (or LO < HI) and B among --blocks, got {text!r}"
+        out.update({b: (i, k, kind) for b in blocks})
+    return out
+
+
 def _cis(a: list[float], b: list[float]) -> dict:
     """Per-side estimates and the paired difference a - b (same samples, same order)."""
     from longlab.eval.stats import paired_difference, score_estimate
@@ -391,6 +423,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--blocks", default=None,
                    help="run only these (task, length) blocks (0-based, comma-separated, --tasks x --lengths "
                    "order) and write their raw parts to --out, to be combined by --merge")
+    p.add_argument("--sample-part", default=None, metavar="I/K",
+                   help="with --blocks: run only the I-th of K contiguous parts of each block's samples "
+                   "(0-based), so that a long block splits into shorter jobs; --merge combines the parts. "
+                   "Per block: 'B=I/K,...' or 'B=LO:HI,...' (samples LO..HI-1 of block B); a selected "
+                   "block without an entry runs whole")
     p.add_argument("--merge", default=None,
                    help="comma-separated parts files written with --blocks (same other arguments): build the "
                    "table from them instead of running")
@@ -467,34 +504,52 @@ def main(argv: list[str] | None = None) -> int:
             return fail(f"--blocks: {err}")
         if selected is not None and (not selected or not selected <= set(range(len(blocks)))):
             return fail(f"--blocks: choose from 0..{len(blocks) - 1}, got {args.blocks!r}")
+        part_of = _sample_parts(args.sample_part, selected)
+        if isinstance(part_of, str):
+            return fail(part_of)
         kv_parts: list[dict] = []
         side_parts: dict[str, list[dict]] = {m: [] for m in modes}
         block_commands: list[str] = []
         missing: list[str] = []
         if args.merge is not None:  # parts of earlier --blocks runs, in block order
-            found: dict[int, dict] = {}
+            found: dict[int, list[dict]] = {}  # block -> its parts (several with --sample-part)
+            seen_ids: set[str] = set()
             for name in args.merge.split(","):
                 part = json.loads(Path(name).read_text())
                 if part.get("longlab_modes") != modes or part.get("cells") != cells:
                     return fail(f"--merge: {name} was run with other modes or recipes")
                 block_commands.append(part["command"])
                 for i, kvp, sides_of in zip(part["blocks"], part["kvpress"], part["longlab"]):
-                    found[i] = {"kvpress": kvp, "longlab": sides_of}
+                    ids = {r["sample_id"] for r in kvp["rows"]}
+                    if ids & seen_ids:
+                        return fail(f"--merge: samples {sorted(ids & seen_ids)} appear in two parts")
+                    seen_ids |= ids
+                    found.setdefault(i, []).append({"kvpress": kvp, "longlab": sides_of})
             if not set(found) <= set(range(len(blocks))):
                 return fail(f"--merge: parts cover blocks {sorted(found)}, not all in 0..{len(blocks) - 1}")
             keys = list(blocks)
             missing = [f"{keys[i][0]}@{keys[i][1]}" for i in range(len(blocks)) if i not in found]
             if missing:  # a partial merge: the table covers the blocks that ran, and says which did not
                 print(f"warning: --merge: blocks {missing} missing; the table covers the others", flush=True)
-                covered = {keys[i] for i in found}
-                samples = [s for s in samples if (s.task, s.length) in covered]
+            absent = [s.sample_id for s in samples if (s.task, s.length) in {keys[i] for i in found}
+                      and s.sample_id not in seen_ids]
+            if absent:  # a block of which some --sample-part parts did not run
+                print(f"warning: --merge: samples {absent} missing; the table covers the others", flush=True)
+                missing += absent
+            samples = [s for s in samples if s.sample_id in seen_ids]
             for i in sorted(found):
-                kv_parts.append(found[i]["kvpress"])
-                for m in modes:
-                    side_parts[m].append(found[i]["longlab"][m])
+                for piece in found[i]:
+                    kv_parts.append(piece["kvpress"])
+                    for m in modes:
+                        side_parts[m].append(piece["longlab"][m])
         for b, ((task, length), block) in enumerate(blocks.items()):
             if args.merge is not None or (selected is not None and b not in selected):
                 continue
+            if b in part_of:
+                lo, hi = _part_slice(part_of[b], len(block))
+                block = block[lo:hi]
+                if not block:
+                    return fail(f"--sample-part {args.sample_part}: block {b} has no sample in that part")
             block_jsonl = tmp / f"block{b}.jsonl"
             save_jsonl(block, block_jsonl)
             load_before = _load()
@@ -520,7 +575,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{part['sweep_cpu_s']:.1f}s CPU", flush=True)
         if selected is not None:
             args.out.write_text(json.dumps({
-                "blocks": sorted(selected), "kvpress": kv_parts,
+                "blocks": sorted(selected), "kvpress": kv_parts, "sample_part": args.sample_part,
                 "longlab": [{m: side_parts[m][i] for m in modes} for i in range(len(kv_parts))],
                 "longlab_modes": modes, "cells": cells,
                 "command": "python bench/vs_kvpress.py " + " ".join(sys.argv[1:] if argv is None else argv),

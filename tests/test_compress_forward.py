@@ -10,7 +10,7 @@ import torch
 from longlab.cache import LonglabCache
 from longlab.compress.hico_forward import HiCoForward, decoder_layers
 from longlab.pipeline import Stream, encode_prompts
-from longlab.recipe import LonglabError
+from longlab.recipe import LonglabError, parse_recipe
 
 CTX = " ".join(f"Record {i} says the shelf {i * 5 % 11} holds item {i * 3 % 17}." for i in range(30))
 QUESTION = "Which shelf holds item 7?"
@@ -109,3 +109,111 @@ def test_sliding_window_models_are_refused(tiny_models):
     gemma = tiny_models["tiny-gemma3"][0]  # 4 layers, three of them sliding-window
     with pytest.raises(LonglabError, match="sliding-window"):
         HiCoForward(0.5, stages=(0.5,)).prefill(_stream(gemma), [list(range(5, 60))])
+
+
+# ------------------------------------------------------------------ hico-forward@r: a recipe part
+def _by_hand(model, tokenizer, ratio: float, kv: str, query_aware: bool, n_new: int = 8) -> list[int]:
+    """HiCoForward's own prefill on a Stream (the tested direct API), then the question and decoding."""
+    (ctx,), (q,) = encode_prompts(tokenizer, [CTX], [QUESTION], [""])
+    stream = _stream(model, kv)
+    method = HiCoForward(ratio)
+    if query_aware:
+        logits = method.prefill(stream, [ctx + q], protect=len(q))
+    else:
+        method.prefill(stream, [ctx])  # the last context token scores
+        logits = stream.feed([q], compress="none")
+    return stream.decode(logits, n_new, set())[0]
+
+
+@pytest.mark.parametrize("query_aware", [True, False])
+def test_hico_forward_is_a_recipe_part_of_generate(model6, tokenizer, one_thread, query_aware):
+    from longlab import generate
+
+    def run(recipe: str):
+        return generate(model6, tokenizer, CTX, QUESTION, recipe, query_aware=query_aware, max_new_tokens=8)
+
+    # nothing dropped = the plain prefill (one forward), bit for bit: same tokens and cache
+    plain, same = run("full"), run("hico-forward@0")
+    assert plain.token_ids == same.token_ids
+    for la, lb in zip(plain.cache.layers, same.cache.layers):
+        assert torch.equal(la.keys, lb.keys) and torch.equal(la.index, lb.index)
+    for kv in ("", "+snapkv@0.5"):  # composes with a KV recipe; equals the direct API
+        out = run("hico-forward@0.5" + kv)
+        hand = _by_hand(model6, tokenizer, 0.5, "snapkv@0.5" if kv else "full", query_aware)
+        assert out.token_ids[0] == hand
+        rec = out.context[0]
+        assert rec["kept_tokens"] == rec["original_tokens"]  # nothing removed before the prefill
+        stages = rec["tokens_per_stage"]
+        assert len(stages) == 3 and stages[0] > stages[1] > stages[2] and rec["layers"] == [2, 4]
+    sizes = [int(layer.valid[0, 0].sum()) for layer in run("hico-forward@0.5").cache.layers]
+    assert sizes[0] == sizes[1] > sizes[2] == sizes[3] > sizes[4] == sizes[5]  # later layers hold fewer
+    assert parse_recipe("hico-forward@0.5").context.name == "hico-forward"
+    assert parse_recipe("hico@0.5").context.name == "hico"  # ToMe merging keeps its name
+
+
+def test_hico_forward_in_the_eval_harness_equals_generate(model6, tokenizer, one_thread):
+    """Every row equals an independent generate(); the hico-forward recipes prefill alone (no shared
+    prefix, no replayed tail), the others still share theirs; r = 0 reproduces the plain row."""
+    from longlab import generate
+    from longlab.eval.config import EvalConfig
+    from longlab.eval.sample_runner import SampleRunner
+    from longlab.tasks import generate as make_samples
+
+    (sample,) = make_samples("redundant_niah", tokenizer, length=600, num_samples=1, seed=0)
+    recipes = ["full", "snapkv@0.5", "hico-forward@0", "hico-forward@0.5", "hico-forward@0.5+snapkv@0.5"]
+    for query_aware, chunk in ((True, 1024), (False, 256)):
+        config = EvalConfig(out="unused", model="tiny", chunk_size=chunk, query_aware=query_aware)
+        rows = {r["recipe"]: r for r in SampleRunner(model6, tokenizer, config, "t").run(sample, recipes)}
+        assert sorted(rows) == sorted(recipes)
+        for name in recipes:
+            ref = generate(model6, tokenizer, sample.context, sample.question, name, chunk_size=chunk,
+                           compress="end", query_aware=query_aware, max_new_tokens=sample.max_new_tokens,
+                           answer_prefix=sample.answer_prefix)
+            row = rows[name]
+            assert row["prediction"] == ref.text, (name, query_aware)
+            assert row["kv_bytes_after"] == ref.kv_bytes_after, (name, query_aware)
+            if name.startswith("hico-forward"):
+                assert row["extra"]["shared_prefill_tokens"] == 0 and not row["extra"].get("replayed")
+                assert row["extra"]["context"]["tokens_per_stage"][0] == row["context_tokens"] + (
+                    row["extra"]["question_tokens"] if query_aware else 0)
+        assert rows["snapkv@0.5"]["extra"].get("replayed")  # the plain recipes still share their tail
+        assert (rows["hico-forward@0.5"]["method"], rows["hico-forward@0.5"]["compression_ratio"]) == (
+            "hico-forward", 0.5)
+        if query_aware:  # one forward for both: nothing dropped = the plain row
+            assert rows["hico-forward@0"]["prediction"] == rows["full"]["prediction"]
+            assert rows["hico-forward@0"]["kv_bytes_after"] == rows["full"]["kv_bytes_after"]
+        held = [rows[n]["kv_bytes_after"]
+                for n in ("full", "hico-forward@0.5", "hico-forward@0.5+snapkv@0.5")]
+        assert held[0] > held[1] > held[2]
+
+
+def test_planner_gives_a_prefill_transform_its_own_prefill():
+    from longlab.eval.planner import plan, replayable, transforms_prefill
+
+    recipes = [(n, parse_recipe(n)) for n in ("full", "hico-forward@0.5", "hico-forward@0.5+snapkv@0.5")]
+    groups = plan(recipes, 2000, 20, 512, False, {})
+    starts = {name: g.start for g in groups for name, _ in g.recipes}
+    assert starts["full"] > 0 and starts["hico-forward@0.5"] == starts["hico-forward@0.5+snapkv@0.5"] == 0
+    assert [transforms_prefill(r) for _, r in recipes] == [False, True, True]
+    assert [replayable(r) for _, r in recipes] == [True, False, False]
+
+
+def test_hico_forward_from_the_cli(capsys, tmp_path):
+    """`longlab generate`, `longlab eval` and `longlab methods` know the name (tiny-llama has 2 layers:
+    one stage boundary, at layer 1)."""
+    from longlab.cli import main
+
+    recipe = "hico-forward@0.5:stages=[0.5]"
+    assert main(["generate", "--model", "tiny-llama", "--recipe", recipe, "--context", CTX,
+                 "--question", QUESTION, "--max-new-tokens", "4"]) == 0
+    assert f"[{recipe}] context tokens" in capsys.readouterr().out
+    out = tmp_path / "run"
+    assert main(["eval", "--model", "tiny-llama", "--tasks", "redundant_niah", "--lengths", "500",
+                 "--samples", "1", "--recipes", f"full,{recipe}", "--out", str(out), "--no-progress",
+                 "--max-new-tokens", "4", "--threads", "1"]) == 0
+    assert recipe in capsys.readouterr().out
+    assert main(["methods"]) == 0
+    listing = capsys.readouterr().out
+    assert "hico-forward" in listing and "2501.00574" in listing
+    assert main(["generate", "--model", "tiny-llama", "--recipe", "hico-forward@0.5", "--context", CTX]) == 2
+    assert "hico-forward: stages" in capsys.readouterr().err  # 2 layers cannot hold two boundaries

@@ -86,3 +86,13 @@ def test_pcfg_task_batch():
     logits = torch.log(b.probs.clamp_min(1e-12))
     assert torch.allclose(task.score(logits, b), torch.ones(2), atol=1e-4)
     assert task.sample(2, 12, torch.Generator().manual_seed(0), exact=False).probs is None
+
+
+def test_next_token_oracle_under_no_grad():
+    """Evaluation runs under torch.no_grad(); the oracle (an outside pass by autograd) must still work."""
+    g = _grammar()
+    x = torch.tensor([[0, 1, 2, 1, 0]])
+    ref = next_token_probs(g, x)
+    with torch.no_grad():
+        got = next_token_probs(g, x)
+    assert torch.equal(ref, got) and torch.allclose(got[0, :-1].sum(-1), torch.ones(4, dtype=got.dtype))

@@ -53,12 +53,32 @@ def test_mqar_answers_are_the_queried_keys_values():
     per = 4
     for row in b.tokens:
         sep = int((row == task.alphabet + 1).nonzero()[0])
-        ctx = row[sep - task.pairs(128) * per : sep].view(-1, per)
+        ctx = row[sep - task.n_pairs(128) * per : sep].view(-1, per)
         table = {tuple(r[:2].tolist()): tuple(r[2:].tolist()) for r in ctx}
         assert len(table) == ctx.shape[0]  # distinct keys
         for q in row[sep + 1 :].view(-1, per):
             assert table[tuple(q[:2].tolist())] == tuple(q[2:].tolist())
     assert int(b.answer.sum(-1)[0]) == 4 * 2
+
+
+def test_mqar_fixed_pairs_gap_of_filler():
+    task = task_config("mqar:key_len=1,pairs=6,queries=6,alphabet=16,filler=4")
+    assert task.vocab_size == 16 + 2 + 4
+    for length in (32, 256):
+        b = task.sample(3, length, _gen(5))
+        assert b.tokens.shape == (3, length)
+        for row, tgt in zip(b.tokens, b.targets):
+            sep = int((row == 17).nonzero()[0])
+            ctx = row[1:13].view(6, 2)
+            assert (ctx < 16).all() and len(set(ctx[:, 0].tolist())) == 6  # distinct keys, no filler
+            gap = row[13:sep]
+            assert gap.numel() == length - 2 - 24 and bool(((gap >= 18) & (gap < 22)).all())
+            table = dict(ctx.tolist())
+            for k, v in row[sep + 1 :].view(-1, 2).tolist():
+                assert table[k] == v
+            assert int((tgt != -100).sum()) == 6
+    with pytest.raises(LonglabError, match="length"):
+        task.sample(1, 20, _gen(0))
 
 
 def test_passkey_digits_are_repeated_after_query():
@@ -104,6 +124,45 @@ def test_algebra_tables_are_groups_and_facts_are_consistent():
                 key = (int(row[p - 2]), int(row[p - 1]))
                 assert facts.setdefault(key, int(row[p + 1])) == int(row[p + 1])  # a function of (a, b)
         assert len(facts) > 5
+
+
+def _facts(row, task):
+    """Complete facts ``(a, b, c)`` of an algebra sequence, in order."""
+    eqs = (row == task.symbols).nonzero()[:, 0].tolist()
+    return [(int(row[p - 2]), int(row[p - 1]), int(row[p + 1])) for p in eqs if p >= 3 and p + 1 < len(row)]
+
+
+@pytest.mark.parametrize("query", ["commuted", "absent", "identity", "elimination"])
+def test_algebra_mechanism_sets(query):
+    for groups, mix in (('["D3"]', 0), ('["C5","D3","C4"]', 0.7)):
+        task = task_config(f"algebra:query={query},groups={groups},mix={mix}")
+        b = task.sample(12, 80, _gen(7))
+        assert bool((b.answer.sum(-1) == 1).all()) and bool(b.answer[:, -2].all())  # only the query
+        for row, tgt in zip(b.tokens, b.targets):
+            facts = _facts(row, task)
+            *ctx, (a, q, c) = facts
+            assert int(tgt[-2]) == c
+            table = {}
+            for x, y, z in facts:
+                assert table.setdefault((x, y), z) == z  # every fact true to one table
+            keys = {(x, y) for x, y, _ in ctx}
+            assert (a, q) not in keys
+            if query == "commuted":
+                assert (q, a, c) in ctx and a != q and c not in (a, q)
+            elif query == "absent":
+                assert (q, a) not in keys and a != q
+            elif query == "identity":
+                e, other = (a, q) if c == q else (q, a)
+                assert c == other and (q, a) not in keys
+                assert any((x == e and z == y) or (y == e and z == x) for x, y, z in ctx if (x, y) != (a, q))
+            else:
+                assert (q, a) not in keys
+                row_answers = {z for x, y, z in ctx if x == a and y != q}
+                if groups == '["D3"]':  # the row's other 5 answers plus c are the group's 6 elements
+                    assert len(row_answers) == 5 and c not in row_answers
+                    assert row_answers | {c} == {v for f in ctx for v in f}
+    with pytest.raises(LonglabError, match="query"):
+        task_config("algebra:query=copy")
 
 
 def test_algebra_holdout_zero():

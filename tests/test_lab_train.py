@@ -214,3 +214,49 @@ def test_softmax_learns_the_task(tmp_path, task):
     train(cfg, tmp_path / task, progress=False, log=None)
     rows = evaluate(tmp_path / task, [64], samples=32, log=None)
     assert sum(r["score"] for r in rows) / len(rows) > 0.8
+
+
+def test_eval_on_a_task_variant(tmp_path):
+    """An algebra model tested on a mechanism set: rows carry the variant's spec; other tasks refused."""
+    train(_cfg(task="algebra", train_len=40, steps=3), tmp_path / "run", progress=False, log=None)
+    rows = evaluate(tmp_path / "run", [40], out=tmp_path / "res", samples=3, log=None,
+                    task="algebra:query=commuted")
+    assert {r["task"] for r in rows} == {"algebra:query=commuted"} and len(rows) == 3
+    assert all(r["answers_per_sample"] == 1 for r in rows)
+    base = evaluate(tmp_path / "run", [40], out=tmp_path / "res", samples=3, log=None)
+    assert {r["task"] for r in base} == {"algebra"} and base[0]["run_key"] != rows[0]["run_key"]
+    assert {r["task"] for r in lab_rows(tmp_path / "res", skip=["query="])} == {"algebra"}
+    assert "query=commuted" in extrapolation_table(lab_rows(tmp_path / "res"))
+    with pytest.raises(LonglabError, match="variant"):
+        evaluate(tmp_path / "run", [40], out=tmp_path / "res", samples=1, log=None, task="algebra:symbols=12")
+    with pytest.raises(LonglabError, match="variant"):
+        evaluate(tmp_path / "run", [40], out=tmp_path / "res", samples=1, log=None, task="copy:alphabet=16")
+
+
+def test_cli_probe_on_a_pcfg_model(tmp_path, capsys):
+    task = "pcfg:nonterminals=3,terminals=4,max_length=16"
+    train(_cfg(task=task, train_len=10, steps=3), tmp_path / "run", progress=False, log=None)
+    rows = evaluate(tmp_path / "run", [10, 16], out=tmp_path / "res", samples=2, log=None)  # exact oracle
+    assert len(rows) == 4 and all(0 < r["score"] <= 1 and r["kl"] >= 0 for r in rows)
+    out = tmp_path / "probe.json"
+    assert cli_main(["lab", "probe", str(tmp_path / "run"), "--widths", "1", "2", "4", "--train", "12",
+                     "--test", "6", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert set(res) >= {"trained", "untrained"} and res["trained"]["length"] == 10
+    assert set(res["trained"]["r2"]) == {"0", "1"} and set(res["trained"]["r2"]["0"]) == {"1", "2", "4"}
+    assert "best layer" in capsys.readouterr().out
+    train(_cfg(train_len=24, steps=3), tmp_path / "mq", progress=False, log=None)
+    assert cli_main(["lab", "probe", str(tmp_path / "mq")]) == 2
+    assert "trained on the pcfg task" in capsys.readouterr().err
+
+
+def test_report_counts_every_training_seed(tmp_path):
+    """`longlab report` keeps one row per (sample, recipe); the training seed is part of the sample, so
+    the rows of several seeds of one lab recipe are all counted (pooled), none dropped as a duplicate."""
+    from longlab.eval.rows import load_rows, one_per_sample
+
+    for seed in (0, 1):
+        train(_cfg(seed=seed), tmp_path / f"s{seed}", progress=False, log=None)
+        evaluate(tmp_path / f"s{seed}", [24], out=tmp_path / "res", samples=3, log=None)
+    sel = one_per_sample(load_rows(tmp_path / "res"))
+    assert len(sel.rows) == 6 and sel.dropped == 0 and {r["seed"] for r in sel.rows} == {0, 1}

@@ -125,10 +125,15 @@ def test_sparse_prefill_returns_output_and_mask():
     assert (out - _masked_reference(q, k, v, mask, 0.125)).abs().max() <= 1e-5
 
 
+# one query; bq > bk; aligned chunk (q_offset a block multiple) with T % block != 0; one-shot with padding
+GROUPED_CASES = CASES + [(1, 6, 2, 1, 300, 32, 64, 64), (2, 6, 2, 200, 700, 32, 64, 128),
+                         (1, 6, 2, 250, 890, 32, 64, 64), (2, 4, 2, 65, 65, 16, 32, 32)]
+
+
+@pytest.mark.parametrize("backend", ["grouped", "folded"])
 @pytest.mark.parametrize("sharing", ["per-head", "head-shared", "some-kv-groups-shared"])
-@pytest.mark.parametrize("case", CASES + [(1, 6, 2, 1, 300, 32, 64, 64), (2, 6, 2, 200, 700, 32, 64, 128)],
-                         ids=_ids)
-def test_grouped_backend_equals_masked_softmax(case, sharing):
+@pytest.mark.parametrize("case", GROUPED_CASES, ids=_ids)
+def test_grouped_backend_equals_masked_softmax(case, sharing, backend):
     # the grouped backend batches q-blocks with equal block counts into one fused call each
     B, H, H_kv, T_q, T_k, D, bq, bk = case
     q, k, v = _inputs(B, H, H_kv, T_q, T_k, D)
@@ -140,15 +145,26 @@ def test_grouped_backend_equals_masked_softmax(case, sharing):
         for h in range(n_shared * g):
             sel[:, h] = sel[:, (h // g) * g]
         mask = enforce_required(mask.with_mask(sel))
-    out = block_sparse_attention(q, k, v, mask, 0.125, backend="grouped")
+    out = block_sparse_attention(q, k, v, mask, 0.125, backend=backend)
     assert out.shape == (B, H, T_q, D)
     assert (out - _masked_reference(q, k, v, mask, 0.125)).abs().max() <= 1e-5
 
 
-def test_grouped_backend_full_mask_equals_dense():
-    q, k, v = _inputs(1, 6, 2, 384, 1000, 64)
-    out = block_sparse_attention(q, k, v, full_mask(1, 6, 384, 1000, 128, 128), backend="grouped")
+@pytest.mark.parametrize("backend", ["grouped", "folded"])
+@pytest.mark.parametrize("shape", [(384, 1000), (1000, 1000)])
+def test_grouped_backend_full_mask_equals_dense(backend, shape):
+    q, k, v = _inputs(1, 6, 2, *shape, 64)
+    out = block_sparse_attention(q, k, v, full_mask(1, 6, *shape, 128, 128), backend=backend)
     assert (out - dense_causal_attention(q, k, v)).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("backend", ["grouped", "folded"])
+def test_grouped_backends_bf16_within_tolerance_and_keep_dtype(backend):
+    q, k, v = _inputs(1, 6, 2, 256, 512, 64)
+    mask = _random_mask(1, 6, 256, 512, 64, 64, p=0.4)
+    out = block_sparse_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, 0.125, backend=backend)
+    assert out.dtype == torch.bfloat16
+    assert (out.float() - _masked_reference(q, k, v, mask, 0.125)).abs().max() <= 3e-2
 
 
 def test_auto_is_grouped_on_cpu_inference_and_differentiable_with_autograd():

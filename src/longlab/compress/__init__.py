@@ -24,7 +24,9 @@ Methods: ``llmlingua@r``, ``longllmlingua@r`` (:mod:`.lingua`), ``hico@r``, ``tp
 ``comi@r`` (:mod:`.comi`, the training-free hard variant: merged input embeddings; ``comi@r:fusion=PATH``
 the soft variant with a trained fusion layer), the KV policy ``hico-drop@r`` (:mod:`.drop`: HiCo's
 layer-wise hierarchical token dropping on the cache) and its in-forward form
-:class:`~longlab.compress.hico_forward.HiCoForward` (later layers of the prefill run on fewer tokens),
+``hico-forward@r`` (:class:`~longlab.compress.hico_forward.HiCoForward`: later layers of the prefill run
+on fewer tokens; a context part that ``transforms_prefill``, run by
+:meth:`~longlab.compress.api.Squeeze.feed`),
 ``inftythink`` (:mod:`.inftythink`: segment-and-summarise reasoning in a bounded cache) and
 ``guidance`` (:mod:`.guidance`), a context part that removes nothing but builds a sentence pool
 from the context and replaces greedy decoding with prefix-tail guided decoding and citations
@@ -32,7 +34,7 @@ from the context and replaces greedy decoding with prefix-tail guided decoding a
 Deletion never splits a word, a number or a UTF-8 character (:func:`~longlab.compress.base.units`).
 """
 
-from . import comi, drop, guidance, inftythink, lingua, merge  # noqa: F401  (registers the methods)
+from . import comi, drop, guidance, hico_forward, inftythink, lingua, merge  # noqa: F401  (registers them)
 from .base import Compressed, ContextCompressor, Prompt, units
 
 __all__ = ["Compressed", "ContextCompressor", "Prompt", "units"]

@@ -25,7 +25,8 @@ from ..recipe import LonglabError, Method, parse_recipe
 from .base import Compressed, Prompt
 from .scorer import Scorer
 
-__all__ = ["compress_prompts", "Squeeze", "compressed_rows", "decode_rows", "scorer_for", "template_head"]
+__all__ = ["compress_prompts", "Squeeze", "compressed_rows", "decode_rows", "prefill_rows", "scorer_for",
+           "template_head"]
 
 _LOADED: dict[str, Any] = {}
 
@@ -117,8 +118,27 @@ class Squeeze:
         self.rows[0].info.update(stats)
         return [tokens]
 
+    @property
+    def transforms_prefill(self) -> bool:
+        return self.method is not None and bool(getattr(self.method, "transforms_prefill", False))
+
     def feed(self, stream: Any, rows: list[list[int]], chunk_size: int, compress: str) -> torch.Tensor:
-        """``stream.feed(rows, ...)`` with the merged embeddings applied."""
+        """``stream.feed(rows, ...)`` with the merged embeddings applied; for a method that
+        ``transforms_prefill`` (``hico-forward``), its own prefill of ``rows`` as one forward, every token
+        after row ``b``'s compressed context (the question, when fed with it) protected."""
+        if self.transforms_prefill:
+            extra = {len(r) - len(c) for r, c in zip(rows, self.ids)}
+            if len(extra) != 1 or min(extra) < 0:
+                name = self.method.name  # type: ignore[union-attr]
+                raise LonglabError(f"{name}: every row must be its context plus the same number of question "
+                                   "tokens (rows of different lengths are not supported)")
+            after = extra.pop()
+            protect = max(after, int(self.method.protect)) if after else None  # type: ignore[union-attr]
+            logits = self.method.prefill(stream, rows, protect, compress)  # type: ignore[union-attr]
+            info = self.method.info  # type: ignore[union-attr]
+            for r in self.rows:
+                r.info.update(layers=info["layers"], tokens_per_stage=info["tokens_per_stage"])
+            return logits
         with self.applied(stream.model):
             return stream.feed(rows, chunk_size, compress)
 
@@ -221,6 +241,20 @@ def decode_rows(
     if squeeze is not None and squeeze.guides:
         return squeeze.decode(stream, logits, max_new_tokens, eos)
     return stream.decode(logits, max_new_tokens, eos, **options)
+
+
+def prefill_rows(recipe: Any, stream: Any, rows: list[list[int]], chunk_size: int,
+                 compress: str = "end") -> torch.Tensor:
+    """The harness's prefill of a branch: ``stream.feed(...)``, or, for a recipe whose context method
+    ``transforms_prefill`` (``hico-forward``), that method's prefill through its Squeeze (active inside
+    :func:`compressed_rows`); ``rows`` are then the whole context (+ the question, query-aware)."""
+    method = recipe.context
+    if method is None or not getattr(method, "transforms_prefill", False):
+        return stream.feed(rows, chunk_size, compress)
+    squeeze = _ACTIVE.get(repr(method))
+    if squeeze is None:
+        raise RuntimeError(f"{method.name}: prefill outside compressed_rows (no active compression)")
+    return squeeze.feed(stream, rows, chunk_size, compress)
 
 
 def annotate(row: dict[str, Any], squeeze: Squeeze, record: dict[str, Any], sample: Any) -> dict[str, Any]:

@@ -103,6 +103,7 @@ class ContextCompressor(Method):
     query_aware: ClassVar[bool] = False  # reads the question
     guides_decoding: ClassVar[bool] = False  # replaces greedy decoding (guided_decode; Guidance)
     needs_scorer: ClassVar[bool] = False  # runs a language model over the context
+    transforms_prefill: ClassVar[bool] = False  # acts inside the prefill forward (prefill(); hico-forward)
 
     compression_ratio: float = 0.0
 

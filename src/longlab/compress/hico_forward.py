@@ -29,6 +29,15 @@ KV memory is that of the KV policy ``hico-drop@r`` (layers before ``b_1`` hold e
 prefill compute of layer ``l`` scales with the tokens it runs on. Requirements: one forward over the
 whole segment (one prefill chunk), rows without padding, no sliding-window layers (a window counted in
 ranks would differ from one in positions); anything else is refused.
+
+**As a recipe part**: ``hico-forward@r`` (registered, kind ``context``, ``transforms_prefill``) composes
+with every KV recipe (``hico-forward@0.5+snapkv@0.5``) from :func:`longlab.generate`, the CLI and
+``longlab eval``. It removes nothing before the prefill (its :meth:`HiCoForward.compress` is the
+identity); :meth:`longlab.compress.api.Squeeze.feed` runs the prompt's prefill through
+:meth:`HiCoForward.prefill` instead, as one forward, protecting every token fed after the context (the
+question, query-aware) or, when the context is fed alone, the last ``protect`` tokens. The eval harness
+gives such a recipe a prefill of its own (never a shared prefix or a replayed tail:
+:func:`longlab.eval.planner.transforms_prefill`).
 """
 
 from __future__ import annotations
@@ -37,11 +46,12 @@ import contextlib
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
-from ..recipe import LonglabError, Recipe
+from ..recipe import LonglabError, Recipe, register
+from .base import Compressed, ContextCompressor, Prompt
 
 __all__ = ["HiCoForward", "decoder_layers"]
 
@@ -90,48 +100,68 @@ class _StageScores:
         return None
 
 
+@register("hico-forward")
 @dataclass
-class HiCoForward:
+class HiCoForward(ContextCompressor):
     """HiCo hierarchical token dropping inside the prefill forward (Li et al., "VideoChat-Flash",
     arXiv 2501.00574): see the module docstring. ``compression_ratio`` r: the last stage keeps
-    ``ceil((1 - r) n)`` of the ``n`` droppable tokens; ``protect``: trailing tokens never dropped."""
+    ``ceil((1 - r) n)`` of the ``n`` droppable tokens; ``protect``: trailing tokens never dropped (at
+    least the scoring token; as a recipe part, also every token fed after the context)."""
 
-    paper = "VideoChat-Flash (HiCo), Li et al., arXiv 2501.00574, ICLR 2026; FastV-style scoring"
+    paper: ClassVar[str] = ("VideoChat-Flash (HiCo), Li et al., arXiv 2501.00574, ICLR 2026; "
+                            "FastV-style scoring")
+    transforms_prefill: ClassVar[bool] = True  # its work happens inside the prefill forward (Squeeze.feed)
+    query_aware: ClassVar[bool] = True  # the last prompt token (the question's, when fed with it) scores
 
     compression_ratio: float = 0.0
     stages: tuple[float, ...] = (1 / 3, 2 / 3)
     protect: int = 1
-    info: dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
-        if not 0 <= self.compression_ratio < 1:
+    def validate(self) -> None:
+        if isinstance(self.compression_ratio, bool) or not isinstance(self.compression_ratio, (int, float)) \
+                or not 0 <= self.compression_ratio < 1:
             raise LonglabError(
                 f"hico-forward: compression_ratio must be in [0, 1), got {self.compression_ratio}")
         fracs = list(self.stages)
         if not fracs or any(not 0 < f < 1 for f in fracs) or fracs != sorted(set(fracs)):
             raise LonglabError(
                 f"hico-forward: stages must be increasing layer fractions in (0, 1), got {fracs}")
-        if self.protect < 1:
+        if isinstance(self.protect, bool) or not isinstance(self.protect, int) or self.protect < 1:
             raise LonglabError(f"hico-forward: protect must be >= 1 (the scoring token), got {self.protect}")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.stages = tuple(self.stages)
         self._pos: torch.Tensor | None = None  # [B, T_cur] forward-relative positions of the running tokens
         self._scores: dict[int, torch.Tensor] = {}
         self._bounds: list[int] = []
         self._score_layers: set[int] = set()
         self._n = 0
 
-    def keep_counts(self, n_tokens: int) -> list[int]:
-        """Tokens each stage runs on (stage 0 = all ``n_tokens``), protected tokens included."""
-        n = n_tokens - self.protect
+    def compress(self, prompt: Prompt, scorer: Any) -> Compressed:
+        """Nothing is removed before the prefill: the dropping happens inside it (:meth:`prefill`)."""
+        out = self.identity(prompt)
+        out.info["prefill_transform"] = True
+        return out
+
+    def keep_counts(self, n_tokens: int, protect: int | None = None) -> list[int]:
+        """Tokens each stage runs on (stage 0 = all ``n_tokens``), the ``protect`` trailing tokens
+        (default: the field) included."""
+        p = self.protect if protect is None else protect
+        n = n_tokens - p
         S = len(self.stages)
         return [n_tokens] + [
-            min(n, max(0, math.ceil((1 - self.compression_ratio) ** (s / S) * n - 1e-9))) + self.protect
+            min(n, max(0, math.ceil((1 - self.compression_ratio) ** (s / S) * n - 1e-9))) + p
             for s in range(1, S + 1)
         ]
 
     @contextlib.contextmanager
-    def applied(self, stream: Any, n_tokens: int) -> Iterator[None]:
+    def applied(self, stream: Any, n_tokens: int, protect: int | None = None) -> Iterator[None]:
         """Inside the block, the next forward of ``stream``'s model over ``n_tokens`` new tokens per
-        row drops tokens at the stage boundaries (hooks removed and the recipe restored on exit)."""
+        row drops tokens at the stage boundaries (hooks removed and the recipe restored on exit);
+        ``protect``: trailing tokens never dropped (default: the field)."""
+        protect = self.protect if protect is None else protect
         model, cache = stream.model, stream.cache
         layers = decoder_layers(model)
         L = len(layers)
@@ -142,10 +172,12 @@ class HiCoForward:
         for layer in layers:
             if getattr(getattr(layer, "self_attn", None), "sliding_window", None):
                 raise LonglabError("hico-forward: models with sliding-window layers are not supported")
-        if n_tokens <= self.protect:
+        if isinstance(protect, bool) or not isinstance(protect, int) or protect < 1:
+            raise LonglabError(f"hico-forward: protect must be >= 1 (the scoring token), got {protect}")
+        if n_tokens <= protect:
             raise LonglabError(
-                f"hico-forward: {n_tokens} tokens leave nothing to drop (protect={self.protect})")
-        counts = self.keep_counts(n_tokens)
+                f"hico-forward: {n_tokens} tokens leave nothing to drop (protect={protect})")
+        counts = self.keep_counts(n_tokens, protect)
         self._bounds, self._score_layers = bounds, {b - 1 for b in bounds}
         self._n, self._scores = n_tokens, {}
         self.info = {"layers": bounds, "tokens_per_stage": counts, "kept_positions": []}
@@ -162,10 +194,10 @@ class HiCoForward:
                 s = bounds.index(idx) + 1
                 score = self._scores.pop(idx - 1)  # [B, T_cur]
                 T_cur = score.shape[1]
-                k = counts[s] - self.protect
-                body = score[:, : T_cur - self.protect]
+                k = counts[s] - protect
+                body = score[:, : T_cur - protect]
                 pick = body.topk(k, dim=-1).indices.sort(-1).values if k > 0 else body[:, :0].long()
-                tail = torch.arange(T_cur - self.protect, T_cur, device=device).expand(B, self.protect)
+                tail = torch.arange(T_cur - protect, T_cur, device=device).expand(B, protect)
                 rel = torch.cat([pick, tail], dim=1)  # [B, k_s], rows of the running tokens kept
                 hidden = hidden.gather(1, rel[..., None].expand(-1, -1, hidden.shape[-1]))
                 self._pos = self._pos.gather(1, rel)
@@ -203,11 +235,15 @@ class HiCoForward:
             cache.recipe = saved
             self._pos, self._scores = None, {}
 
-    def prefill(self, stream: Any, rows: list[list[int]]) -> torch.Tensor:
+    def prefill(self, stream: Any, rows: list[list[int]], protect: int | None = None,
+                compress: str = "end") -> torch.Tensor:
         """Feed ``rows`` (equal lengths, no padding) as one forward with dropping; the cache's own KV
-        policies compress at its end. Returns the last logits ``[B, V]``."""
+        policies compress at its end (``compress`` ``"end"`` or ``"chunk"``: the same for one chunk;
+        ``"none"``: not at all). ``protect``: trailing tokens never dropped (default: the field).
+        Returns the last logits ``[B, V]``."""
         n = len(rows[0]) if rows else 0
         if not rows or any(len(r) != n for r in rows):
-            raise LonglabError("hico-forward: rows must be non-empty and of equal length")
-        with self.applied(stream, n):
-            return stream.feed(rows, chunk_size=n, compress="end")
+            raise LonglabError("hico-forward: rows must be non-empty and of equal length "
+                               "(batch rows of different lengths are not supported)")
+        with self.applied(stream, n, protect):
+            return stream.feed(rows, chunk_size=n, compress=compress)

@@ -20,7 +20,8 @@ from typing import Any
 
 from ..recipe import LonglabError, Method, Recipe
 
-__all__ = ["PrefixGroup", "Observer", "batchable", "observation_need", "plan", "replayable", "tail_start"]
+__all__ = ["PrefixGroup", "Observer", "batchable", "observation_need", "plan", "replayable", "tail_start",
+           "transforms_prefill"]
 
 
 class Observer:
@@ -81,10 +82,17 @@ def tail_start(n_ctx: int, n_q: int, chunk_size: int, query_aware: bool, need: i
     return max(0, min(start, total - need, last_ok))
 
 
+def transforms_prefill(recipe: Recipe) -> bool:
+    """Whether the recipe's context part acts inside the prefill forward (``hico-forward``): the recipe
+    then prefills its whole prompt itself, in one forward (no shared prefix, no replayed tail)."""
+    return bool(getattr(recipe.context, "transforms_prefill", False))
+
+
 def replayable(recipe: Recipe) -> bool:
     """Whether the recipe's tail can come from the shared stream, its compression replayed on a fork:
-    true unless a KV policy computes attention itself while the tail is prefilled (``reads_attention``)."""
-    return not any(p.reads_attention for p in recipe.kv)
+    true unless a KV policy computes attention itself while the tail is prefilled (``reads_attention``)
+    or the prefill forward itself is transformed (:func:`transforms_prefill`)."""
+    return not any(p.reads_attention for p in recipe.kv) and not transforms_prefill(recipe)
 
 
 def batchable(recipe: Recipe) -> bool:
@@ -174,6 +182,8 @@ def plan(
     groups: list[PrefixGroup] = []
     for name, recipe in recipes:
         start = tail_start(n_ctx, n_q, chunk_size, query_aware, observation_need(recipe))
+        if transforms_prefill(recipe):
+            start = 0  # its own prefill of the whole prompt (shares no prefix)
         group = next((g for g in groups if g.accepts(recipe, start)), None)
         if group is None:
             group = PrefixGroup(recipe.prefill, start, known)

@@ -236,6 +236,7 @@ class SampleRunner:
         common: dict[str, Any], shared_metrics: PrefillMetrics | None = None,
     ) -> _Branch:
         """Fork the shared prefix into ``recipe`` and feed the tail (compressing once, at its end)."""
+        from ..compress.api import prefill_rows  # stream.feed, or a context part's own prefill (hico-forward)
         from ..sparse.prefill import collect_prefill_metrics
 
         cfg = self.config
@@ -246,7 +247,7 @@ class SampleRunner:
         t0 = time.perf_counter()
         rows = [tail + q] if cfg.query_aware and q else [tail]
         with collect_prefill_metrics(metrics):
-            logits = stream.feed(rows, cfg.chunk_size, compress="end")  # [1, V]
+            logits = prefill_rows(recipe, stream, rows, cfg.chunk_size, compress="end")  # [1, V]
         before, after = stream.cache.full_nbytes(), stream.cache.nbytes()
         tail_s = time.perf_counter() - t0 - (metrics.seconds - measured if metrics is not None else 0.0)
         compress_s = float(stream.cache.stats["compress_s"])

@@ -43,12 +43,25 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     e.add_argument("--samples", type=int, default=32)
     e.add_argument("--batch", type=int, default=8)
     e.add_argument("--seed", type=int, default=0, help="evaluation seed (the samples)")
+    e.add_argument("--task", help="test on a variant of the trained task (e.g. algebra:query=commuted)")
     e.add_argument("--threads", type=int, default=0)
 
     p = sub.add_parser("plot", help="score vs length, one line per mixer, from a results directory")
     p.add_argument("dir", metavar="DIR")
     p.add_argument("--out", required=True, help="PNG path")
     p.add_argument("--table", help="also write the extrapolation table (Markdown) here")
+    p.add_argument("--skip", nargs="*", default=[], help="drop rows whose task spec contains one of these")
+
+    pr = sub.add_parser("probe", help="PCFG parsing probes: ridge R² from each layer to log inside probs")
+    pr.add_argument("dir", metavar="DIR", help="checkpoint of a model trained on the pcfg task")
+    pr.add_argument("--length", type=int, default=0, help="string length (default: the training length)")
+    pr.add_argument("--widths", type=int, nargs="+", default=[2, 4, 8, 16])
+    pr.add_argument("--train", type=int, default=256, help="strings the probes are fitted on")
+    pr.add_argument("--test", type=int, default=128, help="held-out strings the R² is measured on")
+    pr.add_argument("--seed", type=int, default=0)
+    pr.add_argument("--ridge", type=float, default=1e-3)
+    pr.add_argument("--out", help="write the JSON here")
+    pr.add_argument("--threads", type=int, default=0)
 
     ls = sub.add_parser("list", help="registered mixers, positions and tasks")
     ls.set_defaults(lab_command="list")
@@ -79,12 +92,13 @@ def lab_main(args: Any) -> int:
     if args.lab_command == "eval":
         from .evaluate import evaluate
 
-        evaluate(args.dir, args.lengths, out=args.out, samples=args.samples, batch=args.batch, seed=args.seed)
+        evaluate(args.dir, args.lengths, out=args.out, samples=args.samples, batch=args.batch, seed=args.seed,
+                 task=args.task)
         return 0
     if args.lab_command == "plot":
         from .plot import plot_results
 
-        path = plot_results(args.dir, args.out)
+        path = plot_results(args.dir, args.out, args.skip)
         if path is None:
             print(f"longlab lab plot: no lab rows in {args.dir}")
             return 1
@@ -94,8 +108,29 @@ def lab_main(args: Any) -> int:
 
             from .plot import extrapolation_table, lab_rows
 
-            Path(args.table).write_text(extrapolation_table(lab_rows(args.dir)) + "\n")
+            Path(args.table).write_text(extrapolation_table(lab_rows(args.dir, args.skip)) + "\n")
             print(f"longlab lab plot: {args.table}")
+        return 0
+    if args.lab_command == "probe":
+        import json
+
+        from .probes import probe_checkpoint
+
+        res = probe_checkpoint(args.dir, args.length, args.widths, args.train, args.test, args.seed,
+                               args.ridge)
+        for part in ("trained", "untrained"):
+            r2 = res[part]["r2"]
+            print(f"{part}: R² by layer (rows) and width (columns {', '.join(map(str, args.widths))})")
+            for layer, row in r2.items():
+                print(f"  layer {layer}: " + "  ".join(f"{row[w]:+.3f}" for w in args.widths))
+        print("best layer by width (trained): " + ", ".join(f"w={w}: {v}" for w, v in
+                                                             res["trained"]["best_layer"].items()))
+        if args.out:
+            from pathlib import Path
+
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+            print(f"longlab lab probe: {args.out}")
         return 0
     if args.lab_command == "list":
         from .mixers import MIXERS

@@ -50,9 +50,12 @@ def evaluate(
     samples: int = 32,
     batch: int = 8,
     seed: int = 0,
+    task: str | None = None,
     log: Callable[[str], None] | None = print,
 ) -> list[dict[str, Any]]:
-    """Evaluate the checkpoint in ``ckpt`` at ``lengths``; write rows to ``out`` (default ``ckpt``)."""
+    """Evaluate the checkpoint in ``ckpt`` at ``lengths``; write rows to ``out`` (default ``ckpt``).
+    ``task``: test on another variant of the trained task (same task, same vocabulary; e.g. an algebra
+    mechanism set ``algebra:query=commuted`` or an unseen group); the rows then carry that spec."""
     model, cfg, manifest = load_checkpoint(ckpt, "DIR")
     if not lengths:
         raise LonglabError("--lengths: give at least one test length")
@@ -68,27 +71,37 @@ def evaluate(
     for name, value in (("--samples", samples), ("--batch", batch)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise LonglabError(f"{name}: must be an integer >= 1, got {value!r}")
-    task = task_config(cfg.task, cfg.seed)
+    trained = task_config(cfg.task, cfg.seed)
+    task_spec = cfg.task if task is None else task
+    tk = task_config(task_spec, cfg.seed)
+    shapes = {(t.name, t.vocab_size, t.input_dim) for t in (tk, trained)}
+    if len(shapes) > 1:
+        raise LonglabError(
+            f"--task: {task_spec!r} is not a variant of the trained task {cfg.task!r} (same task name and "
+            f"vocabulary needed: {tk.name}/{tk.vocab_size} vs {trained.name}/{trained.vocab_size})"
+        )
     for n in lengths:
-        task.check_length(n)
+        tk.check_length(n)
     target = Path(out) if out is not None else Path(ckpt)
     check_results_dir(target, "--out")
     identity = {"train": manifest["train"], "step": manifest["step"], "eval_seed": seed}
+    if task_spec != cfg.task:
+        identity["eval_task"] = task_spec
     chash = config_hash(identity)
-    model_name = f"lab-{task.name}-train{cfg.train_len}"
+    model_name = f"lab-{tk.name}-train{cfg.train_len}"
     recipe = recipe_name(cfg.mixer, cfg.positions)
     rows: list[dict[str, Any]] = []
     with ResultStore(target, what="--out") as store, torch.no_grad():
         for length in lengths:
             keys = [
-                make_run_key(model=model_name, recipe=recipe, task=cfg.task, length=length, sample_id=i,
+                make_run_key(model=model_name, recipe=recipe, task=task_spec, length=length, sample_id=i,
                              seed=cfg.seed, config_hash=chash)
                 for i in range(samples)
             ]
             todo = [i for i, k in enumerate(keys) if not store.has(k)]
             for s in range(0, len(todo), batch):
                 idx = todo[s : s + batch]
-                parts = [task.sample(1, length, _eval_generator(seed, length, i)) for i in idx]
+                parts = [tk.sample(1, length, _eval_generator(seed, length, i)) for i in idx]
                 tokens = torch.cat([p.tokens for p in parts])
                 t0 = time.perf_counter()
                 logits = model(tokens)
@@ -97,7 +110,7 @@ def evaluate(
                 rates = [r for r in rates if r is not None]
                 for j, (i, part) in enumerate(zip(idx, parts)):
                     lj = logits[j : j + 1]
-                    score = float(task.score(lj, part)[0])
+                    score = float(tk.score(lj, part)[0])
                     extra: dict[str, Any] = {
                         "params": manifest["params"], "train_tokens": manifest["train_tokens"],
                         "train_steps": manifest["step"], "train_len": cfg.train_len,
@@ -106,10 +119,10 @@ def evaluate(
                     }
                     if rates:  # L2A: fraction of tokens routed to global attention (batch mean, all layers)
                         extra["global_rate"] = sum(rates) / len(rates)
-                    extra.update(task.metrics(lj, part))
+                    extra.update(tk.metrics(lj, part))
                     row = {
                         "run_key": keys[i], "model": model_name, "recipe": recipe, "method": cfg.mixer,
-                        "task": cfg.task, "length": length, "sample_id": str(i), "seed": cfg.seed,
+                        "task": task_spec, "length": length, "sample_id": str(i), "seed": cfg.seed,
                         "score": score, "prefill_s": secs, "context_tokens": length,
                         "config_hash": chash, "recipe_repr": repr(cfg.model_config()),
                         "peak_rss_mb": peak_rss_mb(), **extra,
@@ -117,9 +130,9 @@ def evaluate(
                     store.add(row)
                     rows.append(row)
             if log:
-                mine = store.rows(model=model_name, recipe=recipe, task=cfg.task, length=length,
+                mine = store.rows(model=model_name, recipe=recipe, task=task_spec, length=length,
                                   seed=cfg.seed, config_hash=chash)
                 mine = [r for r in mine if (r.get("extra") or {}).get("answers_per_sample") != 0]
                 mean = sum(r["score"] for r in mine) / max(1, len(mine))
-                log(f"{recipe:>12} {cfg.task} length {length:>6}: score {mean:.3f} (n={len(mine)})")
+                log(f"{recipe:>12} {task_spec} length {length:>6}: score {mean:.3f} (n={len(mine)})")
     return rows

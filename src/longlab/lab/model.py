@@ -142,6 +142,16 @@ class LabLM(nn.Module):
             x = blk(x)
         return self._head(x)
 
+    def hidden_states(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The residual stream after the embedding and after each block: ``[n_layers + 1, B, T, D]``
+        (what the PCFG probes read; the head applies the final norm to the last one)."""
+        x = self._embed(tokens)
+        out = [x]
+        for blk in self.blocks:
+            x = blk(x)
+            out.append(x)
+        return torch.stack(out)
+
     def aux_loss(self) -> torch.Tensor | None:
         """Sum of the mixers' auxiliary losses from the last forward (L2A's gate rate), or ``None``."""
         terms = [b.mixer.aux_loss for b in self.blocks if b.mixer.aux_loss is not None]

@@ -16,13 +16,21 @@ fixes the emissions of positions ≤ t, leaves positions > t+1 as wildcards (emi
 probability with respect to that leaf's emission (the inside probability is linear in it), taken by
 autograd. Cost ``O(L³ N³)`` per prefix, vectorised over all prefixes of a batch; float64 (no underflow
 for L ≤ 128).
+
+Probe targets (:func:`span_log_inside`, used by :mod:`longlab.lab.probes`): ``log β(A, t − w + 1, t)``, the
+inside probability of each nonterminal over the observed span of width w ending at t.
 """
 
 from __future__ import annotations
 
+import bisect
+
 import torch
 
-__all__ = ["Grammar", "inside_chart", "length_inside", "next_token_probs", "random_grammar", "sample_string"]
+__all__ = [
+    "Grammar", "inside_chart", "inside_spans", "length_inside", "next_token_probs", "random_grammar",
+    "sample_string", "span_log_inside",
+]
 
 
 class Grammar:
@@ -55,20 +63,41 @@ def length_inside(g: Grammar, max_len: int) -> torch.Tensor:
     return beta
 
 
+def _split_cdf(g: Grammar, a: int, n: int, beta: torch.Tensor) -> list[float]:
+    """Cumulative distribution of ``(k, B, C)`` for expanding ``A`` over ``n`` terminals (``n = 1``: the
+    terminal distribution); cached on ``g`` for spans of up to 32 terminals (training lengths)."""
+    cache = g.__dict__.setdefault("_cdf", {})
+    key = (a, n, id(beta))
+    if key in cache:
+        return cache[key]
+    if n == 1:
+        w = g.unary[a]
+    else:
+        ks = torch.arange(1, n)
+        w = (g.binary[a][None] * beta[ks][:, :, None] * beta[n - ks][:, None, :]).flatten()  # [(n−1)·N·N]
+    cdf = w.cumsum(0)
+    cdf = (cdf / cdf[-1]).tolist()
+    if n <= 32:
+        cache[key] = cdf
+    return cdf
+
+
 def sample_string(
     g: Grammar, length: int, beta: torch.Tensor, gen: torch.Generator, root: int = 0
 ) -> torch.Tensor:
-    """One string of exactly ``length`` terminals derived from ``root`` (top-down, conditioned on length)."""
+    """One string of exactly ``length`` terminals derived from ``root`` (top-down, conditioned on length:
+    ``A → B C`` with split k drawn with probability ∝ ``P(A → B C) β(B, k) β(C, n − k)``, by inverse-CDF
+    sampling with one uniform per node from ``gen``)."""
     out: list[int] = []
     stack = [(root, length)]
+    u = torch.rand(2 * length, generator=gen, dtype=torch.float64).tolist()  # 2L − 1 nodes
     while stack:
         a, n = stack.pop()
+        cdf = _split_cdf(g, a, n, beta)
+        idx = min(bisect.bisect_right(cdf, u.pop()), len(cdf) - 1)
         if n == 1:
-            out.append(int(torch.multinomial(g.unary[a], 1, generator=gen)[0]))
+            out.append(idx)
             continue
-        ks = torch.arange(1, n)
-        w = g.binary[a][None] * beta[ks][:, :, None] * beta[n - ks][:, None, :]  # [n-1, N, N]
-        idx = int(torch.multinomial(w.flatten(), 1, generator=gen)[0])
         k, rest = divmod(idx, g.n * g.n)
         b, c = divmod(rest, g.n)
         stack.append((c, n - (k + 1)))  # right child popped after the left one
@@ -76,19 +105,39 @@ def sample_string(
     return torch.tensor(out)
 
 
-def inside_chart(g: Grammar, emit: torch.Tensor) -> torch.Tensor:
-    """Inside probability of the whole span for each row: ``emit: [R, L, N]`` (P(A → x_i), or β(A, 1)
-    for a wildcard) -> ``[R, N]``."""
+def inside_spans(g: Grammar, emit: torch.Tensor, max_width: int | None = None) -> list[torch.Tensor]:
+    """Inside probabilities of every span up to ``max_width`` (default: all): entry ``m`` is
+    ``[R, L − m + 1, N]``, the inside ``β(A, i, i + m − 1)`` by start ``i`` (entry 0 is empty)."""
     r, length, n = emit.shape
-    spans = [None, emit]  # spans[m]: [R, L − m + 1, N], the inside of spans of length m by start
+    top = length if max_width is None else min(length, max_width)
+    spans = [emit[:, :0], emit]  # spans[m]: [R, L − m + 1, N], the inside of spans of length m by start
     rules = g.binary.reshape(n, n * n).T  # [N·N, N]
-    for m in range(2, length + 1):
+    for m in range(2, top + 1):
         width = length - m + 1
         left = torch.stack([spans[k][:, :width] for k in range(1, m)], dim=1)  # [R, m−1, W, N]
         right = torch.stack([spans[m - k][:, k : k + width] for k in range(1, m)], dim=1)
         pairs = left.permute(0, 2, 3, 1) @ right.permute(0, 2, 1, 3)  # Σ_k β(B) β(C): [R, W, N, N]
         spans.append(pairs.reshape(r, width, n * n) @ rules)
-    return spans[length][:, 0]
+    return spans
+
+
+def span_log_inside(g: Grammar, x: torch.Tensor, widths: list[int] | tuple[int, ...]) -> torch.Tensor:
+    """The PCFG probe targets: ``log β(A, t − w + 1, t)`` (the inside probability that nonterminal A
+    derives the observed span of width w ending at t) for ``x: [B, L]`` -> ``[B, L, len(widths), N]``;
+    NaN where the span would start before the string (t < w − 1). Clamped at log 1e-300."""
+    b, length = x.shape
+    spans = inside_spans(g, g.unary.T[x], max(widths))
+    out = torch.full((b, length, len(widths), g.n), float("nan"), dtype=torch.float64)
+    for j, w in enumerate(widths):
+        if w <= length:
+            out[:, w - 1 :, j] = torch.log(spans[w].clamp_min(1e-300))  # start i = t − w + 1
+    return out
+
+
+def inside_chart(g: Grammar, emit: torch.Tensor) -> torch.Tensor:
+    """Inside probability of the whole span for each row: ``emit: [R, L, N]`` (P(A → x_i), or β(A, 1)
+    for a wildcard) -> ``[R, N]``."""
+    return inside_spans(g, emit)[emit.shape[1]][:, 0]
 
 
 def next_token_probs(g: Grammar, x: torch.Tensor, root: int = 0) -> torch.Tensor:
@@ -107,8 +156,8 @@ def next_token_probs(g: Grammar, x: torch.Tensor, root: int = 0) -> torch.Tensor
     leaf = torch.ones(b * (length - 1), g.n, dtype=torch.float64, requires_grad=True)
     pos = torch.arange(length - 1).repeat(b) + 1  # the leaf of each row
     onehot = torch.nn.functional.one_hot(pos, length).to(torch.float64)[..., None]  # [R, L, 1]
-    emit = emit * (1 - onehot) + onehot * leaf[:, None, :]
-    with torch.enable_grad():
+    with torch.enable_grad():  # also under torch.no_grad() (evaluation): the outside pass is a gradient
+        emit = emit * (1 - onehot) + onehot * leaf[:, None, :]
         z = inside_chart(g, emit)[:, root].sum()
         outside = torch.autograd.grad(z, leaf)[0]  # [R, N]
     num = outside @ g.unary  # [R, T]

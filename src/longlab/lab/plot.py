@@ -25,8 +25,10 @@ __all__ = ["cell_estimate", "extrapolation_table", "lab_rows", "plot_results"]
 Cells = dict[tuple[str, str, str], dict[int, dict[int, dict[str, float]]]]
 
 
-def lab_rows(results_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
-    return [r for r in load_rows(Path(results_dir), what="DIR") if str(r.get("model", "")).startswith("lab-")]
+def lab_rows(results_dir: str | os.PathLike[str], skip: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The lab's rows of a results directory, without those whose task spec contains any of ``skip``."""
+    return [r for r in load_rows(Path(results_dir), what="DIR") if str(r.get("model", "")).startswith("lab-")
+            and not any(s in str(r.get("task", "")) for s in skip)]
 
 
 def _cells(rows: Sequence[Mapping[str, Any]]) -> Cells:
@@ -102,10 +104,12 @@ _STYLES = ["-", "--", ":", "-."]
 _MARKERS = ["o", "s", "^", "D", "v", "P", "X"]
 
 
-def plot_results(results_dir: str | os.PathLike[str], path: str | os.PathLike[str]) -> Path | None:
-    """Write the PNG; ``None`` when the directory holds no lab rows. One legend per panel, outside the
-    axes (never over a curve); every recipe keeps one colour and style across panels."""
-    rows = lab_rows(results_dir)
+def plot_results(results_dir: str | os.PathLike[str], path: str | os.PathLike[str],
+                 skip: Sequence[str] = ()) -> Path | None:
+    """Write the PNG; ``None`` when the directory holds no lab rows (after ``skip``, see :func:`lab_rows`).
+    One legend per panel, outside the axes (never over a curve); every recipe keeps one colour and style
+    across panels."""
+    rows = lab_rows(results_dir, skip)
     cells = _cells(rows)
     panels = sorted({(m, t) for m, t, _ in cells})
     if not panels:

@@ -13,7 +13,9 @@ Registered (``TASKS``):
 - ``mqar``: multi-query (multi-token) associative recall, the MQMTAR form of Vasylenko et al. (ASEntmax,
   arXiv 2506.16640) after Arora et al. (Zoology, arXiv 2312.04927): ``n`` pairs of a ``key_len``-token key
   and a ``value_len``-token value (distinct keys), ``SEP``, then ``queries`` keys whose values are the
-  answers. ``n`` grows with the length; the number of queries does not.
+  answers. ``n`` grows with the length; the number of queries does not. With ``pairs = n > 0`` the
+  number of pairs is fixed and a gap of random ``filler`` tokens between the pairs and the queries grows
+  with the length instead (Zoology's few-pairs setting; the test length then tests recall distance).
 - ``passkey``: random filler with ``KEY d_1..d_k`` at a random depth, ending in ``QUERY``: the answers are
   the digits (Mohtashami & Jaggi 2023, arXiv 2305.16300).
 - ``flipflop``: flip-flop language modelling (Liu et al. 2023, arXiv 2306.00946): pairs
@@ -30,7 +32,9 @@ Registered (``TASKS``):
 - ``algebra``: in-context group arithmetic (Todd et al., "In-Context Algebra", arXiv 2512.16902): per
   sequence one or more groups from cyclic C3..C10 and dihedral D3..D5, elements mapped injectively
   to random variable symbols, facts ``, a b = c`` drawn from the Cayley tables; every token after ``=``
-  is an answer (holdout_zero: the identity is never symbol 0).
+  is an answer (holdout_zero: the identity is never symbol 0). ``query=commuted|absent|identity|
+  elimination`` gives the mechanism test sets (one held-out query fact per sequence; see
+  :class:`AlgebraTask`).
 - ``lcube``: L-CUBE hierarchical Gaussian sequences (:mod:`longlab.lab.lcube`) [recon]: continuous
   tokens ``x_t ∈ R^D``, the exact conditional ``p(x_t | x_{<t})``; the model has a linear input and a
   diagonal-Gaussian head; score = the utilisation ``U`` (1: the exact conditional, 0: the marginal).
@@ -195,35 +199,43 @@ class MQARTask(Task):
     key_len: int = 2
     value_len: int = 1
     queries: int = 8
+    pairs: int = 0  # 0: as many pairs as fit the length; > 0: that many, then a gap of filler tokens
+    filler: int = 8  # filler symbols of the gap (only when pairs > 0)
 
     def __post_init__(self) -> None:
         _check(self.name, "alphabet", self.alphabet, 2)
-        for f in ("key_len", "value_len", "queries"):
+        for f in ("key_len", "value_len", "queries", "filler"):
             _check(self.name, f, getattr(self, f), 1)
+        _check(self.name, "pairs", self.pairs, 0)
 
     @property
     def vocab_size(self) -> int:
-        return self.alphabet + 2
+        return self.alphabet + 2 + (self.filler if self.pairs else 0)
 
     def min_length(self) -> int:
-        return 2 + (self.queries + self.queries) * (self.key_len + self.value_len)
+        per = self.key_len + self.value_len
+        return 2 + ((self.pairs or self.queries) + self.queries) * per
 
-    def pairs(self, length: int) -> int:
+    def n_pairs(self, length: int) -> int:
+        """Key-value pairs in a sequence of ``length`` tokens (fixed when ``pairs > 0``)."""
+        if self.pairs:
+            return self.pairs
         per = self.key_len + self.value_len
         return (length - 2 - self.queries * per) // per
 
     def check_length(self, length: int) -> None:
         super().check_length(length)
-        if self.pairs(length) > self.alphabet**self.key_len:
+        if self.n_pairs(length) > self.alphabet**self.key_len:
             raise LonglabError(
-                f"task mqar: length {length} needs {self.pairs(length)} distinct keys but alphabet^key_len = "
+                f"task mqar: length {length} needs {self.n_pairs(length)} distinct keys but "
+                f"alphabet^key_len = "
                 f"{self.alphabet ** self.key_len}; raise key_len or alphabet"
             )
 
     def _sample(self, length, gen):
         bos, sep = self.alphabet, self.alphabet + 1
         a, kl, vl = self.alphabet, self.key_len, self.value_len
-        n = self.pairs(length)
+        n = self.n_pairs(length)
         ids = torch.randperm(a**kl, generator=gen)[:n]
         keys = torch.stack([(ids // a**i) % a for i in range(kl)], dim=1)  # [n, key_len] distinct
         values = torch.randint(0, a, (n, vl), generator=gen)
@@ -231,7 +243,11 @@ class MQARTask(Task):
         ctx = torch.cat([keys, values], dim=1).flatten()
         qs = torch.cat([keys[q], values[q]], dim=1).flatten()
         used = 2 + ctx.numel() + qs.numel()
-        seq = torch.cat([torch.full((length - used + 1,), bos), ctx, torch.tensor([sep]), qs])
+        if self.pairs:  # BOS, the pairs, a gap of random filler (grows with the length), SEP, the queries
+            gap = a + 2 + _randint(self.filler, gen, length - used)
+            seq = torch.cat([torch.tensor([bos]), ctx, gap, torch.tensor([sep]), qs])
+        else:
+            seq = torch.cat([torch.full((length - used + 1,), bos), ctx, torch.tensor([sep]), qs])
         ans = torch.zeros(length, dtype=torch.bool)
         start = length - qs.numel()
         for j in range(self.queries):  # the tokens before each value token predict it
@@ -426,13 +442,33 @@ def cayley_table(name: str) -> torch.Tensor:
     return tab
 
 
+QUERIES = ("", "commuted", "absent", "identity", "elimination")
+
+
 @register_task("algebra")
 @dataclass
 class AlgebraTask(Task):
+    """``query = ""``: every token after ``=`` is scored (training). A mechanism test set (the paper's
+    three mechanisms [paper]; the sets' construction is [recon]) instead ends every sequence in one held-out
+    query fact ``, a b =`` whose answer is the only scored token; the query never appears in the context:
+
+    - ``commuted``: a ≠ b commute, neither is the identity, and the commuted twin ``, b a = c`` is in the
+      context (commutative copying answers it);
+    - ``absent``: the same kind of query with its twin removed too (copying cannot answer it; the
+      commuted − absent gap isolates copying);
+    - ``identity``: one operand is the identity (``e b = b``); query and twin are removed, and some other
+      fact with ``e`` as an operand is in the context (identity recognition);
+    - ``elimination``: query and twin removed, and every other fact of the row ``a x = y`` (x ≠ b) is in
+      the context, so the answer is the one element of a's group not yet used in a's row (closure-based
+      cancellation).
+
+    An unseen group: train with ``groups`` that leave one out and test with ``groups=["C7"]``."""
+
     symbols: int = 16
     max_order: int = 10
     mix: float = 0.7
     groups: tuple[str, ...] = field(default_factory=lambda: GROUPS)
+    query: str = ""
 
     def __post_init__(self) -> None:
         _check(self.name, "symbols", self.symbols, 4)
@@ -442,17 +478,27 @@ class AlgebraTask(Task):
         bad = [g for g in self.groups if g not in GROUPS]
         if bad or not self.groups:
             raise LonglabError(f"task algebra: groups must be among {', '.join(GROUPS)}, got {bad or '()'}")
+        if self.query not in QUERIES:
+            raise LonglabError(
+                f"task algebra: query must be one of {', '.join(map(repr, QUERIES))}, got {self.query!r}"
+            )
         self._tables = {g: cayley_table(g) for g in self.groups}
+        if not [g for g in self.groups if group_order(g) <= min(self.max_order, self.symbols)]:
+            raise LonglabError(
+                f"task algebra: no group of order <= max_order {self.max_order} and <= symbols {self.symbols}"
+            )
 
     @property
     def vocab_size(self) -> int:
         return self.symbols + 2  # '=' and ','
 
     def min_length(self) -> int:
-        return 6
+        if self.query == "elimination":  # the row's other facts, one possibly cut fact, the query
+            return 5 * (min(self.max_order, self.symbols) + 1) + 1
+        return 16 if self.query else 6
 
-    def _sample(self, length, gen):
-        eq, comma = self.symbols, self.symbols + 1
+    def _groups(self, gen):
+        """The sequence's groups, their offsets in the element list, and the element -> symbol map."""
         usable = [g for g in self.groups if group_order(g) <= min(self.max_order, self.symbols)]
         chosen = [usable[int(_randint(len(usable), gen)[0])]]
         total = group_order(chosen[0])
@@ -471,17 +517,66 @@ class AlgebraTask(Task):
                 starts.append(starts[-1] + group_order(g))
             if all(int(perm[s]) != 0 for s in starts):
                 break
-        facts = []
+        return chosen, starts, perm
+
+    def _fact(self, gi: int, a: int, b: int, chosen, starts, perm) -> list[int]:
+        tab, off = self._tables[chosen[gi]], starts[gi]
+        c = int(tab[a, b])
+        return [self.symbols + 1, int(perm[off + a]), int(perm[off + b]), self.symbols, int(perm[off + c])]
+
+    def _random_fact(self, gen, chosen, starts, perm) -> tuple[int, int, int]:
+        gi = int(_randint(len(chosen), gen)[0])
+        a, b = (int(v) for v in _randint(self._tables[chosen[gi]].shape[0], gen, 2))
+        return gi, a, b
+
+    def _sample(self, length, gen):
+        chosen, starts, perm = self._groups(gen)
         n_facts = (length - 1) // 5 + 1
-        for _ in range(n_facts):
-            gi = int(_randint(len(chosen), gen)[0])
-            tab, off = self._tables[chosen[gi]], starts[gi]
-            a, b = (int(v) for v in _randint(tab.shape[0], gen, 2))
-            c = int(tab[a, b])
-            facts.append([comma, int(perm[off + a]), int(perm[off + b]), eq, int(perm[off + c])])
+        if not self.query:
+            facts = [self._fact(*self._random_fact(gen, chosen, starts, perm), chosen, starts, perm)
+                     for _ in range(n_facts)]
+            seq = torch.tensor(facts).flatten()[-length:]
+            ans = torch.zeros(length, dtype=torch.bool)
+            ans[:-1] = seq[:-1] == self.symbols  # '=' predicts c
+            return seq, ans
+        return self._query_sample(length, n_facts, gen, chosen, starts, perm)
+
+    def _query_sample(self, length, n_facts, gen, chosen, starts, perm):
+        gi = int(_randint(len(chosen), gen)[0])
+        tab = self._tables[chosen[gi]]
+        n = tab.shape[0]
+        if self.query in ("commuted", "absent"):  # non-identity a ≠ b with ab = ba (rotations always do)
+            cand = [(a, b) for a in range(1, n) for b in range(1, n) if a != b and tab[a, b] == tab[b, a]]
+        elif self.query == "identity":
+            cand = [(0, b) for b in range(1, n)] + [(a, 0) for a in range(1, n)]
+        else:
+            cand = [(a, b) for a in range(1, n) for b in range(1, n)]
+        a, b = cand[int(_randint(len(cand), gen)[0])]
+        banned = {(gi, a, b)} if self.query == "commuted" else {(gi, a, b), (gi, b, a)}
+        required: list[tuple[int, int, int]] = []
+        if self.query == "commuted":
+            required = [(gi, b, a)]
+        elif self.query == "identity":
+            x = a or b  # the non-identity operand; another identity fact (e y or y e, y ≠ x)
+            others = [(gi, 0, y) for y in range(n) if y != x] + [(gi, y, 0) for y in range(1, n) if y != x]
+            required = [others[int(_randint(len(others), gen)[0])]]
+        elif self.query == "elimination":
+            required = [(gi, a, x) for x in range(n) if x != b]
+        ctx = []
+        while len(ctx) < n_facts - 1:
+            f = self._random_fact(gen, chosen, starts, perm)
+            if f not in banned:
+                ctx.append(f)
+        if len(required) > n_facts - 2:
+            raise LonglabError(f"task algebra: query={self.query} needs a longer sequence than {length}")
+        # positions 1 .. n_facts − 2: never the first fact (the cut one) nor the query
+        slots = (torch.randperm(n_facts - 2, generator=gen)[: len(required)] + 1).tolist()
+        for pos, f in zip(slots, required):
+            ctx[pos] = f
+        facts = [self._fact(*f, chosen, starts, perm) for f in ctx + [(gi, a, b)]]
         seq = torch.tensor(facts).flatten()[-length:]
         ans = torch.zeros(length, dtype=torch.bool)
-        ans[:-1] = seq[:-1] == eq  # '=' predicts c
+        ans[length - 2] = True  # the query's '=' predicts its answer
         return seq, ans
 
 
@@ -631,6 +726,20 @@ class LCubeTask(Task):
         return {"kl": float(kl[0]), "info": float(info[0])}
 
 
+def _split_top(text: str) -> list[str]:
+    """Split ``k=v,k=[a,b]`` at the commas outside brackets (list values keep their commas)."""
+    parts, depth, cur = [], 0, ""
+    for ch in text:
+        depth += ch in "[("
+        depth -= ch in "])"
+        if ch == "," and depth <= 0:
+            parts.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return parts + [cur]
+
+
 def task_config(spec: str | Task, seed: int = 0) -> Task:
     """A task from ``"name"`` or ``"name:k=v,..."`` (values as JSON scalars, never evaluated)."""
     import json
@@ -645,7 +754,7 @@ def task_config(spec: str | Task, seed: int = 0) -> Task:
     cls = TASKS[name]
     fields = {f for f in cls.__dataclass_fields__}
     kwargs: dict = {"seed": seed}
-    for item in filter(None, (p.strip() for p in rest.split(","))):
+    for item in filter(None, (p.strip() for p in _split_top(rest))):
         key, eq, raw = item.partition("=")
         if not eq or key not in fields:
             raise LonglabError(

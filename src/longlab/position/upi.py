@@ -54,11 +54,11 @@ def ssm_step(
 
 
 class Mamba2Mixer(nn.Module):
-    """A Mamba2-style mixer (scalar decay per head, input-dependent ``Δ, B, C``, gated output); sequential
-    scan.
+    """A Mamba2-style mixer (scalar decay per head, input-dependent ``Δ, B, C``, gated output); the scan in
+    its quadratic (SSD) form (``scan="parallel"``, default) or as the sequential loop (``scan="loop"``).
 
     ``x [B, T, d_model] -> [B, T, d_model]``. ``dt_scale [H]`` (buffer, 1 by default) divides ``Δ``: ``Δ/n``
-    under UPI; ``exact_n [H]`` (1: off) switches a head to the closed-form gates with that ``n``."""
+    under UPI; ``mode="exact"`` uses the closed-form gates with ``n = dt_scale`` instead."""
 
     def __init__(self, d_model: int, n_heads: int, head_dim: int, d_state: int) -> None:
         super().__init__()
@@ -72,6 +72,30 @@ class Mamba2Mixer(nn.Module):
         self.d = nn.Parameter(torch.ones(n_heads))
         self.register_buffer("dt_scale", torch.ones(n_heads), persistent=False)
         self.mode = "dt"
+        self.scan = "parallel"  # "loop": the sequential recurrence (the parallel form's tested reference)
+
+    def _parallel(
+        self, xs: torch.Tensor, bm: torch.Tensor, cm: torch.Tensor, dt: torch.Tensor, a: torch.Tensor,
+        scale: torch.Tensor,
+    ) -> torch.Tensor:
+        """The same recurrence in its quadratic (SSD) form: with ``log f_k`` and ``g_j`` the gates of the
+        loop, ``y_t = Σ_{j<=t} (C_t·B_j)·g_j·exp(Σ_{k=j+1}^{t} log f_k)·x_j + D·x_t``.
+
+        ``xs [B, T, H, P]``, ``bm, cm [B, T, N]``, ``dt [B, T, H]`` -> ``y [B, T, H, P]``. Both modes have
+        ``log f = -aΔ/n``; they differ in ``g`` (``Δ/n`` or the closed-form gate)."""
+        t = xs.shape[1]
+        if self.mode == "exact":
+            _, g = upi_gates(a * dt, dt, scale)
+        else:
+            g = dt / scale
+        logf = -a * dt / scale  # [B, T, H]
+        cum = logf.cumsum(1).transpose(1, 2)  # S_t: [B, H, T]
+        causal = torch.ones(t, t, dtype=torch.bool, device=xs.device).tril()
+        # log of g_j·exp(S_t - S_j), -inf above the diagonal: [B, H, T, T]
+        seg = cum[..., :, None] - cum[..., None, :] + g.log().transpose(1, 2)[:, :, None, :]
+        m = torch.einsum("btn,bjn->btj", cm, bm)[:, None] * seg.masked_fill(~causal, float("-inf")).exp()
+        y = torch.einsum("bhtj,bjhp->bthp", m, xs)  # [B, T, H, P]
+        return y + self.d[:, None] * xs
 
     def forward(self, x: torch.Tensor, *, return_dt: bool = False) -> Any:
         b, t, _ = x.shape
@@ -80,9 +104,13 @@ class Mamba2Mixer(nn.Module):
         xs = nn.functional.silu(xs).view(b, t, self.h, self.p)  # [B, T, H, P]
         dt = nn.functional.softplus(dt + self.dt_bias)  # [B, T, H]
         a = torch.exp(self.a_log)  # [H], decay rate a > 0
+        scale = self.dt_scale
+        if self.scan == "parallel":
+            y = self._parallel(xs, bm, cm, dt, a, scale).reshape(b, t, hp) * nn.functional.silu(z)
+            out = self.out_proj(y)
+            return (out, (dt, bm, cm)) if return_dt else out
         state = x.new_zeros(b, self.h, self.p, self.n)
         ys = []
-        scale = self.dt_scale
         for i in range(t):
             bx = xs[:, i, :, :, None] * bm[:, i, None, None, :]  # [B, H, P, N]
             if self.mode == "exact":  # closed-form gates with n = dt_scale per head

@@ -12,13 +12,20 @@ Backends behind :func:`block_sparse_attention`:
   causal mask, a view of k/v) and mask-free calls over each head's fully visible blocks (one call for all
   heads when they share them), merged by log-sum-exp; GQA packed as query rows. Forward only.
 * ``"grouped"``: :func:`grouped_block_sparse_attention`: q-blocks (per head, or per KV head when its query
-  heads select alike) with equal block counts batched into one mask-free fused-SDPA call each, the
-  diagonal blocks of every q-block in one masked call, merged by log-sum-exp. Forward only; no compile.
+  heads select alike) with equal block counts batched into mask-free fused-SDPA calls over cache-sized
+  gathers, the diagonal blocks of every q-block in one ``is_causal`` call (aligned blocks) or one masked
+  call, merged by log-sum-exp. Forward only; no compile.
+* ``"folded"``: :func:`folded_block_sparse_attention`: each unit's diagonal blocks go last in its gathered
+  keys (additive causal mask on those columns only), units with equal block counts are batched through
+  cache-sized ``bmm -> exp -> bmm`` calls; exact softmax in one pass, no log-sum-exp merge. Forward only;
+  measured 10-33% slower than ``"grouped"`` on this CPU (its separate ``exp`` pass), so not ``"auto"``.
 * ``"dense"``: the oracle, SDPA over all keys with an element causal mask (ignores the block mask).
-* ``"auto"``: on CPU without autograd ``"grouped"`` (LongCA-bench here: 0.81-1.01 of the ideal
-  ``density x dense`` time in chunked prefill at 8k-32k, faster than flex in 11 of 12 cells, and no
-  compile; ``docs/results/attention-bench.md``); otherwise ``"flex"`` for ``T_q >= FLEX_MIN_Q_LEN`` where
-  the compile cost pays off, else ``"gather"`` (also if flex fails to compile, with one warning).
+* ``"auto"``: on CPU without autograd ``"grouped"`` (LongCA-bench here: no compile, at or above flex in
+  chunked prefill, faster than ``"folded"`` and the previous grouped in every cell measured; efficiency =
+  ideal ``density x dense`` time / time: 0.83-1.2 in chunked prefill at 8k, 0.65-0.75 in one-shot
+  prefill at 8k on per-head masks against ``is_causal`` SDPA; ``docs/results/attention-bench.md``);
+  otherwise ``"flex"`` for ``T_q >= FLEX_MIN_Q_LEN`` where the compile cost pays off, else ``"gather"``
+  (also if flex fails to compile, with one warning).
 """
 
 from __future__ import annotations
@@ -51,11 +58,12 @@ __all__ = [
     "sample_rows",
     "split_block_sparse_attention",
     "grouped_block_sparse_attention",
+    "folded_block_sparse_attention",
     "sdpa_with_lse",
     "merge_by_lse",
 ]
 
-Backend = Literal["auto", "flex", "gather", "split", "grouped", "dense"]
+Backend = Literal["auto", "flex", "gather", "split", "grouped", "folded", "dense"]
 FLEX_MIN_Q_LEN = 2048
 _FLEX_RECOMPILE_LIMIT = 64
 
@@ -220,8 +228,10 @@ def block_sparse_attention(
         return split_block_sparse_attention(q, k, v, mask, scaling)
     if backend == "grouped":
         return grouped_block_sparse_attention(q, k, v, mask, scaling)
-    raise ValueError(f"backend must be one of 'auto', 'flex', 'gather', 'split', 'grouped', 'dense'; "
-                     f"got {backend!r}")
+    if backend == "folded":
+        return folded_block_sparse_attention(q, k, v, mask, scaling)
+    raise ValueError("backend must be one of 'auto', 'flex', 'gather', 'split', 'grouped', 'folded', "
+                     f"'dense'; got {backend!r}")
 
 
 def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float,
@@ -425,7 +435,114 @@ def quality_metrics(
     }
 
 
-_GROUP_BYTES = 256 * 2**20  # gathered K + V per grouped call (bounded memory)
+def _fp32_with_lse(q, k, v, scaling, add):
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling + add.float()
+    lse = torch.logsumexp(s, -1)
+    return torch.matmul(torch.softmax(s, -1).nan_to_num(0.0), v.float()).to(q.dtype), lse
+
+
+_FOLD_S_BYTES = 4 * 2**20  # score workspace per folded call: small enough to stay in the last-level cache
+
+
+def folded_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockSparseMask,
+                                  scaling: float | None = None) -> torch.Tensor:
+    """Causal block-sparse attention with the diagonal folded into each unit's keys: no merge (forward only).
+
+    q: [B, H, T_q, D], k, v: [B, H_kv, T_k, D], mask ``[B, H, n_qb, n_kb]`` -> [B, H, T_q, Dv]. With the
+    sink and diagonal blocks added (:func:`enforce_required`), a *unit* is (b, KV head, q-block ``i``) when
+    the ``g`` query heads of the KV head select alike (their ``g x bq`` rows packed), else (b, head, ``i``).
+    Its keys are its ``c`` selected fully visible blocks followed by the ``p_i`` partial (diagonal) blocks of
+    q-block ``i`` (contiguous, the same for every head). Units with equal ``(c, p_i)`` are batched: their
+    K/V blocks are gathered into a cache-sized workspace ``[G, (c + p) bk, D]`` and
+
+        S = (s Q) K^T  (one bmm),   S[:, :, c bk:] += A_i  (additive causal mask, partial columns only),
+        P = exp(S - max_row S),     O = (P V) / rowsum(P)  (one bmm, normalised after the product),
+
+    i.e. the exact softmax over the selected keys in one pass, with no log-sum-exp merge of separate parts.
+    The matmuls run in fp32 (fp64 stays fp64). Exact: the key set of a row is its selected blocks with the
+    element causal mask inside the partial ones, as :meth:`BlockSparseMask.to_element_mask` defines."""
+    B, H, H_kv, T_q, T_k = _check_qkv(q, k, v)
+    _check_mask(mask, B, H, T_q, T_k)
+    scaling = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
+    mask = enforce_required(mask)
+    g = H // H_kv
+    bq, bk, n_qb, n_kb = mask.bq, mask.bk, mask.n_qb, mask.n_kb
+    D, Dv = q.shape[-1], v.shape[-1]
+    dev, out_dtype = q.device, q.dtype
+    ct = torch.float64 if q.dtype == torch.float64 else torch.float32  # compute dtype
+    fv = fully_visible(T_q, T_k, bq, bk, dev)  # [n_qb, n_kb]
+    if T_k % bk:
+        fv[:, -1] = False  # a padded k-block always goes with the masked (partial) columns
+    sel = mask.mask
+    full = sel & fv  # [B, H, n_qb, n_kb]
+    part = (sel & ~fv).any(0).any(0)  # [n_qb, n_kb]: the diagonal blocks, shared by all heads
+    js = torch.arange(n_kb, device=dev)
+    first = torch.where(part, js, n_kb).amin(-1)  # [n_qb]
+    last = torch.where(part, js, -1).amax(-1)
+    pcount = torch.where(last >= 0, last - first + 1, 0)  # [n_qb] partial blocks per q-block (0: none)
+    P = int(pcount.max())
+    first = torch.where(last >= 0, first, 0)
+    kidx = first[:, None] * bk + torch.arange(max(P, 1) * bk, device=dev)  # [n_qb, P bk] key positions
+    qpos = torch.arange(n_qb * bq, device=dev).view(n_qb, bq) + (T_k - T_q)  # [n_qb, bq]
+    vis = ((kidx[:, None, :] <= qpos[:, :, None]) & (kidx < T_k)[:, None, :]
+           & (kidx < (last[:, None] + 1) * bk)[:, None, :])  # [n_qb, bq, P bk]
+    addp = torch.zeros(vis.shape, dtype=ct, device=dev).masked_fill_(~vis, float("-inf"))
+    same_add = bool((addp == addp[:1]).all())  # e.g. aligned one-shot prefill: one causal triangle for all
+    qs6 = (F.pad(q.to(ct) * scaling, (0, 0, 0, n_qb * bq - T_q))).view(B, H_kv, g, n_qb, bq, D)
+    out6 = torch.zeros(B, H_kv, g, n_qb, bq, Dv, dtype=ct, device=dev)
+    kb = F.pad(k.to(ct), (0, 0, 0, n_kb * bk - T_k)).reshape(B * H_kv * n_kb, bk * D)  # one row per k-block
+    vb = F.pad(v.to(ct), (0, 0, 0, n_kb * bk - T_k)).reshape(B * H_kv * n_kb, bk * Dv)
+    f5 = full.view(B, H_kv, g, n_qb, n_kb)
+    shared = (f5 == f5[:, :, :1]).all(-1).all(2)  # [B, H_kv, n_qb]: the g heads select the same blocks
+    counts = f5.sum(-1)  # [B, H_kv, g, n_qb]
+    order = torch.argsort(f5.to(torch.int8), dim=-1, descending=True, stable=True)  # selected first
+    ws: dict[str, torch.Tensor] = {}  # workspaces reused by every group (fresh buffers cost page faults)
+
+    def buf(name: str, n: int) -> torch.Tensor:
+        t = ws.get(name)
+        if t is None or t.numel() < n:
+            t = ws[name] = torch.empty(n, dtype=ct, device=dev)
+        return t[:n]
+
+    pb, ph, pi = shared.nonzero(as_tuple=True)
+    ub, uh, uj, ui = (~shared)[:, :, None, :].expand(B, H_kv, g, n_qb).nonzero(as_tuple=True)
+    for packed, b_all, h_all, j_all, i_all in ((True, pb, ph, torch.zeros_like(pb), pi),
+                                               (False, ub, uh, uj, ui)):
+        if b_all.numel() == 0:
+            continue
+        R = g * bq if packed else bq
+        c_all = counts[b_all, h_all, j_all, i_all]
+        key = c_all * (P + 1) + pcount[i_all]
+        for kk in key.unique().tolist():
+            c, p = divmod(int(kk), P + 1)
+            L = (c + p) * bk
+            pick = (key == kk).nonzero().flatten()
+            b, h, j, i = b_all[pick], h_all[pick], j_all[pick], i_all[pick]
+            blocks = torch.cat([order[b, h, j, i, :c], first[i][:, None] + torch.arange(p, device=dev)], 1)
+            ridx = (b * H_kv + h)[:, None] * n_kb + blocks  # [N, c + p] rows of kb / vb
+            qsel = (qs6[b, h, :, i] if packed else qs6[b, h, j, i]).reshape(-1, R, D)  # [N, R, D]
+            osel = torch.empty(qsel.shape[0], R, Dv, dtype=ct, device=dev)
+            step = max(1, _FOLD_S_BYTES // (R * L * kb.element_size()))
+            for s in range(0, pick.numel(), step):
+                e = min(s + step, pick.numel())
+                G, rid = e - s, ridx[s:e].flatten()
+                ks = torch.index_select(kb, 0, rid, out=buf("k", G * L * D).view(-1, bk * D)).view(G, L, D)
+                vs = torch.index_select(vb, 0, rid, out=buf("v", G * L * Dv).view(-1, bk * Dv)).view(G, L, Dv)
+                S = torch.bmm(qsel[s:e], ks.transpose(1, 2), out=buf("s", G * R * L).view(G, R, L))
+                if p:
+                    a = addp[:1, :, : p * bk] if same_add else addp[i[s:e], :, : p * bk]  # [G or 1, bq, p bk]
+                    S.view(G, R // bq, bq, L)[..., c * bk:].add_(a[:, None])
+                S.sub_(S.amax(-1, keepdim=True)).exp_()
+                den = S.sum(-1, keepdim=True)
+                torch.bmm(S, vs, out=osel[s:e]).div_(den)
+            if packed:
+                out6[b, h, :, i] = osel.view(-1, g, bq, Dv)
+            else:
+                out6[b, h, j, i] = osel
+    return out6.reshape(B, H, n_qb * bq, Dv)[:, :, :T_q].to(out_dtype)
+
+
+_WS_BYTES = 8 * 2**20  # gathered K + V per grouped call: stays in the last-level cache
 
 
 def grouped_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockSparseMask,
@@ -436,19 +553,23 @@ def grouped_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     sink and diagonal blocks added (:func:`enforce_required`), the selected blocks of q-block ``i`` split
     into two disjoint key sets:
 
-    * the *diagonal* blocks (not fully visible, hence required, hence the same for every head): one
-      contiguous key range per q-block; all q-blocks and heads go into **one** fused call, batch ``B n_qb``,
-      GQA packed as ``g x bq`` query rows, keys gathered to a common width ``W`` with an additive causal
-      mask ``[B n_qb, 1, g bq, W]``;
     * the selected *fully visible* blocks: no element mask. Units are (b, KV head, q-block) when the ``g``
       query heads of the KV head select the same blocks (packed as ``g x bq`` rows), else (b, head,
-      q-block); units with equal block count and row count form one group, gathered into
-      ``[G, 1, c bk, D]`` and run as **one** mask-free fused call (batch ``G``), so the number of calls
-      is the number of distinct counts, not ``H x n_qb``.
+      q-block); units with equal block count and row count form one class, whose queries are gathered once;
+      its K/V blocks are gathered (``index_select``) into a workspace of at most ``_WS_BYTES`` (8 MiB: it
+      stays in the last-level cache between the copy and the fused call that reads it) and each batch runs
+      as **one** mask-free fused call, so the number of calls is about (gathered bytes / 8 MiB) plus the
+      number of distinct counts, not ``H x n_qb``;
+    * the *diagonal* blocks (not fully visible, hence required, hence the same for every head). When
+      ``bq == bk`` and the queries start on a block boundary (one-shot prefill, aligned chunks), q-block
+      ``i`` against k-block ``i + q_offset / bk`` is a square causal problem: **one** ``is_causal`` fused
+      call over all q-blocks (batch ``B n_qb``, GQA native, no mask tensor). Otherwise one masked call:
+      keys gathered to a common width ``W``, an additive causal mask ``[B n_qb, 1, g bq, W]``.
 
-    ``O = sum_p O_p exp(lse_p - logaddexp_p lse_p)`` (:func:`merge_by_lse`); exact because the two key
-    sets are disjoint and together are the selected keys. The per-block work is aten's fused CPU flash
-    kernel, the same as dense SDPA's, plus one copy of each selected K/V block per unit (memory-bound)."""
+    ``O = sum_p O_p exp(lse_p - logaddexp_p lse_p)``, in place on the first part's output; exact because
+    the two key sets are disjoint and together are the selected keys. The per-block work is aten's fused
+    CPU flash kernel, the same as dense SDPA's, but on 128-row units it tiles the queries by 32 rows (dense
+    causal prefill: by 256), which costs ~10-15% per pair here (docs/results/attention-bench.md)."""
     B, H, H_kv, T_q, T_k = _check_qkv(q, k, v)
     _check_mask(mask, B, H, T_q, T_k)
     scaling = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
@@ -457,58 +578,81 @@ def grouped_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     bq, bk, n_qb, n_kb = mask.bq, mask.bk, mask.n_qb, mask.n_kb
     D, Dv = q.shape[-1], v.shape[-1]
     dev = q.device
+    off = T_k - T_q
+    aligned = dev.type == "cpu" and bq == bk and off % bk == 0  # q-block i's diagonal is k-block i + off/bk
     fv = fully_visible(T_q, T_k, bq, bk, dev)  # [n_qb, n_kb]
     if T_k % bk:
         fv[:, -1] = False  # a padded k-block always goes through the masked (diagonal) call
     sel = mask.mask
     full = sel & fv  # [B, H, n_qb, n_kb] per head
-    part = (sel & ~fv).any(0).any(0)  # [n_qb, n_kb]: diagonal blocks, shared by all heads
     qpad = F.pad(q, (0, 0, 0, n_qb * bq - T_q))  # [B, H, n_qb * bq, D]
     q6 = qpad.view(B, H_kv, g, n_qb, bq, D)
     out6 = q.new_zeros(B, H_kv, g, n_qb, bq, Dv)
     lse6 = torch.full((B, H_kv, g, n_qb, bq), float("-inf"), device=dev)
-    kb = F.pad(k, (0, 0, 0, n_kb * bk - T_k)).reshape(B * H_kv * n_kb, bk * D)  # one row per k-block
-    vb = F.pad(v, (0, 0, 0, n_kb * bk - T_k)).reshape(B * H_kv * n_kb, bk * Dv)
-    wk = wv = None  # gather workspaces, reused by every group (fresh buffers cost page faults)
+    kp = F.pad(k, (0, 0, 0, n_kb * bk - T_k))  # [B, H_kv, n_kb * bk, D]
+    vp = F.pad(v, (0, 0, 0, n_kb * bk - T_k))
+    kb, vb = kp.reshape(B * H_kv * n_kb, bk * D), vp.reshape(B * H_kv * n_kb, bk * Dv)  # one row per k-block
+    ws: dict[str, torch.Tensor] = {}  # gather workspaces, reused by every group (fresh buffers fault pages)
 
-    # 1. fully visible blocks, grouped by (count, packed)
+    def buf(name: str, n: int, like: torch.Tensor) -> torch.Tensor:
+        t = ws.get(name)
+        if t is None or t.numel() < n:
+            t = ws[name] = like.new_empty(n)
+        return t[:n]
+
+    # 1. fully visible blocks: units with equal (count, packing) in cache-sized batches of one fused call
     f5 = full.view(B, H_kv, g, n_qb, n_kb)
     shared = (f5 == f5[:, :, :1]).all(-1).all(2)  # [B, H_kv, n_qb]: the g heads select the same blocks
     counts = f5.sum(-1)  # [B, H_kv, g, n_qb]
     order = torch.argsort(f5.to(torch.int8), dim=-1, descending=True, stable=True)  # selected first
-    units = []  # (packed, b, hkv, j (head in group, -1 packed), i, count)
     pb, ph, pi = shared.nonzero(as_tuple=True)
-    units.append((True, pb, ph, torch.zeros_like(pb), pi, counts[pb, ph, 0, pi]))
     ub, uh, uj, ui = (~shared)[:, :, None, :].expand(B, H_kv, g, n_qb).nonzero(as_tuple=True)
-    units.append((False, ub, uh, uj, ui, counts[ub, uh, uj, ui]))
-    for packed, ub, uh, uj, ui, uc in units:
+    for packed, b_all, h_all, j_all, i_all in ((True, pb, ph, torch.zeros_like(pb), pi),
+                                               (False, ub, uh, uj, ui)):
         rows = g * bq if packed else bq
-        for c in uc.unique().tolist():
+        c_all = counts[b_all, h_all, j_all, i_all]
+        for c in c_all.unique().tolist():
             if c == 0:
                 continue
-            pick = (uc == c).nonzero().flatten()
-            step = max(1, _GROUP_BYTES // (c * bk * (D + Dv) * k.element_size()))
+            pick = (c_all == c).nonzero().flatten()
+            b, h, j, i = b_all[pick], h_all[pick], j_all[pick], i_all[pick]
+            ridx = ((b * H_kv + h)[:, None] * n_kb + order[b, h, j, i, :c])  # [N, c] rows of kb / vb
+            qsel = (q6[b, h, :, i] if packed else q6[b, h, j, i]).reshape(-1, 1, rows, D)  # [N, 1, rows, D]
+            osel = q.new_empty(qsel.shape[0], 1, rows, Dv)
+            lsel = torch.empty(qsel.shape[0], 1, rows, device=dev)
+            step = max(1, _WS_BYTES // (c * bk * (D + Dv) * k.element_size()))
             for s in range(0, pick.numel(), step):
-                p = pick[s: s + step]
-                b, h, j, i = ub[p], uh[p], uj[p], ui[p]
-                rows_idx = ((b * H_kv + h)[:, None] * n_kb + order[b, h, j, i, :c]).flatten()  # [G c]
-                n = rows_idx.numel()
-                if wk is None or wk.shape[0] < n:
-                    wk, wv = kb.new_empty(max(n, step * c), bk * D), vb.new_empty(max(n, step * c), bk * Dv)
-                ks = torch.index_select(kb, 0, rows_idx, out=wk[:n]).view(-1, 1, c * bk, D)
-                vs = torch.index_select(vb, 0, rows_idx, out=wv[:n]).view(-1, 1, c * bk, Dv)
-                if packed:
-                    qs = q6[b, h, :, i].reshape(-1, 1, rows, D)  # [G, 1, g * bq, D]
-                    o, lse = sdpa_with_lse(qs, ks, vs, scaling)
-                    out6[b, h, :, i] = o.view(-1, g, bq, Dv)
-                    lse6[b, h, :, i] = lse.view(-1, g, bq)
-                else:
-                    qs = q6[b, h, j, i].reshape(-1, 1, rows, D)  # [G, 1, bq, D]
-                    o, lse = sdpa_with_lse(qs, ks, vs, scaling)
-                    out6[b, h, j, i] = o.view(-1, bq, Dv)
-                    lse6[b, h, j, i] = lse.view(-1, bq)
+                e = min(s + step, pick.numel())
+                rid = ridx[s:e].flatten()
+                n = rid.numel()
+                ks = torch.index_select(kb, 0, rid, out=buf("k", n * bk * D, kb).view(n, -1))
+                vs = torch.index_select(vb, 0, rid, out=buf("v", n * bk * Dv, vb).view(n, -1))
+                ks, vs = ks.view(e - s, 1, -1, D), vs.view(e - s, 1, -1, Dv)
+                o, lse = sdpa_with_lse(qsel[s:e], ks, vs, scaling)
+                osel[s:e], lsel[s:e] = o, lse
+            if packed:
+                out6[b, h, :, i] = osel.view(-1, g, bq, Dv)
+                lse6[b, h, :, i] = lsel.view(-1, g, bq)
+            else:
+                out6[b, h, j, i] = osel.view(-1, bq, Dv)
+                lse6[b, h, j, i] = lsel.view(-1, bq)
 
-    # 2. diagonal blocks: one masked call, batch B x n_qb, GQA packed
+    # 2. the diagonal blocks
+    if aligned:  # one is_causal call over all q-blocks: block i against k-block i + off / bk, GQA native
+        o0 = off // bk
+        qd = qpad.view(B, H, n_qb, bq, D).transpose(1, 2).reshape(B * n_qb, H, bq, D)
+        kd = kp.view(B, H_kv, n_kb, bk, D)[:, :, o0:].transpose(1, 2).reshape(B * n_qb, H_kv, bk, D)
+        vd = vp.view(B, H_kv, n_kb, bk, Dv)[:, :, o0:].transpose(1, 2).reshape(B * n_qb, H_kv, bk, Dv)
+        od, ld = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qd, kd, vd, 0.0, True,
+                                                                           scale=scaling)
+        od = od.view(B, n_qb, H_kv, g, bq, Dv).permute(0, 2, 3, 1, 4, 5)  # [B, H_kv, g, n_qb, bq, Dv]
+        ld = ld.float().view(B, n_qb, H_kv, g, bq).permute(0, 2, 3, 1, 4)
+        new = torch.logaddexp(lse6, ld)  # every real row sees its own key here: finite
+        w1 = torch.exp(lse6 - new)[..., None].to(out6.dtype)
+        w2 = torch.exp(ld - new)[..., None].to(out6.dtype)
+        out6.mul_(w1).addcmul_(od, w2)
+        return out6.reshape(B, H, n_qb * bq, Dv)[:, :, :T_q]
+    part = (sel & ~fv).any(0).any(0)  # [n_qb, n_kb]: diagonal blocks, shared by all heads
     js = torch.arange(n_kb, device=dev)
     first = torch.where(part, js, n_kb).amin(-1)  # [n_qb]
     last = torch.where(part, js, -1).amax(-1)
@@ -516,7 +660,7 @@ def grouped_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     c1 = torch.clamp((last + 1) * bk, max=T_k)
     W = int((c1 - c0).max())
     kidx = c0[:, None] + torch.arange(W, device=dev)  # [n_qb, W]
-    qpos = torch.arange(n_qb * bq, device=dev).view(n_qb, bq) + (T_k - T_q)  # [n_qb, bq]
+    qpos = torch.arange(n_qb * bq, device=dev).view(n_qb, bq) + off  # [n_qb, bq]
     vis = (kidx[:, None, :] <= qpos[:, :, None]) & (kidx < c1[:, None])[:, None, :]  # [n_qb, bq, W]
     kidx = kidx.clamp(max=T_k - 1)
     add = torch.zeros(vis.shape, dtype=q.dtype, device=dev).masked_fill_(~vis, float("-inf"))
@@ -535,9 +679,3 @@ def grouped_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Te
         od = od.masked_fill(empty[..., None], 0.0)
     out = merge_by_lse([(out6, lse6), (od, ld)])  # [B, H_kv, g, n_qb, bq, Dv]
     return out.reshape(B, H, n_qb * bq, Dv)[:, :, :T_q]
-
-
-def _fp32_with_lse(q, k, v, scaling, add):
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling + add.float()
-    lse = torch.logsumexp(s, -1)
-    return torch.matmul(torch.softmax(s, -1).nan_to_num(0.0), v.float()).to(q.dtype), lse

@@ -1,0 +1,68 @@
+"""The LM head in row blocks (``longlab.pipeline``): the same logits bit for bit, so the same tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from longlab import pipeline
+from longlab.pipeline import _row_blocked_head, blocked_linear, generate
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 9])
+def test_blocked_linear_is_bitwise_f_linear(rows):
+    gen = torch.Generator().manual_seed(rows)
+    w, x = torch.randn(1000, 64, generator=gen), torch.randn(rows, 64, generator=gen)  # [V, D], [B, D]
+    for block in (64, 300, 1000, 4096):
+        assert torch.equal(blocked_linear(x, w, block), F.linear(x, w))
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of 64 vocabulary rows, so the tiny models' 260-entry head spans five blocks."""
+    monkeypatch.setattr(pipeline, "HEAD_BLOCK", 64)
+    monkeypatch.setattr(pipeline, "HEAD_MIN_ROWS", 2)
+    monkeypatch.setattr(pipeline, "_head_exact", {})
+
+
+@pytest.mark.parametrize("name", ["tiny-llama", "tiny-qwen2"])
+def test_blocked_head_gives_the_models_logits(tiny_models, small_blocks, name):
+    model, _ = tiny_models[name]
+    head = _row_blocked_head(model, 3)
+    assert head is not None
+    hidden = torch.randn(3, model.config.hidden_size)  # [B, D]
+    assert torch.equal(head(hidden), model.lm_head(hidden))
+
+
+def test_blocked_head_gives_the_same_tokens(tiny_models, tokenizer, text, small_blocks, monkeypatch):
+    model, _ = tiny_models["tiny-llama"]
+    contexts, questions = [text[:200], text[:120]], ["Where is item 3?", "Which box?"]
+    kwargs = dict(max_new_tokens=6, chunk_size=128, compress="end")
+    blocked = generate(model, tokenizer, contexts, questions, "snapkv@0.5", **kwargs)
+    assert any(ok for (_, _, _, rows, _), ok in pipeline._head_exact.items() if rows == 2)  # the path ran
+    monkeypatch.setattr(pipeline, "HEAD_MIN_ROWS", 10**9)  # off: the model's own head
+    plain = generate(model, tokenizer, contexts, questions, "snapkv@0.5", **kwargs)
+    assert blocked.token_ids == plain.token_ids
+
+
+def test_blocked_head_is_not_used_where_it_is_not_known_equal(tiny_models, small_blocks):
+    llama, _ = tiny_models["tiny-llama"]
+    gemma, _ = tiny_models["tiny-gemma3"]
+    assert _row_blocked_head(llama, 1) is None  # one row: F.linear is faster
+    assert _row_blocked_head(gemma, 4) is None  # another head (final logit soft-capping)
+    handle = llama.lm_head.register_forward_hook(lambda *a: None)
+    try:
+        assert _row_blocked_head(llama, 4) is None  # a hook that the direct call would skip
+    finally:
+        handle.remove()
+    assert _row_blocked_head(llama, 4) is not None
+
+
+def test_a_blocked_head_that_differs_falls_back_to_f_linear(tiny_models, small_blocks, monkeypatch):
+    llama, _ = tiny_models["tiny-llama"]
+    monkeypatch.setattr(pipeline, "blocked_linear", lambda x, w, block: F.linear(x, w) + 1.0)
+    hidden = torch.randn(4, llama.config.hidden_size)
+    head = _row_blocked_head(llama, 4)
+    assert torch.equal(head(hidden), F.linear(hidden, llama.lm_head.weight))  # checked on first use
+    assert torch.equal(head(hidden), F.linear(hidden, llama.lm_head.weight))  # and remembered
