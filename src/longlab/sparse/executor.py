@@ -435,6 +435,19 @@ def quality_metrics(
     }
 
 
+def _block_kernel_inputs(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockSparseMask, scaling: float | None
+) -> tuple[tuple[int, int, int, int, int], float, BlockSparseMask]:
+    """The checks every block kernel starts with: shapes ``(B, H, H_kv, T_q, T_k)`` of ``q: [B, H, T_q, D]``,
+    ``k, v: [B, H_kv, T_k, D]``, the mask against them, the softmax scale (``1/sqrt(D)`` by default) and the
+    mask with its required blocks (:func:`enforce_required`)."""
+    shape = _check_qkv(q, k, v)
+    B, H, _, T_q, T_k = shape
+    _check_mask(mask, B, H, T_q, T_k)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
+    return shape, scale, enforce_required(mask)
+
+
 def _fp32_with_lse(q, k, v, scaling, add):
     s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling + add.float()
     lse = torch.logsumexp(s, -1)
@@ -461,10 +474,7 @@ def folded_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Ten
     i.e. the exact softmax over the selected keys in one pass, with no log-sum-exp merge of separate parts.
     The matmuls run in fp32 (fp64 stays fp64). Exact: the key set of a row is its selected blocks with the
     element causal mask inside the partial ones, as :meth:`BlockSparseMask.to_element_mask` defines."""
-    B, H, H_kv, T_q, T_k = _check_qkv(q, k, v)
-    _check_mask(mask, B, H, T_q, T_k)
-    scaling = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
-    mask = enforce_required(mask)
+    (B, H, H_kv, T_q, T_k), scaling, mask = _block_kernel_inputs(q, k, v, mask, scaling)
     g = H // H_kv
     bq, bk, n_qb, n_kb = mask.bq, mask.bk, mask.n_qb, mask.n_kb
     D, Dv = q.shape[-1], v.shape[-1]
@@ -570,10 +580,7 @@ def grouped_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     the two key sets are disjoint and together are the selected keys. The per-block work is aten's fused
     CPU flash kernel, the same as dense SDPA's, but on 128-row units it tiles the queries by 32 rows (dense
     causal prefill: by 256), which costs ~10-15% per pair here (docs/results/attention-bench.md)."""
-    B, H, H_kv, T_q, T_k = _check_qkv(q, k, v)
-    _check_mask(mask, B, H, T_q, T_k)
-    scaling = 1.0 / math.sqrt(q.shape[-1]) if scaling is None else float(scaling)
-    mask = enforce_required(mask)
+    (B, H, H_kv, T_q, T_k), scaling, mask = _block_kernel_inputs(q, k, v, mask, scaling)
     g = H // H_kv
     bq, bk, n_qb, n_kb = mask.bq, mask.bk, mask.n_qb, mask.n_kb
     D, Dv = q.shape[-1], v.shape[-1]
