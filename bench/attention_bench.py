@@ -244,6 +244,10 @@ def _exec_call(backend: str, q, k, v, m, scaling: float):
         return dense_causal_attention(q, k, v, scaling)
     if backend == "split":
         return split_block_sparse_attention(q, k, v, m, scaling)
+    if backend.startswith("grouped-common"):  # grouped with split_common=N (the common blocks packed)
+        from longlab.sparse.executor import grouped_block_sparse_attention
+
+        return grouped_block_sparse_attention(q, k, v, m, scaling, split_common=int(backend[14:] or 1))
     if backend == "flex-prebuilt":  # the flex kernel alone: its BlockMask built before the timed call
         from longlab.sparse.executor import _compiled_flex
 
@@ -289,6 +293,19 @@ def pair_density(m) -> float:
     return float(kept / (pairs.double().sum() * m.mask.shape[0] * m.mask.shape[1]))
 
 
+def median_ci(xs: list[float], confidence: float = 0.95) -> tuple[float, float] | None:
+    """Distribution-free interval for the median: order statistics ``(x_(k), x_(n+1-k))`` with the largest
+    ``k`` whose coverage ``1 - 2 P(Bin(n, 1/2) < k)`` is at least ``confidence`` (None below 6 values)."""
+    n = len(xs)
+    s = sorted(xs)
+    cdf = [sum(math.comb(n, i) for i in range(j + 1)) / 2**n for j in range(n)]  # P(Bin <= j)
+    ks = [k for k in range(1, n // 2 + 1) if 1 - 2 * cdf[k - 1] >= confidence]
+    if not ks or n < 6:
+        return None
+    k = max(ks)
+    return s[k - 1], s[n - k]
+
+
 def bench_executor(args: argparse.Namespace) -> list[dict]:
     """Per-head random causal block masks (what selectors hand the executor) at several densities, and a
     head-shared sink + 2k-window mask: each backend's time next to the ideal ``density x`` SDPA causal
@@ -309,14 +326,16 @@ def bench_executor(args: argparse.Namespace) -> list[dict]:
         n_q, n_k = -(-T_q // bs), -(-T // bs)
         allowed = causal_allowed(T_q, T, bs, bs)
         masks = {}
-        for keep in [float(x) for x in args.exec_keep.split(",")]:
+        kinds = args.exec_masks.split(",")
+        for keep in [float(x) for x in args.exec_keep.split(",")] if "random" in kinds else []:
             raw = (torch.rand(1, H, n_q, n_k, generator=g) < keep) & allowed
             masks[f"random-per-head keep={keep:g}"] = enforce_required(BlockSparseMask(raw.to(dev), bs, bs,
                                                                                        T_q, T))
         band = allowed & ~allowed.tril(T // bs - T_q // bs - (2048 // bs) - 1)
         band[:, 0] = True
-        masks["sink+2k window"] = enforce_required(BlockSparseMask(band.expand(1, H, -1, -1).to(dev), bs, bs,
-                                                                   T_q, T))
+        if "window" in kinds:
+            masks["sink+2k window"] = enforce_required(BlockSparseMask(band.expand(1, H, -1, -1).to(dev), bs,
+                                                                       bs, T_q, T))
         for name, m in masks.items():
             times: dict[str, list[float]] = {c: [] for c in backends}
             for c in backends:  # warm-up (flex compiles here)
@@ -340,7 +359,11 @@ def bench_executor(args: argparse.Namespace) -> list[dict]:
                     profiles[c] = _profile_call(partial(_exec_call, c, q, k, v, m, scaling))
             for c in backends:
                 t = statistics.median(times[c])
-                rows.append({"T": T, "T_q": T_q, "mask": name, "backend": c, "density": dens,
+                # per repeat: density x that repeat's dense time / that repeat's time (dense ran just before)
+                paired = [dens * d / x for d, x in zip(times["sdpa-causal"], times[c])]
+                rows.append({"eff_paired": paired, "eff_paired_median": statistics.median(paired),
+                             "eff_paired_ci95": median_ci(paired), "T": T, "T_q": T_q, "mask": name,
+                             "backend": c, "density": dens,
                              "block_density": dens_blocks, "efficiency_blocks": dens_blocks * dense_s / t,
                              "s": t, "s_all": times[c], "uptime": os.popen("uptime").read().strip(),
                              "dense_s": dense_s, "ideal_s": dens * dense_s, "efficiency": dens * dense_s / t,
@@ -349,7 +372,8 @@ def bench_executor(args: argparse.Namespace) -> list[dict]:
                              "enforce_required_s": enforce_s, "profile": profiles.get(c),
                              "repeats": args.repeats, "threads": torch.get_num_threads()})
                 print(f"[executor T={T} T_q={T_q} {name} rho={dens:.3f}] {c}: {t * 1e3:.0f} ms "
-                      f"(ideal {dens * dense_s * 1e3:.0f} ms, efficiency {dens * dense_s / t:.2f})",
+                      f"(ideal {dens * dense_s * 1e3:.0f} ms, efficiency {dens * dense_s / t:.2f}; paired "
+                      f"median {statistics.median(paired):.2f}, 95% CI {median_ci(paired)})",
                       file=sys.stderr, flush=True)
     return rows
 
@@ -596,10 +620,18 @@ def print_tables(result: dict) -> None:
         print()
 
 
+def _eff_cell(r: dict) -> str:
+    """``ms (efficiency)``; with per-repeat pairs: ``ms (paired median [95% CI of the median])``."""
+    if r.get("eff_paired_ci95"):
+        lo, hi = r["eff_paired_ci95"]
+        return f"{r['s'] * 1e3:.0f} ({r['eff_paired_median']:.2f} [{lo:.2f}, {hi:.2f}])"
+    return f"{r['s'] * 1e3:.0f} ({r['efficiency']:.2f})"
+
+
 def _executor_compact(erows: list[dict]) -> None:
     """One row per (T, T_q, mask): each backend's ms and efficiency side by side, the BlockMask build apart,
     and where the time of each profiled call went (share of the attention op: aten's fused op, or bmm for
-    ``folded``; gather = index_select / index)."""
+    the ``folded`` backend of the 02:00 runs, removed: commit b53c584; gather = index_select / index)."""
     backs = [b for b in dict.fromkeys(r["backend"] for r in erows) if b != "sdpa-causal"]
     print("## executor, side by side: ms (efficiency = density x dense / time; density = visible pairs "
           "computed / causal pairs, block density in brackets where recorded)\n")
@@ -608,7 +640,7 @@ def _executor_compact(erows: list[dict]) -> None:
     print("|---|---|---|---|---|" + "---|" * len(backs) + "---|---|")
     for key in dict.fromkeys((r["T"], r.get("T_q", r["T"]), r["mask"]) for r in erows):
         sub = {r["backend"]: r for r in erows if (r["T"], r.get("T_q", r["T"]), r["mask"]) == key}
-        cells = [f"{sub[b]['s'] * 1e3:.0f} ({sub[b]['efficiency']:.2f})" if b in sub else "-" for b in backs]
+        cells = [_eff_cell(sub[b]) if b in sub else "-" for b in backs]
         any_row = next(iter(sub.values()))
         build = _ms(sub["flex"].get("flex_block_mask_build_s")) if "flex" in sub else ""
         shares = []
@@ -802,6 +834,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--exec-backends", default="gather,flex,flex-prebuilt,split,grouped")
     p.add_argument("--exec-profile", action="store_true", help="store one profiled call per backend")
     p.add_argument("--exec-chunk", type=int, default=0, help="queries per call (chunked prefill); 0 = T")
+    p.add_argument("--exec-masks", default="random,window", help="random (per-head, --exec-keep), window")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="default bench/results/attention_bench[_quick].json")
     p.add_argument("--report", metavar="JSON", nargs="+",

@@ -7,6 +7,13 @@ The text is Python's own documentation (``pydoc_data.topics``, shipped with CPyt
 none of the recalibrated variants saw), topics in sorted order, joined. One forward pass per method, fed
 in ``--chunk`` token chunks through a transformers cache; the per-token negative log-likelihood is binned
 by position. Resumable: methods already in ``--out`` are skipped (one JSON object per method).
+
+``--block B`` also keeps the NLL sums of consecutive ``B``-token blocks (``block_nll``: block ``j`` holds
+the NLL of predicting tokens ``jB+1 .. (j+1)B``), so that ``bench/position_report.py`` can give each
+perplexity a block-bootstrap interval and each pair of methods a paired test on the same blocks:
+
+    bench/heavy.sh .venv/bin/python bench/position_ppl.py --methods yarn:factor=2,ntk:factor=2 \\
+        --length 16384 --block 64 --out bench/results/position/ppl_blocks.json
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ def main() -> None:
     ap.add_argument(
         "--bins", default="0,1024,2048,4096,6144,8192,10240,12288,14336,16384,20480,24576,28672,32768"
     )
+    ap.add_argument("--block", type=int, default=0, help="keep NLL sums of blocks of N tokens (0: off)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     from longlab.models import load_model
@@ -91,6 +99,11 @@ def main() -> None:
             "chunk": args.chunk,
             "load": os.getloadavg()[0],
         }
+        if args.block > 0:
+            done[key]["block"] = args.block
+            done[key]["block_nll"] = [
+                round(nll[j : j + args.block].sum().item(), 4) for j in range(0, len(nll), args.block)
+            ]
         print(
             key, " ".join(f"{r['lo']}-{r['hi']}:{r['ppl']:.1f}" for r in rows), f"{seconds:.0f}s", flush=True
         )

@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--plots", default="docs/results")
     ap.add_argument("--vs", default="none,yarn:factor=2", help="baselines of the paired-difference tables")
     ap.add_argument("--long", default="bench/results/position/long.json", help="position_long.py output")
+    ap.add_argument("--ppl-blocks", default="bench/results/position/ppl_blocks.json",
+                    help="position_ppl.py --block output (intervals and paired tests)")
     ap.add_argument("--upi", default="bench/results/position/upi_passkey.json", help="upi_hybrid.py output")
     args = ap.parse_args()
     from longlab.eval.stats import paired_difference, stratified_difference, stratified_estimate
@@ -121,6 +123,8 @@ def main() -> None:
         parts.append("![score vs length](position-score-vs-length.png)")
         parts.append("")
     parts += _ppl_section(args, plt)
+    if Path(args.ppl_blocks).exists():
+        parts += _ppl_blocks_section(args, plt)
     if Path(args.upi).exists():
         parts += _upi_section(json.loads(Path(args.upi).read_text()), args.plots, plt)
     doc = Path(args.doc)
@@ -284,6 +288,96 @@ def _ppl_section(args, plt) -> list[str]:
             )
         parts += ["", "![perplexity vs position](position-ppl-vs-position.png)", ""]
     return parts
+
+
+BLOCK = 256  # tokens per bootstrap block (the stored 64-token sums, four at a time)
+HALVES = ((0, 8192, "0-8k"), (8192, 16384, "8-16k"))
+
+
+def _half_blocks(rec: dict, lo: int, hi: int) -> list[float]:
+    """Mean NLL per token of each ``BLOCK``-token block of ``nll[lo:hi]`` (``nll[i]`` predicts token
+    ``i + 1``), from the stored ``rec["block"]``-token sums."""
+    b, sums = rec["block"], rec["block_nll"]
+    total = rec["tokens"] - 1  # predicted tokens
+    group = BLOCK // b
+    out = []
+    for start in range(lo, min(hi, total), BLOCK):
+        js = range(start // b, min((start + BLOCK) // b, len(sums)))
+        count = sum(min(b, total - j * b) for j in js)
+        out.append(sum(sums[j] for j in js) / count)
+    assert BLOCK % b == 0 and lo % BLOCK == 0 and group >= 1
+    return out
+
+
+def _ppl_blocks_section(args, plt) -> list[str]:
+    """Perplexity of each half (0-8k, 8-16k) with a 95% bootstrap interval over 256-token blocks, and
+    paired ratios between methods on the same blocks (bench/position_ppl.py --block)."""
+    import math
+
+    from longlab.eval.stats import bootstrap_ci, paired_difference
+
+    data = json.loads(Path(args.ppl_blocks).read_text())
+    old = json.loads(Path(args.ppl).read_text()) if Path(args.ppl).exists() else {}
+    recs = sorted(data.values(), key=lambda r: (r["method"] != "none", r["method"] != "yarn:factor=2",
+                                               r["method"]))
+    blocks = {r["method"]: {h: _half_blocks(r, lo, hi) for lo, hi, h in HALVES} for r in recs}
+    lines = [
+        f"Perplexity with intervals (wave 5; `bench/results/position/ppl_blocks.json`): the same text and "
+        f"pass as above, with the NLL kept per 64-token block. Interval: 95% percentile bootstrap over the "
+        f"32 {BLOCK}-token blocks of each half (resampling positions of this one text: it says how stable "
+        "the number is along the text, not across texts).",
+        "",
+        "| method | 0-8k | 8-16k | s | load | bins vs the earlier pass |",
+        "|---|---|---|---|---|---|",
+    ]
+    cis = {}
+    for r in recs:
+        cells = []
+        for _lo, _hi, h in HALVES:
+            mean, low, high = bootstrap_ci([blocks[r["method"]][h]])
+            cis[(r["method"], h)] = (math.exp(mean), math.exp(low), math.exp(high))
+            cells.append(f"{math.exp(mean):.2f} [{math.exp(low):.2f}, {math.exp(high):.2f}]")
+        prev = old.get(f"{r['method']}@{r['length']}")
+        if prev:
+            dev = max(abs(a["ppl"] - b["ppl"]) / b["ppl"] for a, b in zip(r["bins"], prev["bins"]))
+            same = f"max rel. diff {dev:.1e}"
+        else:
+            same = "—"
+        lines.append(f"| `{r['method']}` | " + " | ".join(cells) + f" | {r['seconds']:.0f} | "
+                     f"{r['load']:.1f} | {same} |")
+    lines += [
+        "",
+        "Paired ratio of perplexities on the same blocks, exp(mean NLL difference), 95% paired bootstrap "
+        "over "
+        f"the {BLOCK}-token blocks; significant when the interval excludes 1, else n.s.:",
+        "",
+        "| comparison | 0-8k | 8-16k |",
+        "|---|---|---|",
+    ]
+    methods = [r["method"] for r in recs]
+    for i, a in enumerate(methods):
+        for b in methods[i + 1:]:
+            cells = []
+            for _lo, _hi, h in HALVES:
+                d = paired_difference(blocks[b][h], blocks[a][h])
+                mark = "" if d.significant else " n.s."
+                cells.append(f"{math.exp(d.mean):.3f} [{math.exp(d.low):.3f}, {math.exp(d.high):.3f}]{mark}")
+            lines.append(f"| `{b}` / `{a}` | " + " | ".join(cells) + " |")
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, (_lo, _hi, h) in zip(axes, HALVES):
+        for i, m in enumerate(methods):
+            v, lo_, hi_ = cis[(m, h)]
+            ax.errorbar([v], [i], xerr=[[v - lo_], [hi_ - v]], marker="o", capsize=3,
+                        **{**_style(_colour_index(m)), "ls": "none"})
+        ax.set_yticks(range(len(methods)), [_short(m) for m in methods], fontsize=8)
+        ax.set_xscale("log")
+        ax.set_xlabel("perplexity (95% block bootstrap)")
+        ax.set_title(f"tokens {h}", fontsize=10)
+        ax.invert_yaxis()
+    fig.suptitle("SmolLM2-135M, pydoc text, 16k pass: perplexity per half with intervals", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(Path(args.plots) / "position-ppl-intervals.png", dpi=120)
+    return lines + ["", "![perplexity with intervals](position-ppl-intervals.png)", ""]
 
 
 def _seed_interval(values: list[float]) -> tuple[float, float]:

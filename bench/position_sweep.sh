@@ -55,7 +55,7 @@ case "$1" in
   H8) $PY bench/position_tasks.py --positions none,yarn:factor=2,ntk:factor=2 --tasks passkey --length 8192 \
          --samples 3 ;;
   H8b) $PY bench/position_tasks.py --positions longrope:factor=2,pi:factor=2,dynamic-ntk:factor=2 --tasks passkey \
-         --length 8192 --samples 3 ;;   # NOT RUN (no slot time)
+         --length 8192 --samples 3 ;;   # run in wave 5 (9.8 min)
   H-upi|H8a) $PY bench/upi_hybrid.py --task passkey --train-len 64 --steps 1200 --seeds 0 1 2 --eval-n 96 \
            --out bench/results/position/upi_passkey.json ;;
   H-upi2) $PY bench/upi_hybrid.py --task passkey --train-len 64 --steps 1200 --seeds 0 1 2 --eval-n 96 --more \
@@ -66,6 +66,15 @@ case "$1" in
          --samples 1 --out bench/results/position/long.json ;;   # 475 s prefill, load 2.2
   H32b) $PY bench/position_long.py --length 32768 --positions ntk:factor=4 --recipe snapkv:budget=4096 \
           --samples 1 --out bench/results/position/long.json ;;  # NOT RUN (no slot time)
+  # wave 5 (2026-12-02): perplexity with per-block NLL (intervals and paired tests), re-rotation cost
+  I1) $PY bench/position_ppl.py --methods yarn:factor=2,ntk:factor=2,dynamic-ntk:factor=2 --length 16384 \
+        --block 64 --out bench/results/position/ppl_blocks.json ;;
+  I2) $PY bench/position_rerotate_bench.py --cached 4096 8192 16384 --out bench/results/position/rerotate.json
+      $PY bench/position_ppl.py --methods longrope:factor=2,none --length 16384 --block 64 \
+        --out bench/results/position/ppl_blocks.json ;;
+  I3) $PY bench/position_ppl.py --methods pi:factor=2 --length 16384 --block 64 \
+        --out bench/results/position/ppl_blocks.json ;;
+  I-rr) $PY bench/position_rerotate_bench.py --cached 4096 8192 16384 --out bench/results/position/rerotate.json ;;
   suite) $PY -m pytest -q -p no:cacheprovider tests/ || true ;;
     *) echo "unknown piece $1" >&2; exit 2 ;;
 esac

@@ -326,6 +326,32 @@ def test_guidance_runs_in_the_eval_harness_as_in_generate(llama, tokenizer, one_
     assert rows["guidance"]["extra"]["context"]["lookaheads"] >= 1
 
 
+def test_harness_hooks_take_the_compression_as_an_argument(llama, tokenizer, one_thread):
+    """prefill_rows / decode_rows read no module state: a guiding or prefill-transforming recipe needs
+    the Squeeze of its own compression, passed explicitly; plain recipes need none."""
+    import longlab.compress.api as api
+    from longlab.cache import LonglabCache
+
+    assert not [k for k, v in vars(api).items() if isinstance(v, dict) and k not in ("_LOADED",)
+                and not k.startswith("__")]
+    (ctx,), (q,) = encode_prompts(tokenizer, [CTX], [QUESTION], [""])
+    guided = parse_recipe("guidance")
+    stream = Stream(llama, LonglabCache(guided), 1)
+    logits = stream.feed([ctx + q], 128, "end")
+    with pytest.raises(LonglabError, match="Squeeze"):
+        api.decode_rows([guided], stream, logits, 4, set())
+    other = api.compress_prompts(llama, tokenizer, parse_recipe("inftythink").context, [ctx], [q], [QUESTION])
+    with pytest.raises(LonglabError, match="Squeeze"):  # the compression of another method
+        api.decode_rows([guided], stream, logits, 4, set(), squeeze=other)
+    squeeze = api.compress_prompts(llama, tokenizer, guided.context, [ctx], [q], [QUESTION])
+    assert len(api.decode_rows([guided], stream, logits, 4, set(), squeeze=squeeze)[0]) == 4
+    fwd = parse_recipe("hico-forward@0.5")
+    with pytest.raises(LonglabError, match="Squeeze"):
+        api.prefill_rows(fwd, Stream(llama, LonglabCache(fwd), 1), [ctx], 128)
+    plain = Stream(llama, LonglabCache(parse_recipe("full")), 1)
+    assert api.prefill_rows(parse_recipe("full"), plain, [ctx], 128).shape[0] == 1
+
+
 # ------------------------------------------------------------------------------------------------ COMI
 def test_comi_mig_formulas_by_hand():
     from longlab.compress.comi import group_weights, reallocate
@@ -373,7 +399,7 @@ def test_inftythink_without_summaries_is_one_plain_iteration(llama, tokenizer, o
     method = parse_recipe("inftythink").context
     (ctx,), (q,) = encode_prompts(tokenizer, [CTX], [QUESTION], [""])
     stream = Stream(llama, longlab.LonglabCache(None), 1)
-    stream.feed([ctx + _ids(tokenizer, method.instruction)], 1024)
+    stream.feed([ctx + _ids(tokenizer, method.prompt_instruction)], 1024)
     ref = stream.decode(stream.feed([q], 1024, compress="none"), 10, set())[0]
     assert r.token_ids[0] == ref
 
@@ -394,6 +420,81 @@ def test_inftythink_iterations_keep_the_cache_bounded(llama, tokenizer, one_thre
     n_q = len(encode_prompts(tokenizer, [CTX], [QUESTION], [""])[1][0])
     per_token = peaks[1] / (r.context_tokens[0] + n_q + 15)  # the last token generated is not cached
     assert peaks[4] == pytest.approx(peaks[1] + history * per_token, rel=1e-6)  # one iteration's, not four
+
+
+ASK = "inftythink:summarise=ask,segment=16,summary_tokens=6,ask=Summarise your work."
+
+
+def test_inftythink_ask_first_segment_is_plain_decoding(llama, tokenizer, one_thread):
+    """summarise=ask adds no instruction: one iteration is plain greedy decoding of the prompt."""
+    r = generate(llama, tokenizer, CTX, QUESTION, f"{ASK},iterations=1")
+    ref = generate(llama, tokenizer, CTX, QUESTION, "full", max_new_tokens=16)
+    assert r.token_ids == ref.token_ids and r.context_tokens == ref.context_tokens
+    rec = r.context[0]
+    assert rec["iterations"] == 1 and rec["asked"] == 0 and rec["stop"] == "iterations"
+
+
+def test_inftythink_ask_summaries_keep_the_cache_bounded(llama, tokenizer, one_thread):
+    """Each cut segment is followed by the request turn and the model's own reply (its summary), which
+    becomes the next iteration's history in a fresh cache: the reasoning grows with the iterations, the
+    peak cache stays within prompt + history + segment + request + reply."""
+    from longlab.compress.inftythink import ask_turn
+
+    (ctx,), (q,) = encode_prompts(tokenizer, [CTX], [QUESTION], [""])
+    n_prompt = len(ctx) + len(q)
+    n_ask = len(ask_turn(tokenizer, parse_recipe(ASK).context.ask))
+    short, long = (generate(llama, tokenizer, CTX, QUESTION, "full", max_new_tokens=k).cache
+                   for k in (16, 40))
+    per_token = (long.nbytes() - short.nbytes()) / 24  # bytes of one cached token (keys, values, index)
+    assert short.nbytes() == per_token * (n_prompt + 15)
+    for n in (2, 8):
+        r = generate(llama, tokenizer, CTX, QUESTION, f"{ASK},iterations={n}")
+        rec = r.context[0]
+        assert rec["iterations"] == n and rec["asked"] == n - 1 and rec["stop"] == "iterations"
+        assert rec["reasoning_tokens"] == 16 * n and 0 < rec["summary_tokens_used"] <= 6 * (n - 1)
+        assert len(rec["summaries"]) == n - 1 and all(rec["summaries"])
+        assert len(rec["history_tokens"]) == n - 1
+        held = rec["peak_kv_bytes"] / per_token  # tokens in the largest cache of any iteration
+        # iteration 1 holds prompt + segment + request + reply - 1; later ones a history on top
+        assert n_prompt + 16 + n_ask < held <= n_prompt + max(rec["history_tokens"]) + 16 + n_ask + 5
+    assert held < n_prompt + 16 * 8 + 6 * 7  # one long context of the same tokens would hold more
+
+
+def test_inftythink_ask_stops_when_the_model_ends_its_turn(llama, tokenizer, one_thread):
+    """Stop rule: a segment that ends at end of turn is the answer (no request, no further iteration)."""
+    method = parse_recipe(f"{ASK},iterations=4").context
+    (ctx,), (q,) = encode_prompts(tokenizer, [CTX], [QUESTION], [""])
+    compressed = method.compress(Prompt(ctx, QUESTION, q, tokenizer))
+
+    def run(eos):
+        stream = Stream(llama, longlab.LonglabCache(None), 1)
+        logits = stream.feed([compressed.ids + q], 1024)
+        return method.guided_decode(stream, logits, 0, eos, tokenizer, compressed)
+
+    last, stats = run(set())
+    assert stats["iterations"] == 4 and stats["asked"] == 3 and len(last) == 16
+    plain = generate(llama, tokenizer, CTX, QUESTION, "full", max_new_tokens=16).token_ids[0]  # segment 1
+    k = next(i for i in range(3, 16) if plain[i] not in plain[:i])  # a token first emitted at step k
+    tokens, stats = run({plain[k]})
+    assert tokens == plain[: k + 1] and stats["iterations"] == 1 and stats["asked"] == 0
+    assert stats["stop"] == "end of turn"
+
+
+def test_inftythink_ask_runs_in_the_eval_harness_as_in_generate(llama, tokenizer, one_thread):
+    (sample,) = make_samples("lookup_chain", tokenizer, length=300, num_samples=1, seed=0, reason=True)
+    name = f"{ASK},iterations=3"
+    config = EvalConfig(out="unused", model="tiny-llama", chunk_size=128, max_new_tokens=8)
+    rows = {r["recipe"]: r for r in SampleRunner(llama, tokenizer, config, "t").run(sample, ["full", name])}
+    ref = generate(llama, tokenizer, sample.context, sample.question, name, chunk_size=128, compress="end",
+                   answer_prefix=sample.answer_prefix)
+    assert rows[name]["prediction"] == ref.text and rows[name]["extra"]["context"]["iterations"] == 3
+    assert rows[name]["extra"]["context"]["asked"] == 2 and rows["full"]["extra"]["generated_tokens"] <= 8
+
+
+@pytest.mark.parametrize("params", ["summarise=auto", "summary_tokens=0", "history=plain", "segment=0"])
+def test_inftythink_bad_settings_are_refused(params):
+    with pytest.raises(LonglabError, match="inftythink"):
+        parse_recipe(f"inftythink:{params}")
 
 
 # ------------------------------------------------------------------------------------------------ hico-drop
@@ -451,3 +552,21 @@ def test_lookup_chain_answer_is_the_last_value(tokenizer):
         step = int(parts[2]) if len(parts) == 3 and parts[1] == "+" else -int(parts[-1])
         value = int(parts[0]) if len(parts) == 1 else value + step
     assert s.answers == [str(value)] and s.question.endswith(f"{lines[-1][0]}?") and s.metadata["steps"] > 20
+
+
+def test_lookup_chain_reason_asks_for_the_steps_and_scores_the_final_number(tokenizer):
+    from longlab.tasks import score_sample
+    from longlab.tasks.compression import final_number
+
+    (plain,) = make_samples("lookup_chain", tokenizer, length=300, num_samples=1, seed=1)
+    (s,) = make_samples("lookup_chain", tokenizer, length=300, num_samples=1, seed=1, reason=True)
+    # the same chain, shorter (the longer question takes room)
+    assert plain.context.startswith(s.context[:-1]) and s.metadata["steps"] <= plain.metadata["steps"]
+    assert s.answer_prefix == "" and "Answer: <number>" in s.question and s.max_new_tokens == 1024
+    a = s.answers[0]
+    assert score_sample(s, f"v1 = 3\nv2 = {a}\nAnswer: {a}") == 1.0
+    assert score_sample(s, f"v2 = {a}, then v3 = 7") == 0.0  # the answer only as an intermediate
+    assert score_sample(s, f"so it is {a}.") == 1.0 and score_sample(s, "no number") == 0.0
+    assert final_number(f"Answer: 12, not {a}", [a]) == float(a == "12")
+    with pytest.raises(ValueError, match="reason"):
+        make_samples("lookup_chain", tokenizer, length=300, reason="yes")

@@ -356,3 +356,15 @@ def test_dynamic_ntk_generate_same_tokens_for_any_chunk_size(tokenizer):
             )
         texts.append(out.texts)
     assert texts[0] == texts[1]
+
+
+def test_rotate_keys_with_a_shared_table_is_the_same_rotation():
+    """Layers holding the same positions share one cos/sin table (dynamic NTK's re-rotation per pass)."""
+    from longlab.position.rope import rotate_keys, rotation_table
+
+    gen = torch.Generator().manual_seed(0)
+    k = torch.randn(2, 3, 50, 16, generator=gen)  # [B, H_kv, T, D], 6 of 8 pairs rotated
+    pos = torch.randint(0, 5000, (2, 3, 50), generator=gen)
+    delta = torch.rand(6, generator=gen) * 1e-3
+    assert torch.equal(rotate_keys(k, pos, delta, rotation_table(pos, delta)), rotate_keys(k, pos, delta))
+    assert torch.equal(rotate_keys(k, pos, delta)[..., 12:], k[..., 12:])  # unrotated channels kept

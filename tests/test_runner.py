@@ -104,6 +104,47 @@ def test_prefill_once_equals_independent_runs(tiny_models, tokenizer, model_name
         assert row["context_tokens"] == ref.context_tokens[0]
 
 
+@pytest.mark.parametrize("query_aware", [False, True])
+def test_compress_every_chunk_equals_independent_chunked_runs(tiny_models, tokenizer, query_aware):
+    """``--compress chunk``: each compressing recipe prefills its whole prompt alone, cutting the cache
+    after every chunk, and its row equals ``generate(..., compress="chunk")``; ``full`` still shares."""
+    model = tiny_models["tiny-llama"][0]
+    sample = _sample()
+    recipes = ["full", "snapkv:budget=96", "streaming:budget=96", "h2o@0.5", "kivi4+snapkv@0.5"]
+    config = EvalConfig(out="unused", model="tiny-llama", chunk_size=128, query_aware=query_aware,
+                        compress="chunk")
+    rows = {r["recipe"]: r for r in SampleRunner(model, tokenizer, config, "t").run(sample, recipes)}
+    assert set(rows) == set(recipes)
+    for recipe, row in rows.items():
+        assert row["extra"]["shared_prefill_tokens"] == (512 if recipe == "full" else 0)
+        ref = generate(
+            model, tokenizer, sample.context, sample.question, recipe, chunk_size=128,
+            max_new_tokens=sample.max_new_tokens, query_aware=query_aware, compress="chunk",
+            answer_prefix=sample.answer_prefix,
+        )
+        assert row["prediction"] == ref.text, recipe
+        assert (row["kv_bytes_before"], row["kv_bytes_after"]) == (ref.kv_bytes_before, ref.kv_bytes_after)
+    # the policy ran after every chunk (once per layer per chunk), not once at the end
+    n_chunks = rows["full"]["context_tokens"] // 128  # 666 tokens: 5 chunks (the last piece merges)
+    assert n_chunks >= 4
+    for recipe in ("snapkv:budget=96", "streaming:budget=96"):
+        assert rows[recipe]["extra"]["compress_calls"] >= model.config.num_hidden_layers * n_chunks
+    end = EvalConfig(out="unused", model="tiny-llama", chunk_size=128, query_aware=query_aware)
+    once = {r["recipe"]: r for r in SampleRunner(model, tokenizer, end, "t").run(sample, recipes[:2])}
+    assert rows["full"]["prediction"] == once["full"]["prediction"]  # nothing to cut: the same run
+
+
+def test_compress_is_part_of_the_config_identity(tmp_path: Path, capsys) -> None:
+    assert "compress" not in EvalConfig(out="x").identity()  # stores written before the option keep theirs
+    assert EvalConfig(out="x", compress="chunk").identity()["compress"] == "chunk"
+    with pytest.raises(ValueError, match="--compress must be 'end' or 'chunk'"):
+        EvalConfig(out="x", compress="every").validate()
+    argv = ["eval", "--model", "tiny-llama", "--reuse", "cacheblend@0.15", "--compress", "chunk",
+            "--out", str(tmp_path / "x")]
+    assert cli_main(argv) == 2
+    assert "--compress chunk runs with KV recipes only" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "model_name,query_aware", [("tiny-llama", False), ("tiny-llama", True), ("tiny-gemma3", False)]
 )

@@ -6,7 +6,13 @@ import pytest
 import torch
 
 from longlab.sparse.blockmask import BlockSparseMask, enforce_required, full_mask
-from longlab.sparse.executor import block_sparse_attention, dense_causal_attention, quality_metrics
+from longlab.sparse.executor import (
+    SPLIT_COMMON,
+    block_sparse_attention,
+    dense_causal_attention,
+    grouped_block_sparse_attention,
+    quality_metrics,
+)
 
 # (B, H, H_kv, T_q, T_k, D, bq, bk)
 CASES = [
@@ -130,7 +136,7 @@ GROUPED_CASES = CASES + [(1, 6, 2, 1, 300, 32, 64, 64), (2, 6, 2, 200, 700, 32, 
                          (1, 6, 2, 250, 890, 32, 64, 64), (2, 4, 2, 65, 65, 16, 32, 32)]
 
 
-@pytest.mark.parametrize("backend", ["grouped", "folded"])
+@pytest.mark.parametrize("backend", ["grouped"])
 @pytest.mark.parametrize("sharing", ["per-head", "head-shared", "some-kv-groups-shared"])
 @pytest.mark.parametrize("case", GROUPED_CASES, ids=_ids)
 def test_grouped_backend_equals_masked_softmax(case, sharing, backend):
@@ -150,7 +156,25 @@ def test_grouped_backend_equals_masked_softmax(case, sharing, backend):
     assert (out - _masked_reference(q, k, v, mask, 0.125)).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("backend", ["grouped", "folded"])
+@pytest.mark.parametrize("split_common", [1, 3])
+@pytest.mark.parametrize("case", GROUPED_CASES, ids=_ids)
+def test_grouped_split_common_equals_masked_softmax(case, split_common):
+    # the blocks all g heads of a KV head select run as one packed unit, each head's other blocks apart,
+    # the two parts merged by log-sum-exp; masks with a common core plus per-head blocks
+    B, H, H_kv, T_q, T_k, D, bq, bk = case
+    q, k, v = _inputs(B, H, H_kv, T_q, T_k, D)
+    core = _random_mask(B, H_kv, T_q, T_k, bq, bk, p=0.5, seed=2).mask.repeat_interleave(H // H_kv, 1)
+    mask = _random_mask(B, H, T_q, T_k, bq, bk, p=0.3)
+    mask = enforce_required(mask.with_mask(mask.mask | core))
+    out = grouped_block_sparse_attention(q, k, v, mask, 0.125, split_common=split_common)
+    assert (out - _masked_reference(q, k, v, mask, 0.125)).abs().max() <= 1e-5
+    plain = grouped_block_sparse_attention(q, k, v, mask, 0.125, split_common=0)  # pack only alike heads
+    assert (plain - _masked_reference(q, k, v, mask, 0.125)).abs().max() <= 1e-5
+    assert torch.equal(grouped_block_sparse_attention(q, k, v, mask, 0.125, split_common=SPLIT_COMMON),
+                       block_sparse_attention(q, k, v, mask, 0.125, backend="grouped"))
+
+
+@pytest.mark.parametrize("backend", ["grouped"])
 @pytest.mark.parametrize("shape", [(384, 1000), (1000, 1000)])
 def test_grouped_backend_full_mask_equals_dense(backend, shape):
     q, k, v = _inputs(1, 6, 2, *shape, 64)
@@ -158,7 +182,7 @@ def test_grouped_backend_full_mask_equals_dense(backend, shape):
     assert (out - dense_causal_attention(q, k, v)).abs().max() <= 1e-5
 
 
-@pytest.mark.parametrize("backend", ["grouped", "folded"])
+@pytest.mark.parametrize("backend", ["grouped"])
 def test_grouped_backends_bf16_within_tolerance_and_keep_dtype(backend):
     q, k, v = _inputs(1, 6, 2, 256, 512, 64)
     mask = _random_mask(1, 6, 256, 512, 64, 64, p=0.4)

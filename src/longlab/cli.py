@@ -294,6 +294,12 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N samples")
     parser.add_argument("--seed", type=int, default=0, help="task generation seed (default: 0)")
     parser.add_argument("--query-aware", action="store_true", help="compress with the question in the prompt")
+    parser.add_argument(
+        "--compress", choices=("end", "chunk"), default="end",
+        help="KV policies cut the cache once after the prefill (end: recipes share the prefix; default) or "
+             "after every --chunk-size chunk (chunk: bounded memory for long inputs, as `generate` does; "
+             "each compressing recipe prefills alone)",
+    )
     parser.add_argument("--jsonl", metavar="PATH", help="evaluate a JSONL file in the common format instead")
     parser.add_argument(
         "--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE,
@@ -467,6 +473,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from .eval.config import EvalConfig
     from .eval.grid import run_eval
 
+    if args.compress != "end" and (args.reuse or args.speculative):
+        raise LonglabError("--compress chunk runs with KV recipes only, not with --reuse or --speculative")
     if args.reuse:
         return _eval_reuse(args)
     if args.speculative:
@@ -477,7 +485,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         samples=args.samples, seed=args.seed, query_aware=args.query_aware, chunk_size=args.chunk_size,
         max_new_tokens=args.max_new_tokens, limit=args.limit, jsonl=args.jsonl, depths=list(args.depths),
         backend=args.backend, workers=args.workers, threads=args.threads, batch_decode=args.batch_decode,
-        prefill_metrics=args.prefill_metrics, metric_rows=args.metric_rows,
+        prefill_metrics=args.prefill_metrics, metric_rows=args.metric_rows, compress=args.compress,
         report=not args.no_report,
         progress=not args.no_progress,
     )

@@ -217,7 +217,6 @@ class Stream:
 HEAD_BLOCK = 2048  # LM head rows per block (vocabulary entries)
 HEAD_MIN_ROWS = 2  # batch rows from which the blocked LM head is used (measured: slower at 1 row)
 _HEAD_CLASSES = ("LlamaForCausalLM", "Qwen2ForCausalLM")  # forward = lm_head(last hidden states), no scaling
-_head_exact: dict[tuple, bool] = {}  # (weight ptr and shape, rows, block) -> blocked == F.linear, bitwise
 
 
 def blocked_linear(x: torch.Tensor, weight: torch.Tensor, block: int = HEAD_BLOCK) -> torch.Tensor:
@@ -237,7 +236,8 @@ def _row_blocked_head(model: Any, rows: int) -> Any:
     rows, or None where that is not known: fewer rows than :data:`HEAD_MIN_ROWS`, another model class,
     a head with a bias, not fp32 on CPU, a vocabulary within one block, or forward hooks that the direct
     call would skip. The first call at each row count checks bitwise equality with ``F.linear`` on its
-    input and remembers the answer (BLAS builds may order the sums differently)."""
+    input and remembers the answer on the head module itself, so it lives and dies with that model
+    (BLAS builds may order the sums differently)."""
     if rows < HEAD_MIN_ROWS or type(model).__name__ not in _HEAD_CLASSES or "forward" in vars(model):
         return None
     head = getattr(model, "lm_head", None)
@@ -251,16 +251,17 @@ def _row_blocked_head(model: Any, rows: int) -> Any:
             or torch.nn.modules.module._global_forward_pre_hooks):
         return None
     block = HEAD_BLOCK
-    key = (w.data_ptr(), *w.shape, rows, block)
+    exact: dict[tuple, bool] = head.__dict__.setdefault("_longlab_blocked_exact", {})
+    key = (*w.shape, rows, block)  # (V, D, rows, block) -> blocked == F.linear, bitwise, for this head
 
     def apply(x: torch.Tensor) -> torch.Tensor:  # x: [B, D] -> [B, V]
-        known = _head_exact.get(key)
+        known = exact.get(key)
         if known is False:
             return torch.nn.functional.linear(x, w)
         out = blocked_linear(x, w, block)
         if known is None:
-            _head_exact[key] = torch.equal(out, torch.nn.functional.linear(x, w))
-        return out if _head_exact[key] else torch.nn.functional.linear(x, w)
+            exact[key] = torch.equal(out, torch.nn.functional.linear(x, w))
+        return out if exact[key] else torch.nn.functional.linear(x, w)
 
     return apply
 

@@ -9,6 +9,8 @@
 - :func:`compressed_rows` is the harness's hook: it groups a sample's recipes by their compressor,
   compresses once per compressor, runs the group on the shorter context and adds the record to each
   row (``extra["context"]``; the answer post-processed and re-scored where the method recovers text).
+  It hands the group's :class:`Squeeze` to ``run``, which passes it on to :func:`prefill_rows` and
+  :func:`decode_rows` as an argument: no module-level state connects the harness to a compression.
 """
 
 from __future__ import annotations
@@ -205,56 +207,55 @@ def template_head(tokenizer: Any, ids: list[int]) -> int:
 
 def compressed_rows(
     model: Any, tokenizer: Any, sample: Any, recipes: Sequence[str], ctx: list[int], q: list[int],
-    run: Callable[[Sequence[str], list[int]], Iterator[dict[str, Any]]],
+    run: Callable[[Sequence[str], list[int], Squeeze | None], Iterator[dict[str, Any]]],
 ) -> Iterator[dict[str, Any]]:
-    """The harness hook: ``run(recipes, ctx)`` per group of recipes sharing a context compressor, on
-    that compressor's ids; rows gain ``extra["context"]`` (tokens kept, time, spans)."""
+    """The harness hook: ``run(recipes, ctx, squeeze)`` per group of recipes sharing a context
+    compressor, on that compressor's ids, with that group's :class:`Squeeze` (None for the recipes
+    without a compressor), which ``run`` hands to :func:`prefill_rows` and :func:`decode_rows`; rows gain
+    ``extra["context"]`` (tokens kept, time, spans)."""
     groups: dict[str, tuple[Method | None, list[str]]] = {}
     for name in recipes:
         method = parse_recipe(name).context
         groups.setdefault(repr(method), (method, []))[1].append(name)
     for method, names in groups.values():
         if method is None:
-            yield from run(names, ctx)
+            yield from run(names, ctx, None)
             continue
         squeeze = compress_prompts(model, tokenizer, method, [ctx], [q], [sample.question])
-        _ACTIVE[repr(method)] = squeeze
-        try:
-            with squeeze.applied(model):
-                for row in run(names, squeeze.ids[0]):
-                    yield annotate(row, squeeze, squeeze.records()[0], sample)  # type: ignore[index]
-        finally:
-            _ACTIVE.pop(repr(method), None)
+        with squeeze.applied(model):
+            for row in run(names, squeeze.ids[0], squeeze):
+                yield annotate(row, squeeze, squeeze.records()[0], sample)  # type: ignore[index]
 
 
-_ACTIVE: dict[str, Squeeze] = {}  # the compressions whose recipes compressed_rows is running
+def _squeeze_of(method: Method, squeeze: Squeeze | None) -> Squeeze:
+    """``squeeze`` checked to be the compression of ``method`` (the recipe's context part)."""
+    if squeeze is None or squeeze.method is None or repr(squeeze.method) != repr(method):
+        raise LonglabError(f"{method.name}: give the Squeeze that compressed this recipe's context "
+                           "(compressed_rows passes it to run)")
+    return squeeze
 
 
 def decode_rows(
     recipes: Sequence[Any], stream: Any, logits: torch.Tensor, max_new_tokens: int, eos: set[int],
-    **options: Any,
+    squeeze: Squeeze | None = None, **options: Any,
 ) -> list[list[int]]:
     """The harness's decode: ``stream.decode(...)``, or guided decoding for a lone recipe whose context
-    method ``guides_decoding`` (its Squeeze is active inside :func:`compressed_rows`)."""
+    method ``guides_decoding``, through ``squeeze``, that method's compression of this sample."""
     method = recipes[0].context if len(recipes) == 1 else None
-    squeeze = _ACTIVE.get(repr(method)) if method is not None else None
-    if squeeze is not None and squeeze.guides:
-        return squeeze.decode(stream, logits, max_new_tokens, eos)
+    if method is not None and getattr(method, "guides_decoding", False):
+        return _squeeze_of(method, squeeze).decode(stream, logits, max_new_tokens, eos)
     return stream.decode(logits, max_new_tokens, eos, **options)
 
 
 def prefill_rows(recipe: Any, stream: Any, rows: list[list[int]], chunk_size: int,
-                 compress: str = "end") -> torch.Tensor:
+                 compress: str = "end", squeeze: Squeeze | None = None) -> torch.Tensor:
     """The harness's prefill of a branch: ``stream.feed(...)``, or, for a recipe whose context method
-    ``transforms_prefill`` (``hico-forward``), that method's prefill through its Squeeze (active inside
-    :func:`compressed_rows`); ``rows`` are then the whole context (+ the question, query-aware)."""
+    ``transforms_prefill`` (``hico-forward``), that method's prefill through ``squeeze`` (its
+    compression of this sample); ``rows`` are then the whole context (+ the question, query-aware)."""
     method = recipe.context
     if method is None or not getattr(method, "transforms_prefill", False):
         return stream.feed(rows, chunk_size, compress)
-    squeeze = _ACTIVE.get(repr(method))
-    if squeeze is None:
-        raise RuntimeError(f"{method.name}: prefill outside compressed_rows (no active compression)")
-    return squeeze.feed(stream, rows, chunk_size, compress)
+    return _squeeze_of(method, squeeze).feed(stream, rows, chunk_size, compress)
 
 
 def annotate(row: dict[str, Any], squeeze: Squeeze, record: dict[str, Any], sample: Any) -> dict[str, Any]:

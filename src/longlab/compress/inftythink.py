@@ -3,20 +3,39 @@
 InftyThink (Yan et al., arXiv 2503.06692, ICLR 2026; code ZJU-REAL/InftyThink), inference loop as in
 ``specs/architectures-positions-benchmarks.md`` §10, with the model itself as the summariser:
 
-- the prompt is the context, an ``instruction`` asking for ``<think>…</think>`` reasoning that ends in
-  ``<summary>…</summary>`` while unfinished, and the question;
-- iteration ``j`` decodes at most ``segment`` tokens (greedy); if the output holds no
-  ``<summary>…</summary>`` (or ``iterations`` is reached) it is the final answer (the text after
+- iteration ``j`` decodes at most ``segment`` tokens (greedy) from a cache holding the prompt (and, for
+  ``j > 0``, the history);
+- the segment's summary ``s_j`` is the last ``<summary>…</summary>`` block it wrote; with
+  ``summarise="ask"`` (below), a segment that stops at its token limit without one is followed by an
+  explicit instruction turn (``ask``) and the model's reply (at most ``summary_tokens`` tokens) is ``s_j``;
+- **stop rule**: a segment without a summary (with ``"ask"``: one that ended at end of turn, or an empty
+  reply to the request) or the ``iterations``-th segment is the final answer (the text after
   ``</think>`` when present);
-- otherwise the next iteration starts from a **fresh cache** holding only
-  ``prompt + <history>{latest summary}</history>``, so the KV memory is bounded by
-  ``prompt + history + segment`` tokens however long the reasoning runs (``peak_kv_bytes`` records the
-  largest cache of any iteration, ``reasoning_tokens`` the tokens generated over all iterations).
+- otherwise iteration ``j + 1`` starts from a **fresh cache** holding only
+  ``prompt + history(s_j)`` (``history``; the paper's ``<history>{summary}</history>`` with ``"tags"``,
+  ``My progress so far: {summary}`` with ``"ask"``, read as the start of the model's own answer, since an
+  untrained model copies the tags into its answer), so the KV memory is bounded
+  by ``prompt + history + segment (+ ask + summary_tokens)`` tokens however long the reasoning runs:
+  ``peak_kv_bytes`` records the largest cache of any iteration (``cache.nbytes()``: the entries held),
+  ``reasoning_tokens`` the segment tokens generated over all iterations, ``summary_tokens_used`` the
+  tokens of asked summaries, ``history_tokens`` each history's length.
+
+Two ways to get the summaries:
+
+- ``summarise="tags"`` (default, the paper's format): the prompt adds ``instruction`` asking for
+  ``<think>…</think>`` reasoning that ends in ``<summary>…</summary>`` while unfinished. InftyThink's models
+  are fine-tuned to write these; with prompting alone no model shipped here does (then it is one
+  iteration: plain greedy decoding of the instructed prompt).
+- ``summarise="ask"``: a **training-free adaptation** of the paper's trained format (not in the paper).
+  The prompt is unchanged (no instruction unless one is given), so the first segment is plain greedy
+  decoding, token for token; when a segment is cut at ``segment`` tokens the model is asked, in a new
+  user turn of its chat template (``\\n\\n{ask}\\n`` without one), to summarise its progress, and that
+  generated text becomes the next iteration's history. The summariser is still the model itself, but the
+  summary costs an extra turn (in the same bounded cache) instead of being part of the reasoning.
 
 A ``context`` recipe part that removes nothing (``r`` must be 0): it appends the instruction to the
-context and replaces decoding (``guides_decoding``); ``inftythink+snapkv@0.5`` compresses each
-iteration's prompt cache too. With a model that never writes a summary it is one iteration: plain
-greedy decoding of the instructed prompt.
+context and replaces decoding (``guides_decoding``; ``max_new_tokens`` does not apply: the budget is
+``iterations * segment``); ``inftythink+snapkv@0.5`` compresses each iteration's prompt cache too.
 """
 
 from __future__ import annotations
@@ -30,9 +49,19 @@ import torch
 from ..recipe import LonglabError, register
 from .base import Compressed, ContextCompressor, Prompt, check_prompt
 
-__all__ = ["InftyThink", "split_summary"]
+__all__ = ["InftyThink", "ask_turn", "split_summary"]
 
 _SUMMARY = re.compile(r"<summary>(.*?)</summary>", re.S)
+_MARK = "\u2063LONGLAB_SEGMENT\u2063"
+TAGS_INSTRUCTION = (
+    "\n\nReason step by step inside <think> </think>. If you have not finished, stop and write "
+    "<summary> the key steps and intermediate results so far </summary>; you will continue from it. "
+    "When you have finished, write the final answer after </think>."
+)
+ASK = ("Stop here. Summarise your progress in one line: copy the most recent intermediate result exactly "
+       "as you wrote it. Do not continue the work and do not give the final answer yet.")
+HISTORY = "<history>{summary}</history>\n"  # the paper's format
+ASK_HISTORY = "My progress so far: {summary}\nContinuing from there:\n"  # read as the model's own words
 
 
 def split_summary(text: str) -> tuple[str | None, str]:
@@ -50,18 +79,18 @@ def split_summary(text: str) -> tuple[str | None, str]:
 class InftyThink(ContextCompressor):
     """Iterative segment-and-summarise reasoning (Yan et al., "InftyThink: Breaking the Length Limits of
     Long-Context Reasoning in Large Language Models", arXiv 2503.06692, ICLR 2026); see the module
-    docstring."""
+    docstring. ``summarise="ask"``: the training-free adaptation (the model is asked for its summary)."""
 
     paper: ClassVar[str] = "InftyThink, Yan et al., arXiv 2503.06692, ICLR 2026"
     guides_decoding: ClassVar[bool] = True
 
     segment: int = 256
     iterations: int = 8
-    instruction: str = (
-        "\n\nReason step by step inside <think> </think>. If you have not finished, stop and write "
-        "<summary> the key steps and intermediate results so far </summary>; you will continue from it. "
-        "When you have finished, write the final answer after </think>."
-    )
+    summarise: str = "tags"
+    instruction: str | None = None  # None: TAGS_INSTRUCTION with "tags", nothing with "ask"
+    ask: str = ASK
+    summary_tokens: int = 64
+    history: str | None = None  # None: HISTORY with "tags", ASK_HISTORY with "ask"
 
     def validate(self) -> None:
         if self.compression_ratio != 0:
@@ -69,10 +98,31 @@ class InftyThink(ContextCompressor):
                                f"{self.compression_ratio!r}")
         self.check("segment", 1, None, integer=True)
         self.check("iterations", 1, None, integer=True)
+        self.check("summarise", choices=("tags", "ask"))
+        self.check("summary_tokens", 1, None, integer=True)
+        if self.history is not None and "{summary}" not in self.history:
+            raise LonglabError(f"inftythink: history must contain {{summary}}, got {self.history!r}")
+        if self.summarise == "ask" and not self.ask.strip():
+            raise LonglabError("inftythink: ask must be a non-empty request with summarise='ask'")
+
+    @property
+    def prompt_instruction(self) -> str:
+        """The text appended to the context: ``instruction``, or the mode's default."""
+        if self.instruction is not None:
+            return self.instruction
+        return TAGS_INSTRUCTION if self.summarise == "tags" else ""
+
+    @property
+    def history_template(self) -> str:
+        """How a summary opens the next iteration: ``history``, or the mode's default."""
+        if self.history is not None:
+            return self.history
+        return HISTORY if self.summarise == "tags" else ASK_HISTORY
 
     def compress(self, prompt: Prompt, scorer: Any = None) -> Compressed:
         check_prompt(prompt)
-        extra = prompt.encode(self.instruction) if self.instruction else []
+        text = self.prompt_instruction
+        extra = prompt.encode(text) if text else []
         n = len(prompt.ids)
         out = Compressed(prompt.ids + extra, list(range(n)) + [-1] * len(extra), n)
         out.state = {"question_ids": list(prompt.question_ids)}
@@ -87,24 +137,66 @@ class InftyThink(ContextCompressor):
         if stream.batch_size != 1:
             raise LonglabError("inftythink decodes one row at a time; give a single context")
         prompt_ids = compressed.ids + compressed.state["question_ids"]
-        stats: dict[str, Any] = {"iterations": 0, "reasoning_tokens": 0, "peak_kv_bytes": 0, "summaries": []}
+        stats: dict[str, Any] = {"iterations": 0, "reasoning_tokens": 0, "summary_tokens_used": 0, "asked": 0,
+                                 "peak_kv_bytes": 0, "stop": "", "summaries": [], "history_tokens": []}
         tokens: list[int] = []
         for j in range(self.iterations):
-            tokens = stream.decode(logits, self.segment, eos_ids)[0]
+            tokens = stream.decode(logits, self.segment, eos_ids)[0]  # [<= segment]
             stats["iterations"] = j + 1
             stats["reasoning_tokens"] += len(tokens)
             stats["peak_kv_bytes"] = max(stats["peak_kv_bytes"], int(stream.cache.nbytes()))
+            ended = bool(tokens) and tokens[-1] in eos_ids  # the model closed its turn: it has answered
             summary, _ = split_summary(tokenizer.decode(tokens, skip_special_tokens=True))
-            if summary is None or j == self.iterations - 1:
+            last = j == self.iterations - 1
+            if summary is None and self.summarise == "ask" and not ended and not last:
+                summary = self._asked_summary(stream, tokens[-1], tokenizer, eos_ids, stats)
+            if summary is None or last:
+                unfinished = summary is not None or (self.summarise == "ask" and not ended)
+                # why it stopped: the iteration cap while unfinished, the model closed its turn without a
+                # summary, or it wrote (or, asked, gave) none
+                stats["stop"] = "iterations" if unfinished else "end of turn" if ended else "no summary"
                 break
             stats["summaries"].append(summary[:200])
-            history = tokenizer(f"<history>{summary}</history>\n", add_special_tokens=False)["input_ids"]
+            history = tokenizer(self.history_template.replace("{summary}", summary),
+                                add_special_tokens=False)["input_ids"]
+            stats["history_tokens"].append(len(history))
             stream = _fresh(stream)
             logits = stream.feed([prompt_ids + list(history)], 1024, compress="chunk")
         return tokens, stats
 
+    def _asked_summary(
+        self, stream: Any, last: int, tokenizer: Any, eos_ids: set[int], stats: dict[str, Any]
+    ) -> str | None:
+        """``summarise="ask"``: feed the cut segment's last token (not yet cached) and the request turn
+        into ``stream``, decode the model's reply greedily; None when it is empty."""
+        request = [last, *ask_turn(tokenizer, self.ask)]
+        logits = stream.feed([request], 1024, compress="none")
+        reply = stream.decode(logits, self.summary_tokens, eos_ids)[0]
+        stats["asked"] += 1
+        stats["summary_tokens_used"] += len(reply)
+        stats["peak_kv_bytes"] = max(stats["peak_kv_bytes"], int(stream.cache.nbytes()))
+        text = tokenizer.decode(reply, skip_special_tokens=True).strip()
+        return text or None
+
     def postprocess(self, text: str, prompt: Prompt, compressed: Compressed) -> str:
         return split_summary(text)[1] or text
+
+
+def ask_turn(tokenizer: Any, ask: str) -> list[int]:
+    """Token ids that end the assistant's (cut) turn and open a user turn holding ``ask``, then the
+    assistant header, as the tokenizer's chat template renders them; ``\\n\\n{ask}\\n`` without one."""
+    turn = f"\n\n{ask}\n"
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            rendered = tokenizer.apply_chat_template(
+                [{"role": "user", "content": "question"}, {"role": "assistant", "content": _MARK},
+                 {"role": "user", "content": ask}], tokenize=False, add_generation_prompt=True,
+            )
+            if _MARK in rendered:
+                turn = rendered.split(_MARK, 1)[1]
+        except Exception:  # a template that refuses this conversation: the plain request
+            pass
+    return list(tokenizer(turn, add_special_tokens=False)["input_ids"])
 
 
 def _fresh(stream: Any) -> Any:

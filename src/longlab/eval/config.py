@@ -65,6 +65,7 @@ class EvalConfig:
     report: bool = True
     progress: bool = True
     position: str | None = None  # a position method applied at load (longlab.position); rows name it
+    compress: str = "end"  # KV policies cut the cache once after the prefill ("end") or after every chunk
 
     @property
     def model_label(self) -> str:
@@ -106,6 +107,8 @@ class EvalConfig:
                 raise LonglabError(f"{name} must be >= {low}, got {value}")
         if any(not 0.0 <= d <= 1.0 for d in self.depths):
             raise LonglabError(f"--depths must lie in [0, 1], got {self.depths}")
+        if self.compress not in ("end", "chunk"):
+            raise LonglabError(f"--compress must be 'end' or 'chunk', got {self.compress!r}")
         if self.backend not in ("serial", "ray"):
             raise LonglabError(f"--backend must be 'serial' or 'ray', got {self.backend!r}")
         _check_model_name(self.model)
@@ -134,6 +137,7 @@ class EvalConfig:
             "decoding": "greedy",
             "batch_decode": self.batch_decode,
             **({"position": self.position} if self.position else {}),
+            **({"compress": self.compress} if self.compress != "end" else {}),
         }
 
 

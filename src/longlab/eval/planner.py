@@ -20,8 +20,8 @@ from typing import Any
 
 from ..recipe import LonglabError, Method, Recipe
 
-__all__ = ["PrefixGroup", "Observer", "batchable", "observation_need", "plan", "replayable", "tail_start",
-           "transforms_prefill"]
+__all__ = ["PrefixGroup", "Observer", "batchable", "compresses_every_chunk", "observation_need", "plan",
+           "replayable", "tail_start", "transforms_prefill"]
 
 
 class Observer:
@@ -86,6 +86,14 @@ def transforms_prefill(recipe: Recipe) -> bool:
     """Whether the recipe's context part acts inside the prefill forward (``hico-forward``): the recipe
     then prefills its whole prompt itself, in one forward (no shared prefix, no replayed tail)."""
     return bool(getattr(recipe.context, "transforms_prefill", False))
+
+
+def compresses_every_chunk(recipe: Recipe, compress: str) -> bool:
+    """Whether, under ``compress`` (``"end"`` or ``"chunk"``), the recipe's KV policies cut the cache
+    after every prefill chunk (``longlab eval --compress chunk``, as ``generate``'s default): the recipe
+    then prefills its whole prompt itself, compressing as it goes, so no prefix is shared or replayed.
+    A recipe that evicts nothing (``full``) is the same under both."""
+    return compress == "chunk" and any(m.name != "full" for m in recipe.kv)
 
 
 def replayable(recipe: Recipe) -> bool:
@@ -175,14 +183,15 @@ class PrefixGroup:
 
 def plan(
     recipes: list[tuple[str, Recipe]], n_ctx: int, n_q: int, chunk_size: int, query_aware: bool,
-    known: dict[str, frozenset[str]],
+    known: dict[str, frozenset[str]], compress: str = "end",
 ) -> list[PrefixGroup]:
     """Group ``(name, recipe)`` pairs by shared prefix (first fit). ``known`` (observer key -> state
-    keys it writes) is shared across calls and filled in as groups run."""
+    keys it writes) is shared across calls and filled in as groups run. ``compress="chunk"``: recipes
+    that compress after every chunk (:func:`compresses_every_chunk`) prefill from token 0."""
     groups: list[PrefixGroup] = []
     for name, recipe in recipes:
         start = tail_start(n_ctx, n_q, chunk_size, query_aware, observation_need(recipe))
-        if transforms_prefill(recipe):
+        if transforms_prefill(recipe) or compresses_every_chunk(recipe, compress):
             start = 0  # its own prefill of the whole prompt (shares no prefix)
         group = next((g for g in groups if g.accepts(recipe, start)), None)
         if group is None:

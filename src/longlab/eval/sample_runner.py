@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..recipe import Method, Recipe, parse_recipe
 from .config import EvalConfig
-from .planner import PrefixGroup, batchable, plan, replayable
+from .planner import PrefixGroup, batchable, compresses_every_chunk, plan, replayable
 
 if TYPE_CHECKING:
     from ..sparse.prefill import PrefillMetrics
@@ -105,18 +105,19 @@ class SampleRunner:
 
         yield from compressed_rows(
             self.model, self.tokenizer, sample, recipes, ctx, q,
-            lambda names, ids: self._run_recipes(sample, names, ids, q),
+            lambda names, ids, squeeze: self._run_recipes(sample, names, ids, q, squeeze),
         )
 
     def _run_recipes(
-        self, sample: Any, recipes: Sequence[str], ctx: list[int], q: list[int]
+        self, sample: Any, recipes: Sequence[str], ctx: list[int], q: list[int], squeeze: Any = None
     ) -> Iterator[dict[str, Any]]:
-        """Rows of ``sample`` under ``recipes`` with context ids ``ctx``, prefix groups planned here."""
+        """Rows of ``sample`` under ``recipes`` with context ids ``ctx``, prefix groups planned here;
+        ``squeeze``: the recipes' context compression (:func:`longlab.compress.api.compressed_rows`)."""
         pending = list(recipes)
         while pending:
             rerun: list[str] = []
             for group in self._plan(pending, ctx, q):
-                yield from self._run_group(sample, group, ctx, q, rerun)
+                yield from self._run_group(sample, group, ctx, q, rerun, squeeze)
             if rerun == pending:  # cannot happen (a lone recipe is always safe); never loop
                 raise RuntimeError(f"prefix sharing failed for {rerun}")
             pending = rerun
@@ -125,10 +126,13 @@ class SampleRunner:
         """Group recipes by shared prefix (first fit)."""
         cfg = self.config
         parsed = [(name, parse_recipe(name)) for name in recipes]
-        return plan(parsed, len(ctx), len(q), cfg.chunk_size, cfg.query_aware, self._state_keys)
+        return plan(
+            parsed, len(ctx), len(q), cfg.chunk_size, cfg.query_aware, self._state_keys, cfg.compress
+        )
 
     def _run_group(
-        self, sample: Any, group: PrefixGroup, ctx: list[int], q: list[int], rerun: list[str]
+        self, sample: Any, group: PrefixGroup, ctx: list[int], q: list[int], rerun: list[str],
+        squeeze: Any = None,
     ) -> Iterator[dict[str, Any]]:
         """Prefill the group's shared prefix once, then branch, compress and decode every member;
         members spoilt by an observer collision are appended to ``rerun`` instead."""
@@ -156,10 +160,11 @@ class SampleRunner:
             "question_tokens": len(q), "chunk_size": cfg.chunk_size, "backend": self.backend,
         }
         batch: list[_Branch] = []
-        direct = [(name, recipe) for name, recipe in members if not replayable(recipe)]
-        replayed = [(name, recipe) for name, recipe in members if replayable(recipe)]
+        own = [replayable(r) and not compresses_every_chunk(r, cfg.compress) for _, r in members]
+        direct = [member for member, shared_tail in zip(members, own) if not shared_tail]
+        replayed = [member for member, shared_tail in zip(members, own) if shared_tail]
         # direct members fork before the shared stream takes the tail (a chain consumes them first)
-        branches = (self._branch(shared, group, n, r, ctx, q, common, metrics) for n, r in direct)
+        branches = (self._branch(shared, group, n, r, ctx, q, common, metrics, squeeze) for n, r in direct)
         if replayed:
             branches = itertools.chain(
                 branches, self._replay_branches(shared, group, replayed, ctx, q, common, metrics)
@@ -177,7 +182,7 @@ class SampleRunner:
                 branch.prefill_s += time.perf_counter() - t0
                 if branch.metrics is not None:
                     branch.prefill_s -= branch.metrics.seconds - measured
-            yield from self._decode(sample, [branch])
+            yield from self._decode(sample, [branch], squeeze=squeeze)
         if batch:
             yield from self._decode_batch(sample, batch, q)
 
@@ -233,7 +238,7 @@ class SampleRunner:
 
     def _branch(
         self, shared: Any, group: PrefixGroup, name: str, recipe: Recipe, ctx: list[int], q: list[int],
-        common: dict[str, Any], shared_metrics: PrefillMetrics | None = None,
+        common: dict[str, Any], shared_metrics: PrefillMetrics | None = None, squeeze: Any = None,
     ) -> _Branch:
         """Fork the shared prefix into ``recipe`` and feed the tail (compressing once, at its end)."""
         from ..compress.api import prefill_rows  # stream.feed, or a context part's own prefill (hico-forward)
@@ -247,11 +252,13 @@ class SampleRunner:
         t0 = time.perf_counter()
         rows = [tail + q] if cfg.query_aware and q else [tail]
         with collect_prefill_metrics(metrics):
-            logits = prefill_rows(recipe, stream, rows, cfg.chunk_size, compress="end")  # [1, V]
+            # compress="end" (the default), or after every chunk with --compress chunk (then start = 0)
+            compress = "chunk" if compresses_every_chunk(recipe, cfg.compress) else "end"
+            logits = prefill_rows(recipe, stream, rows, cfg.chunk_size, compress=compress, squeeze=squeeze)
         before, after = stream.cache.full_nbytes(), stream.cache.nbytes()
         tail_s = time.perf_counter() - t0 - (metrics.seconds - measured if metrics is not None else 0.0)
         compress_s = float(stream.cache.stats["compress_s"])
-        extra = {**common, "fork_s": fork_s}
+        extra = {**common, "fork_s": fork_s, "compress_calls": int(stream.cache.stats["compress_calls"])}
         if metrics is not None:
             extra["metrics_s"] = metrics.seconds  # measuring time, not in prefill_s (question added later)
         # the shared prefix counts in full for every row (what this row cost on its own);
@@ -261,7 +268,9 @@ class SampleRunner:
             name, recipe, stream, logits, len(ctx), before, after, prefill_s, compress_s, extra, metrics
         )
 
-    def _decode(self, sample: Any, branches: list[_Branch], stream: Any = None) -> Iterator[dict[str, Any]]:
+    def _decode(
+        self, sample: Any, branches: list[_Branch], stream: Any = None, squeeze: Any = None
+    ) -> Iterator[dict[str, Any]]:
         """Decode greedily (one stream per branch, or ``stream`` holding them all as batch rows)."""
         import torch
 
@@ -278,7 +287,7 @@ class SampleRunner:
         from ..compress.api import decode_rows  # guided decoding (longlab.compress.guidance), else plain
 
         token_rows = decode_rows([b.recipe for b in branches], stream, logits, max_new, self.eos,
-                                 drop_finished=True)
+                                 squeeze=squeeze, drop_finished=True)
         decode_s = time.perf_counter() - t0
         for branch, tokens in zip(branches, token_rows):
             prediction = self.tokenizer.decode(tokens, skip_special_tokens=True).strip()

@@ -138,17 +138,26 @@ class DynamicNTK(ScaledRope):
             del model.longlab_dynamic_hook
 
 
-def rotate_keys(keys: torch.Tensor, positions: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+def rotation_table(positions: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos φ, sin φ`` of ``φ = positions [B, H_kv, T] · delta [D_rot/2]``, each ``[B, H_kv, T, D_rot/2]``
+    (float32): what :func:`rotate_keys` needs, computed once for every layer holding the same positions."""
+    phi = positions.float()[..., None] * delta.float().to(positions.device)
+    return phi.cos(), phi.sin()
+
+
+def rotate_keys(
+    keys: torch.Tensor, positions: torch.Tensor, delta: torch.Tensor,
+    table: tuple[torch.Tensor, torch.Tensor] | None = None,
+) -> torch.Tensor:
     """Rotate RoPE'd ``keys [B, H_kv, T, D]`` (rotate-half layout, the first ``2·len(delta)`` channels
-    rotated) further by ``positions [B, H_kv, T] · delta [D_rot/2]``: ``k·cos φ + rotate_half(k)·sin φ``.
-    Computed in float32, returned in ``keys``' dtype."""
+    rotated) further by ``positions [B, H_kv, T] · delta [D_rot/2]``: with ``k = (a, b)`` the two halves,
+    ``(a cos φ − b sin φ, b cos φ + a sin φ)`` = ``k·cos φ + rotate_half(k)·sin φ``. ``table``: the
+    :func:`rotation_table` of these positions, if already computed. Float32, returned in ``keys``' dtype."""
     half = delta.numel()
     k = keys.float()
-    rot, rest = k[..., : 2 * half], k[..., 2 * half :]
-    phi = positions.float()[..., None] * delta.float().to(k.device)  # [B, H_kv, T, D_rot/2]
-    cos, sin = torch.cat((phi.cos(), phi.cos()), -1), torch.cat((phi.sin(), phi.sin()), -1)
-    turned = torch.cat((-rot[..., half:], rot[..., :half]), -1)  # rotate_half
-    return torch.cat((rot * cos + turned * sin, rest), -1).to(keys.dtype)
+    a, b, rest = k[..., :half], k[..., half : 2 * half], k[..., 2 * half :]
+    cos, sin = table if table is not None else rotation_table(positions, delta)
+    return torch.cat((a * cos - b * sin, b * cos + a * sin, rest), -1).to(keys.dtype)
 
 
 class _DynamicRerotate:
@@ -192,10 +201,11 @@ class _DynamicRerotate:
             old = self.inv_at(rotary, lt, past)
             if torch.equal(old, inv):
                 continue
+            tables: list = []  # (positions, cos/sin table): layers holding the same positions share one
             for i, layer in enumerate(layers):
                 if lt is not None and (i >= len(self.layer_types) or self.layer_types[i] != lt):
                     continue
-                _rerotate_layer(layer, inv - old)
+                _rerotate_layer(layer, inv - old, tables)
 
 
 def _cache_length(cache: Any, layers: list) -> int:
@@ -210,7 +220,10 @@ def _cache_length(cache: Any, layers: list) -> int:
     return 0
 
 
-def _rerotate_layer(layer: Any, delta: torch.Tensor) -> None:
+def _rerotate_layer(layer: Any, delta: torch.Tensor, tables: list | None = None) -> None:
+    """Re-rotate one cache layer's keys by ``delta [D_rot/2]`` at each slot's position. ``tables``: a list
+    of ``(positions, (cos, sin))`` shared across the layers of one pass; a layer whose positions equal a
+    listed one reuses its table (one trigonometric pass per pass, not per layer, without eviction)."""
     keys = getattr(layer, "keys", None)
     if not getattr(layer, "is_initialized", False) or keys is None or keys.shape[-2] == 0:
         return
@@ -226,7 +239,13 @@ def _rerotate_layer(layer: Any, delta: torch.Tensor) -> None:
     else:  # transformers' layers: the last T of get_seq_length() positions (all of them, or a window)
         end = int(layer.get_seq_length())
         positions = torch.arange(end - T, end, device=keys.device).expand(B, H, T)
-    layer.keys = rotate_keys(keys, positions, delta)
+    table = None
+    if tables is not None:
+        table = next((t for p, t in tables if p.shape == positions.shape and torch.equal(p, positions)), None)
+        if table is None:
+            table = rotation_table(positions, delta)
+            tables.append((positions, table))
+    layer.keys = rotate_keys(keys, positions, delta, table)
 
 
 def yarn_paper_inv_freq(

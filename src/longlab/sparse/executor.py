@@ -15,15 +15,13 @@ Backends behind :func:`block_sparse_attention`:
   heads select alike) with equal block counts batched into mask-free fused-SDPA calls over cache-sized
   gathers, the diagonal blocks of every q-block in one ``is_causal`` call (aligned blocks) or one masked
   call, merged by log-sum-exp. Forward only; no compile.
-* ``"folded"``: :func:`folded_block_sparse_attention`: each unit's diagonal blocks go last in its gathered
-  keys (additive causal mask on those columns only), units with equal block counts are batched through
-  cache-sized ``bmm -> exp -> bmm`` calls; exact softmax in one pass, no log-sum-exp merge. Forward only;
-  measured 10-33% slower than ``"grouped"`` on this CPU (its separate ``exp`` pass), so not ``"auto"``.
 * ``"dense"``: the oracle, SDPA over all keys with an element causal mask (ignores the block mask).
 * ``"auto"``: on CPU without autograd ``"grouped"`` (LongCA-bench here: no compile, at or above flex in
-  chunked prefill, faster than ``"folded"`` and the previous grouped in every cell measured; efficiency =
-  ideal ``density x dense`` time / time: 0.83-1.2 in chunked prefill at 8k, 0.65-0.75 in one-shot
-  prefill at 8k on per-head masks against ``is_causal`` SDPA; ``docs/results/attention-bench.md``);
+  chunked prefill, faster than the removed ``folded`` backend (commit b53c584) and the previous grouped
+  in every cell measured; efficiency =
+  ideal ``density x dense`` time / time: 0.9-1.3 in chunked prefill at 8k-32k, 0.64-0.87 in one-shot
+  prefill at 8k-16k against ``is_causal`` SDPA, below 0.8 on per-head masks at keep 0.2 / 0.5;
+  ``docs/results/attention-bench.md``);
   otherwise ``"flex"`` for ``T_q >= FLEX_MIN_Q_LEN`` where the compile cost pays off, else ``"gather"``
   (also if flex fails to compile, with one warning).
 """
@@ -58,12 +56,11 @@ __all__ = [
     "sample_rows",
     "split_block_sparse_attention",
     "grouped_block_sparse_attention",
-    "folded_block_sparse_attention",
     "sdpa_with_lse",
     "merge_by_lse",
 ]
 
-Backend = Literal["auto", "flex", "gather", "split", "grouped", "folded", "dense"]
+Backend = Literal["auto", "flex", "gather", "split", "grouped", "dense"]
 FLEX_MIN_Q_LEN = 2048
 _FLEX_RECOMPILE_LIMIT = 64
 
@@ -228,10 +225,8 @@ def block_sparse_attention(
         return split_block_sparse_attention(q, k, v, mask, scaling)
     if backend == "grouped":
         return grouped_block_sparse_attention(q, k, v, mask, scaling)
-    if backend == "folded":
-        return folded_block_sparse_attention(q, k, v, mask, scaling)
-    raise ValueError("backend must be one of 'auto', 'flex', 'gather', 'split', 'grouped', 'folded', "
-                     f"'dense'; got {backend!r}")
+    raise ValueError("backend must be one of 'auto', 'flex', 'gather', 'split', 'grouped', 'dense'; "
+                     f"got {backend!r}")
 
 
 def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float,
@@ -454,109 +449,16 @@ def _fp32_with_lse(q, k, v, scaling, add):
     return torch.matmul(torch.softmax(s, -1).nan_to_num(0.0), v.float()).to(q.dtype), lse
 
 
-_FOLD_S_BYTES = 4 * 2**20  # score workspace per folded call: small enough to stay in the last-level cache
-
-
-def folded_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockSparseMask,
-                                  scaling: float | None = None) -> torch.Tensor:
-    """Causal block-sparse attention with the diagonal folded into each unit's keys: no merge (forward only).
-
-    q: [B, H, T_q, D], k, v: [B, H_kv, T_k, D], mask ``[B, H, n_qb, n_kb]`` -> [B, H, T_q, Dv]. With the
-    sink and diagonal blocks added (:func:`enforce_required`), a *unit* is (b, KV head, q-block ``i``) when
-    the ``g`` query heads of the KV head select alike (their ``g x bq`` rows packed), else (b, head, ``i``).
-    Its keys are its ``c`` selected fully visible blocks followed by the ``p_i`` partial (diagonal) blocks of
-    q-block ``i`` (contiguous, the same for every head). Units with equal ``(c, p_i)`` are batched: their
-    K/V blocks are gathered into a cache-sized workspace ``[G, (c + p) bk, D]`` and
-
-        S = (s Q) K^T  (one bmm),   S[:, :, c bk:] += A_i  (additive causal mask, partial columns only),
-        P = exp(S - max_row S),     O = (P V) / rowsum(P)  (one bmm, normalised after the product),
-
-    i.e. the exact softmax over the selected keys in one pass, with no log-sum-exp merge of separate parts.
-    The matmuls run in fp32 (fp64 stays fp64). Exact: the key set of a row is its selected blocks with the
-    element causal mask inside the partial ones, as :meth:`BlockSparseMask.to_element_mask` defines."""
-    (B, H, H_kv, T_q, T_k), scaling, mask = _block_kernel_inputs(q, k, v, mask, scaling)
-    g = H // H_kv
-    bq, bk, n_qb, n_kb = mask.bq, mask.bk, mask.n_qb, mask.n_kb
-    D, Dv = q.shape[-1], v.shape[-1]
-    dev, out_dtype = q.device, q.dtype
-    ct = torch.float64 if q.dtype == torch.float64 else torch.float32  # compute dtype
-    fv = fully_visible(T_q, T_k, bq, bk, dev)  # [n_qb, n_kb]
-    if T_k % bk:
-        fv[:, -1] = False  # a padded k-block always goes with the masked (partial) columns
-    sel = mask.mask
-    full = sel & fv  # [B, H, n_qb, n_kb]
-    part = (sel & ~fv).any(0).any(0)  # [n_qb, n_kb]: the diagonal blocks, shared by all heads
-    js = torch.arange(n_kb, device=dev)
-    first = torch.where(part, js, n_kb).amin(-1)  # [n_qb]
-    last = torch.where(part, js, -1).amax(-1)
-    pcount = torch.where(last >= 0, last - first + 1, 0)  # [n_qb] partial blocks per q-block (0: none)
-    P = int(pcount.max())
-    first = torch.where(last >= 0, first, 0)
-    kidx = first[:, None] * bk + torch.arange(max(P, 1) * bk, device=dev)  # [n_qb, P bk] key positions
-    qpos = torch.arange(n_qb * bq, device=dev).view(n_qb, bq) + (T_k - T_q)  # [n_qb, bq]
-    vis = ((kidx[:, None, :] <= qpos[:, :, None]) & (kidx < T_k)[:, None, :]
-           & (kidx < (last[:, None] + 1) * bk)[:, None, :])  # [n_qb, bq, P bk]
-    addp = torch.zeros(vis.shape, dtype=ct, device=dev).masked_fill_(~vis, float("-inf"))
-    same_add = bool((addp == addp[:1]).all())  # e.g. aligned one-shot prefill: one causal triangle for all
-    qs6 = (F.pad(q.to(ct) * scaling, (0, 0, 0, n_qb * bq - T_q))).view(B, H_kv, g, n_qb, bq, D)
-    out6 = torch.zeros(B, H_kv, g, n_qb, bq, Dv, dtype=ct, device=dev)
-    kb = F.pad(k.to(ct), (0, 0, 0, n_kb * bk - T_k)).reshape(B * H_kv * n_kb, bk * D)  # one row per k-block
-    vb = F.pad(v.to(ct), (0, 0, 0, n_kb * bk - T_k)).reshape(B * H_kv * n_kb, bk * Dv)
-    f5 = full.view(B, H_kv, g, n_qb, n_kb)
-    shared = (f5 == f5[:, :, :1]).all(-1).all(2)  # [B, H_kv, n_qb]: the g heads select the same blocks
-    counts = f5.sum(-1)  # [B, H_kv, g, n_qb]
-    order = torch.argsort(f5.to(torch.int8), dim=-1, descending=True, stable=True)  # selected first
-    ws: dict[str, torch.Tensor] = {}  # workspaces reused by every group (fresh buffers cost page faults)
-
-    def buf(name: str, n: int) -> torch.Tensor:
-        t = ws.get(name)
-        if t is None or t.numel() < n:
-            t = ws[name] = torch.empty(n, dtype=ct, device=dev)
-        return t[:n]
-
-    pb, ph, pi = shared.nonzero(as_tuple=True)
-    ub, uh, uj, ui = (~shared)[:, :, None, :].expand(B, H_kv, g, n_qb).nonzero(as_tuple=True)
-    for packed, b_all, h_all, j_all, i_all in ((True, pb, ph, torch.zeros_like(pb), pi),
-                                               (False, ub, uh, uj, ui)):
-        if b_all.numel() == 0:
-            continue
-        R = g * bq if packed else bq
-        c_all = counts[b_all, h_all, j_all, i_all]
-        key = c_all * (P + 1) + pcount[i_all]
-        for kk in key.unique().tolist():
-            c, p = divmod(int(kk), P + 1)
-            L = (c + p) * bk
-            pick = (key == kk).nonzero().flatten()
-            b, h, j, i = b_all[pick], h_all[pick], j_all[pick], i_all[pick]
-            blocks = torch.cat([order[b, h, j, i, :c], first[i][:, None] + torch.arange(p, device=dev)], 1)
-            ridx = (b * H_kv + h)[:, None] * n_kb + blocks  # [N, c + p] rows of kb / vb
-            qsel = (qs6[b, h, :, i] if packed else qs6[b, h, j, i]).reshape(-1, R, D)  # [N, R, D]
-            osel = torch.empty(qsel.shape[0], R, Dv, dtype=ct, device=dev)
-            step = max(1, _FOLD_S_BYTES // (R * L * kb.element_size()))
-            for s in range(0, pick.numel(), step):
-                e = min(s + step, pick.numel())
-                G, rid = e - s, ridx[s:e].flatten()
-                ks = torch.index_select(kb, 0, rid, out=buf("k", G * L * D).view(-1, bk * D)).view(G, L, D)
-                vs = torch.index_select(vb, 0, rid, out=buf("v", G * L * Dv).view(-1, bk * Dv)).view(G, L, Dv)
-                S = torch.bmm(qsel[s:e], ks.transpose(1, 2), out=buf("s", G * R * L).view(G, R, L))
-                if p:
-                    a = addp[:1, :, : p * bk] if same_add else addp[i[s:e], :, : p * bk]  # [G or 1, bq, p bk]
-                    S.view(G, R // bq, bq, L)[..., c * bk:].add_(a[:, None])
-                S.sub_(S.amax(-1, keepdim=True)).exp_()
-                den = S.sum(-1, keepdim=True)
-                torch.bmm(S, vs, out=osel[s:e]).div_(den)
-            if packed:
-                out6[b, h, :, i] = osel.view(-1, g, bq, Dv)
-            else:
-                out6[b, h, j, i] = osel
-    return out6.reshape(B, H, n_qb * bq, Dv)[:, :, :T_q].to(out_dtype)
-
-
 _WS_BYTES = 8 * 2**20  # gathered K + V per grouped call: stays in the last-level cache
+# grouped: pack the blocks all g heads of a KV head select when they share at least this many (0: only when
+# the heads select alike). 2: 0.79 -> 0.84 efficiency at 8k one-shot keep 0.8, 0.76 -> 0.81 at 16k, equal
+# within noise on the other cells (docs/results/attention-bench.md, this round).
+SPLIT_COMMON = 2
 
 
 def grouped_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockSparseMask,
-                                   scaling: float | None = None) -> torch.Tensor:
+                                   scaling: float | None = None, split_common: int = SPLIT_COMMON
+                                   ) -> torch.Tensor:
     """Causal block-sparse attention as a few batched fused-SDPA calls, merged by log-sum-exp (forward only).
 
     q: [B, H, T_q, D], k, v: [B, H_kv, T_k, D], mask: ``[B, H, n_qb, n_kb]`` -> [B, H, T_q, Dv]. With the
@@ -569,7 +471,11 @@ def grouped_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Te
       its K/V blocks are gathered (``index_select``) into a workspace of at most ``_WS_BYTES`` (8 MiB: it
       stays in the last-level cache between the copy and the fused call that reads it) and each batch runs
       as **one** mask-free fused call, so the number of calls is about (gathered bytes / 8 MiB) plus the
-      number of distinct counts, not ``H x n_qb``;
+      number of distinct counts, not ``H x n_qb``. With ``split_common = m > 0`` (default
+      :data:`SPLIT_COMMON`), a (b, KV head, q-block)
+      whose ``g`` heads select differently but share at least ``m`` blocks runs those common blocks as one
+      packed ``g x bq``-row unit and each head's other blocks as its own unit, merged by log-sum-exp (the
+      fused kernel tiles 384 rows by 64, 128 rows by 32: ~13% less per pair here);
     * the *diagonal* blocks (not fully visible, hence required, hence the same for every head). When
       ``bq == bk`` and the queries start on a block boundary (one-shot prefill, aligned chunks), q-block
       ``i`` against k-block ``i + q_offset / bk`` is a square causal problem: **one** ``is_causal`` fused
@@ -610,18 +516,23 @@ def grouped_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Te
     # 1. fully visible blocks: units with equal (count, packing) in cache-sized batches of one fused call
     f5 = full.view(B, H_kv, g, n_qb, n_kb)
     shared = (f5 == f5[:, :, :1]).all(-1).all(2)  # [B, H_kv, n_qb]: the g heads select the same blocks
-    counts = f5.sum(-1)  # [B, H_kv, g, n_qb]
-    order = torch.argsort(f5.to(torch.int8), dim=-1, descending=True, stable=True)  # selected first
-    pb, ph, pi = shared.nonzero(as_tuple=True)
-    ub, uh, uj, ui = (~shared)[:, :, None, :].expand(B, H_kv, g, n_qb).nonzero(as_tuple=True)
-    for packed, b_all, h_all, j_all, i_all in ((True, pb, ph, torch.zeros_like(pb), pi),
-                                               (False, ub, uh, uj, ui)):
+    packed_sel = f5[:, :, 0] & shared[..., None]  # [B, H_kv, n_qb, n_kb]: run as g x bq packed rows
+    if split_common and g > 1:  # the blocks all g heads select run packed when there are enough of them
+        common = f5.all(2)  # [B, H_kv, n_qb, n_kb]
+        use = shared | (common.sum(-1) >= split_common)  # [B, H_kv, n_qb]
+        packed_sel = common & use[..., None] | packed_sel
+    rest = f5 & ~packed_sel[:, :, None]  # [B, H_kv, g, n_qb, n_kb]: per head
+    has_packed = packed_sel.any(-1) & ~shared  # [B, H_kv, n_qb]: a packed part, then per-head rest
+    for packed, src in ((True, packed_sel[:, :, None]), (False, rest)):
+        counts = src.sum(-1)  # [B, H_kv, g or 1, n_qb]
+        order = torch.argsort(src.to(torch.int8), dim=-1, descending=True, stable=True)  # selected first
+        b_all, h_all, j_all, i_all = (counts > 0).nonzero(as_tuple=True)
         rows = g * bq if packed else bq
-        c_all = counts[b_all, h_all, j_all, i_all]
-        for c in c_all.unique().tolist():
-            if c == 0:
-                continue
-            pick = (c_all == c).nonzero().flatten()
+        # class key: count, and whether the rows already hold a packed part (then merged, not written)
+        c_all = counts[b_all, h_all, j_all, i_all] * 2 + (0 if packed else has_packed[b_all, h_all, i_all])
+        for key in c_all.unique().tolist():
+            c, merge = divmod(key, 2)
+            pick = (c_all == key).nonzero().flatten()
             b, h, j, i = b_all[pick], h_all[pick], j_all[pick], i_all[pick]
             ridx = ((b * H_kv + h)[:, None] * n_kb + order[b, h, j, i, :c])  # [N, c] rows of kb / vb
             qsel = (q6[b, h, :, i] if packed else q6[b, h, j, i]).reshape(-1, 1, rows, D)  # [N, 1, rows, D]
@@ -640,6 +551,13 @@ def grouped_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Te
             if packed:
                 out6[b, h, :, i] = osel.view(-1, g, bq, Dv)
                 lse6[b, h, :, i] = lsel.view(-1, g, bq)
+            elif merge:  # O = O_1 exp(l_1 - l) + O_2 exp(l_2 - l), l = logaddexp(l_1, l_2); l_2 is finite
+                l1, l2 = lse6[b, h, j, i], lsel.view(-1, bq)
+                new = torch.logaddexp(l1, l2)
+                o1 = out6[b, h, j, i].mul_(torch.exp(l1 - new)[..., None].to(out6.dtype))
+                w2 = torch.exp(l2 - new)[..., None].to(o1.dtype)
+                out6[b, h, j, i] = o1.addcmul_(osel.view(-1, bq, Dv), w2)
+                lse6[b, h, j, i] = new
             else:
                 out6[b, h, j, i] = osel.view(-1, bq, Dv)
                 lse6[b, h, j, i] = lsel.view(-1, bq)

@@ -14,7 +14,8 @@
 - ``lookup_chain``: a chain of assignments ``"Let v7 = v6 + 13."`` (small additions and subtractions of
   the previous variable), as many as ``length`` holds; the question asks for the last variable's value,
   which takes one reasoning step per line — a chain longer than any bounded reasoning segment (the
-  InftyThink setting).
+  InftyThink setting). ``reason=True`` asks for the steps to be worked out and scores the number the
+  answer ends on (:func:`final_number`).
 
 All are sized in the model's tokens: context + question never exceed ``length``.
 """
@@ -40,7 +41,8 @@ from .registry import register_task
 from .sample import Sample
 from .scoring import Refs, _refs, register_metric
 
-__all__ = ["redundant_niah", "cite_qa", "lookup_chain", "answer_citation", "citation_scores", "frames"]
+__all__ = ["redundant_niah", "cite_qa", "lookup_chain", "answer_citation", "citation_scores", "final_number",
+           "frames"]
 
 _PLACES = ("north", "south", "east", "west", "upper", "lower")
 _STATES = ("quiet", "empty", "dim", "still", "calm", "silent")
@@ -235,12 +237,34 @@ def cite_qa(tokenizer: Tokenizer, length: int, num_samples: int = 1, seed: int =
     return out
 
 
+_NUMBER = re.compile(r"-?\d+")
+
+
+@register_metric("final_number")
+def final_number(pred: str, refs: Refs) -> float:
+    """1 if the number a worked answer ends on equals the answer: the first number after the last
+    ``Answer:`` when there is one, else the last number in ``pred`` (so an intermediate result that
+    happens to equal the answer does not count)."""
+    answer = _refs(refs)[0].strip()
+    _, mark, tail = pred.rpartition("Answer:")
+    found = _NUMBER.findall(tail)[:1] if mark and _NUMBER.search(tail) else _NUMBER.findall(pred)[-1:]
+    return float(bool(found) and found[0] == answer)
+
+
 @register_task("lookup_chain", metric="string_match_all")
-def lookup_chain(tokenizer: Tokenizer, length: int, num_samples: int = 1, seed: int = 0) -> list[Sample]:
-    """A chain of additions over variables; the answer is the last one's value (module docstring)."""
+def lookup_chain(
+    tokenizer: Tokenizer, length: int, num_samples: int = 1, seed: int = 0, reason: bool = False
+) -> list[Sample]:
+    """A chain of additions over variables; the answer is the last one's value (module docstring).
+
+    ``reason=True``: the same chain asked to be worked out step by step (no answer prefix, up to
+    ``REASON_TOKENS`` new tokens, ending in ``Answer: <number>``), scored by :func:`final_number`: the
+    setting where the reasoning, not the input, is long (InftyThink)."""
     check_length(length)
     check_num_samples(num_samples)
     check_seed(seed)
+    if not isinstance(reason, bool):
+        raise ValueError(f"lookup_chain: reason must be true or false, got {reason!r}")
     out = []
     for index in range(num_samples):
         rng = sample_rng("lookup_chain", seed, index)
@@ -252,7 +276,8 @@ def lookup_chain(tokenizer: Tokenizer, length: int, num_samples: int = 1, seed: 
             for i, d in enumerate(steps[:n]):
                 lines.append(f"Let v{i + 1} = v{i} {'+' if d > 0 else '-'} {abs(d)}.")
                 value += d
-            return " ".join(lines), value, f"What is the value of v{n}?"
+            question = f"What is the value of v{n}?"
+            return " ".join(lines), value, question + (REASON_QUESTION if reason else "")
 
         def size(n: int) -> int:
             context, _, question = build(n)
@@ -264,10 +289,16 @@ def lookup_chain(tokenizer: Tokenizer, length: int, num_samples: int = 1, seed: 
             raise ValueError(f"length {length} is too small for lookup_chain") from None
         context, value, question = build(n)
         out.append(Sample(
-            context=context, question=question, answer_prefix=f"v{n} =", answers=[str(value)],
-            max_new_tokens=16, task="lookup_chain", length=length,
-            sample_id=f"lookup_chain-{length}-s{seed}-{index}",
+            context=context, question=question, answer_prefix="" if reason else f"v{n} =",
+            answers=[str(value)], max_new_tokens=REASON_TOKENS if reason else 16, task="lookup_chain",
+            length=length, metric="final_number" if reason else "",
+            sample_id=f"lookup_chain{'-reason' if reason else ''}-{length}-s{seed}-{index}",
             metadata={"steps": n, "context_tokens": count_tokens(tokenizer, context),
                       "question_tokens": count_tokens(tokenizer, question)},
         ))
     return out
+
+
+REASON_QUESTION = (" Work it out one variable at a time, one short line each (like 'v1 = 905'), and end with "
+                   "'Answer: <number>'.")
+REASON_TOKENS = 1024
