@@ -17,7 +17,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from longlab.eval.stats import paired_difference, score_estimate
+from longlab.eval.stats import paired_difference, score_estimate, wilson_interval
 from longlab.eval.store import ResultStore
 
 TOKEN = ("llmlingua", "longllmlingua", "hico", "tpp", "comi")
@@ -203,8 +203,14 @@ def needles(data: dict, ratios: list[float], tokenizer_dir: str) -> str:
                     whole += ans in text
                     cut += ans not in text and any(ans[i:i + 4] in text for i in range(len(ans) - 3))
                 if n:
-                    lines.append(f"| {task} | {m} | {r:g} | {whole}/{n} | {cut}/{n} |")
+                    lines.append(f"| {task} | {m} | {r:g} | {_count(whole, n)} | {_count(cut, n)} |")
     return "\n".join(lines) + "\n"
+
+
+def _count(k: int, n: int) -> str:
+    """``k/n [lo, hi]``: a count with its 95% Wilson interval on the fraction."""
+    lo, hi = wilson_interval(k, n)
+    return f"{k}/{n} [{lo:.2f}, {hi:.2f}]"
 
 
 def plot(curves: dict, path: Path) -> None:

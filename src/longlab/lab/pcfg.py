@@ -17,6 +17,14 @@ probability with respect to that leaf's emission (the inside probability is line
 autograd. Cost ``O(L³ N³)`` per prefix, vectorised over all prefixes of a batch; float64 (no underflow
 for L ≤ 128).
 
+String oracle (:func:`string_log_prob`, the long-length score): by the chain rule the oracle's next-token
+probabilities of one string telescope, ``Π_{t≥1} p(x_t | x_{<t}, |x| = L) = I(x) / I(x_0, ∗, …, ∗)``, where
+``I`` is the root's inside probability with the given emissions (∗ = wildcard ``β(A, 1)``), so
+``log p(x_{1:L−1} | x_0, |x| = L)`` -- the sum of the log-probabilities the per-prefix oracle gives to the
+observed tokens -- costs two inside passes, ``O(L³ N³)``, instead of ``O(L⁴ N³)``. The full-string pass
+multiplies every emission by ``e²`` (and subtracts ``2L``) so that strings of 256 tokens stay far from
+float64's underflow.
+
 Probe targets (:func:`span_log_inside`, used by :mod:`longlab.lab.probes`): ``log β(A, t − w + 1, t)``, the
 inside probability of each nonterminal over the observed span of width w ending at t.
 """
@@ -29,7 +37,7 @@ import torch
 
 __all__ = [
     "Grammar", "inside_chart", "inside_spans", "length_inside", "next_token_probs", "random_grammar",
-    "sample_string", "span_log_inside",
+    "sample_string", "span_log_inside", "string_log_prob",
 ]
 
 
@@ -163,3 +171,21 @@ def next_token_probs(g: Grammar, x: torch.Tensor, root: int = 0) -> torch.Tensor
     num = outside @ g.unary  # [R, T]
     out[:, :-1] = (num / num.sum(-1, keepdim=True)).reshape(b, length - 1, g.t)
     return out
+
+
+def string_log_prob(g: Grammar, x: torch.Tensor, root: int = 0) -> torch.Tensor:
+    """``x: [B, L]`` -> ``[B]`` float64: ``log p(x_{1:L−1} | x_0, |x| = L) = Σ_{t=1}^{L−1} log p(x_t | x_{<t},
+    |x| = L)``, the log-probability the next-token oracle (:func:`next_token_probs`) gives to the observed
+    continuation, from two inside passes (module docstring): ``log I(x) − log I(x_0, ∗, …, ∗)``. ``−inf``
+    where the grammar cannot derive ``x``."""
+    b, length = x.shape
+    scale = 2.0  # log of the per-emission factor: the scaled inside of a span of m tokens is e^{2m} I
+    fixed = g.unary.T[x] * torch.exp(torch.tensor(scale, dtype=torch.float64))  # [B, L, N]
+    log_full = torch.log(inside_chart(g, fixed)[:, root]) - scale * length  # [B] log I(x)
+    cache = g.__dict__.setdefault("_first", {})  # independent of x: once per (root, length)
+    log_first = cache.get((root, length))
+    if log_first is None:
+        first = g.unary.sum(-1).expand(g.t, length, g.n).clone()  # [T, L, N]: x_0 = a, the rest wildcards
+        first[:, 0] = g.unary.T
+        log_first = cache[root, length] = torch.log(inside_chart(g, first)[:, root])  # [T] log I(a, ∗…∗)
+    return log_full - log_first[x[:, 0]]
