@@ -33,9 +33,8 @@ import math
 import time
 from collections import defaultdict
 
-from longlab.eval.stats import score_estimate
 from longlab.lab.evaluate import evaluate
-from longlab.lab.plot import lab_rows
+from longlab.lab.plot import cell_estimate, lab_rows
 
 MIXERS = ["softmax", "ssmax", "asentmax", "lssa", "lssar", "race", "l2a", "lact", "ultramem", "linear",
           "mamba"]
@@ -44,22 +43,10 @@ SPEC = "pcfg:max_length=256,nonterminals=8,terminals=32,alpha=0.02,oracle=string
 
 
 def cell(by_seed: dict) -> tuple[float, float, float, str]:
-    """``(mean e, low, high, what)``: :func:`longlab.lab.plot.cell_estimate`'s hull (t over seed means,
-    bootstrap over the seed-averaged per-string values; one seed: the bootstrap) on the excess scale,
-    without its clipping to the score range [0, 1] (``e`` lives on [−∞, ∞))."""
-    seeds = sorted(by_seed)
-    if len(seeds) == 1:
-        est = score_estimate(list(by_seed[seeds[0]].values()))
-        return est.mean, est.low, est.high, f"n={est.n}"
-    from scipy import stats
-
-    means = [sum(by_seed[s].values()) / len(by_seed[s]) for s in seeds]
-    k = len(means)
-    mean = sum(means) / k
-    half = float(stats.t.ppf(0.975, k - 1)) * math.sqrt(sum((m - mean) ** 2 for m in means) / (k - 1) / k)
-    common = sorted(set.intersection(*(set(by_seed[s]) for s in seeds)))
-    samp = score_estimate([sum(by_seed[s][i] for s in seeds) / k for i in common])
-    return mean, min(mean - half, samp.low), max(mean + half, samp.high), f"{k} seeds×{len(common)}"
+    """``(mean e, low, high, what)``: :func:`longlab.lab.plot.cell_estimate` (t over seed means, bootstrap
+    over the seed-averaged per-string values; one seed: the bootstrap) on the excess scale, unclipped
+    (``e`` lives on [−∞, ∞))."""
+    return cell_estimate(by_seed, clip=False)
 
 
 def run(args: argparse.Namespace) -> None:

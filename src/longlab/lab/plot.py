@@ -46,10 +46,12 @@ def _cells(rows: Sequence[Mapping[str, Any]]) -> Cells:
 
 
 def cell_estimate(
-    by_seed: Mapping[int, Mapping[str, float] | Sequence[float]],
+    by_seed: Mapping[int, Mapping[str, float] | Sequence[float]], clip: bool = True,
 ) -> tuple[float, float, float, str]:
     """``(mean, low, high, what)`` of one cell (see the module docstring); ``what`` names the n.
-    ``by_seed``: training seed -> scores by sample id (a list: ids 0, 1, ...)."""
+    ``by_seed``: training seed -> scores by sample id (a list: ids 0, 1, ...). ``clip``: bound the
+    interval to the score range (at most 1; at least 0 for non-negative scores); off for a quantity on
+    the whole real line (e.g. an excess NLL)."""
     cell = {s: (dict(enumerate(v)) if not isinstance(v, Mapping) else dict(v)) for s, v in by_seed.items()}
     seeds = sorted(cell)
     if len(seeds) == 1:
@@ -68,8 +70,11 @@ def cell_estimate(
     lo, hi = mean - half, mean + half
     if samp is not None:
         lo, hi = min(lo, samp.low), max(hi, samp.high)
+    what = f"{k} seeds×{len(common)}"
+    if not clip:
+        return mean, lo, hi, what
     lo_clip = 0.0 if min(min(v.values()) for v in cell.values()) >= 0 else -math.inf
-    return mean, max(lo_clip, lo), min(1.0, hi), f"{k} seeds×{len(common)}"
+    return mean, max(lo_clip, lo), min(1.0, hi), what
 
 
 def extrapolation_table(rows: Sequence[Mapping[str, Any]]) -> str:
