@@ -35,7 +35,7 @@ KW = {
     "RANDOM_BLOCK_0.8": {"block": BLOCK, "seed": 3},
 }
 CPU_KERNELS = ["naive", "sdpa-math", "sdpa", "flex-eager", "gather", "grouped", "executor-gather",
-               "executor-flex", "executor-split", "executor-grouped"]
+               "executor-flex", "executor-split", "executor-grouped", "executor-flash"]
 TOL = {torch.float32: 2e-5, torch.bfloat16: 3e-2}
 
 
@@ -67,7 +67,7 @@ def _reference(q, k, v, mask: SliceMask):
 def _skip_if_unavailable(kernel, mask):
     reason = unavailable_reason(kernel, mask, "cpu", BLOCK)
     if reason is not None:
-        assert kernel.startswith("executor") and "to_block_sparse" in reason
+        assert kernel.startswith("executor") and ("to_block_sparse" in reason or kernel == "executor-flash")
         pytest.skip(reason)
 
 
@@ -85,7 +85,8 @@ def test_kernel_forward_backward_equal_naive_fp64(kernel, name):
     assert out.shape == ref.shape
     assert (out.double() - ref).abs().max() <= TOL[torch.float32]
     if no_bwd:
-        assert "flex" in kernel or kernel in ("executor-split", "grouped", "executor-grouped")
+        assert "flex" in kernel or kernel in ("executor-split", "grouped", "executor-grouped",
+                                              "executor-flash")
         return
     out.backward(dout.float())
     for got, want in zip((q.grad, k.grad, v.grad), grads):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from longlab.sparse import block_flash
 from longlab.sparse.blockmask import BlockSparseMask, enforce_required, full_mask
 from longlab.sparse.executor import (
     SPLIT_COMMON,
@@ -136,11 +137,19 @@ GROUPED_CASES = CASES + [(1, 6, 2, 1, 300, 32, 64, 64), (2, 6, 2, 200, 700, 32, 
                          (1, 6, 2, 250, 890, 32, 64, 64), (2, 4, 2, 65, 65, 16, 32, 32)]
 
 
-@pytest.mark.parametrize("backend", ["grouped"])
+def _needs(backend: str) -> None:
+    """Skip a ``flash`` case, with the reason, where longlab's C++ kernel cannot be built."""
+    if backend == "flash" and not block_flash.available():
+        pytest.skip(block_flash.unavailable_reason())
+
+
+@pytest.mark.parametrize("backend", ["grouped", "flash"])
 @pytest.mark.parametrize("sharing", ["per-head", "head-shared", "some-kv-groups-shared"])
 @pytest.mark.parametrize("case", GROUPED_CASES, ids=_ids)
 def test_grouped_backend_equals_masked_softmax(case, sharing, backend):
-    # the grouped backend batches q-blocks with equal block counts into one fused call each
+    # the grouped backend batches q-blocks with equal block counts into one fused call each; flash runs
+    # one online softmax per (head, q-block) over its listed blocks
+    _needs(backend)
     B, H, H_kv, T_q, T_k, D, bq, bk = case
     q, k, v = _inputs(B, H, H_kv, T_q, T_k, D)
     mask = _random_mask(B, H, T_q, T_k, bq, bk, p=0.4)
@@ -174,9 +183,10 @@ def test_grouped_split_common_equals_masked_softmax(case, split_common):
                        block_sparse_attention(q, k, v, mask, 0.125, backend="grouped"))
 
 
-@pytest.mark.parametrize("backend", ["grouped"])
+@pytest.mark.parametrize("backend", ["grouped", "flash"])
 @pytest.mark.parametrize("shape", [(384, 1000), (1000, 1000)])
 def test_grouped_backend_full_mask_equals_dense(backend, shape):
+    _needs(backend)
     q, k, v = _inputs(1, 6, 2, *shape, 64)
     out = block_sparse_attention(q, k, v, full_mask(1, 6, *shape, 128, 128), backend=backend)
     assert (out - dense_causal_attention(q, k, v)).abs().max() <= 1e-5
@@ -191,14 +201,48 @@ def test_grouped_backends_bf16_within_tolerance_and_keep_dtype(backend):
     assert (out.float() - _masked_reference(q, k, v, mask, 0.125)).abs().max() <= 3e-2
 
 
-def test_auto_is_grouped_on_cpu_inference_and_differentiable_with_autograd():
+def test_auto_is_flash_or_grouped_on_cpu_inference_and_differentiable_with_autograd():
     q, k, v = _inputs(1, 6, 2, 300, 700, 32)
     mask = _random_mask(1, 6, 300, 700, 64, 64, p=0.4)
     with torch.no_grad():
         auto = block_sparse_attention(q, k, v, mask, 0.2)
-    assert torch.equal(auto, block_sparse_attention(q, k, v, mask, 0.2, backend="grouped"))
+        assert torch.equal(block_sparse_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, 0.2),
+                           block_sparse_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, 0.2,
+                                                  backend="grouped"))  # bf16: not the fp32-only kernel
+    fast = "flash" if block_flash.available(q) else "grouped"
+    assert torch.equal(auto, block_sparse_attention(q, k, v, mask, 0.2, backend=fast))
     qg = q.clone().requires_grad_()
-    out = block_sparse_attention(qg, k, v, mask, 0.2)  # autograd: not the forward-only grouped backend
+    out = block_sparse_attention(qg, k, v, mask, 0.2)  # autograd: not a forward-only backend
     out.sum().backward()
     assert qg.grad is not None and torch.isfinite(qg.grad).all()
     assert (out.detach() - _masked_reference(q, k, v, mask, 0.2)).abs().max() <= 1e-5
+    with pytest.raises(ValueError, match="forward only"):
+        block_sparse_attention(qg, k, v, mask, 0.2, backend="flash")
+
+
+@pytest.mark.parametrize("kv_tile", [64, 128, 256, 512, 4096])
+def test_flash_key_tiles_and_block_runs_give_the_same_attention(kv_tile):
+    # the online softmax over key tiles of any size (a tile may end inside a run of adjacent blocks, hold
+    # only diagonal blocks, or hold a row's first visible key), and runs of adjacent blocks as one GEMM
+    _needs("flash")
+    q, k, v = _inputs(1, 6, 2, 520, 1100, 32)
+    sel = _random_mask(1, 6, 520, 1100, 32, 64, p=0.6).mask
+    sel[:, 0, :, :8] = True  # a run of 8 adjacent blocks
+    mask = enforce_required(BlockSparseMask(sel, 32, 64, 520, 1100))
+    out = block_flash.block_flash_attention(q, k, v, mask, 0.2, kv_tile=kv_tile)
+    assert (out - _masked_reference(q, k, v, mask, 0.2)).abs().max() <= 1e-5
+
+
+def test_flash_refuses_what_it_cannot_run_and_can_be_switched_off(monkeypatch):
+    q, k, v = _inputs(1, 2, 1, 64, 64, 16)
+    mask = full_mask(1, 2, 64, 64, 32, 32)
+    assert "float32 only" in block_flash.unavailable_reason(q.double())
+    with pytest.raises(RuntimeError, match="float32 only"):
+        block_sparse_attention(q.double(), k.double(), v.double(), mask, backend="flash")
+    monkeypatch.setattr(block_flash, "_EXT", None)
+    monkeypatch.setattr(block_flash, "_REASON", None)
+    monkeypatch.setenv("LONGLAB_BLOCK_FLASH", "0")
+    assert block_flash.unavailable_reason(q) == "disabled by LONGLAB_BLOCK_FLASH=0"
+    with torch.no_grad():  # auto falls back to grouped
+        assert torch.equal(block_sparse_attention(q, k, v, mask), block_sparse_attention(q, k, v, mask,
+                                                                                         backend="grouped"))

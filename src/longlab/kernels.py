@@ -24,6 +24,9 @@ with ``q [B, H, T_q, D]``, ``k, v [B, H_kv, T_k, D]`` (GQA: query head ``h`` rea
   additive mask; GQA packed as query rows; the two parts merged by log-sum-exp. The plan (groups, key
   indices, masks) is the mask construction, built by :func:`prepare` for a given ``gqa``;
 * ``executor-grouped``: the executor's grouped backend (:func:`grouped_block_sparse_attention`);
+* ``executor-flash``: the executor's ``flash`` backend, longlab's C++ block-sparse flash kernel
+  (:mod:`longlab.sparse.block_flash`; CPU, float32, forward only; skipped with the reason where it cannot
+  be built);
 * ``executor-split``: the same per-head causal block layout, run as one fused-SDPA call per query tile for
   the (head-shared) diagonal blocks with their causal mask, plus one mask-free call per head over that
   head's gathered fully-visible blocks, merged by log-sum-exp (:func:`split_block_sparse_attention`);
@@ -62,7 +65,8 @@ __all__ = ["KERNELS", "Prepared", "unavailable_reason", "backward_unsupported_re
            "attention", "flops", "split_block_sparse_attention"]
 
 KERNELS = ("naive", "sdpa-math", "sdpa", "flex", "flex-eager", "gather", "grouped", "executor-gather",
-           "executor-flex", "executor-split", "executor-grouped", "flash-attn", "flashinfer")
+           "executor-flex", "executor-split", "executor-grouped", "executor-flash", "flash-attn",
+           "flashinfer")
 _RECOMPILE_LIMIT = 256
 
 
@@ -90,6 +94,8 @@ def backward_unsupported_reason(kernel: str, device: torch.device | str = "cpu")
     if kernel in ("executor-split", "grouped", "executor-grouped"):
         return (f"{kernel} is forward only (it merges parts by the log-sum-exp of aten's CPU flash op, "
                 "which has no gradient)")
+    if kernel == "executor-flash":
+        return "executor-flash is forward only (longlab's C++ kernel has no backward)"
     if kernel == "flashinfer":
         return "flashinfer is an inference library (no backward)"
     return None
@@ -109,6 +115,12 @@ def unavailable_reason(kernel: str, mask: SliceMask | None = None, device: torch
             return f"{kernel}: package {module!r} is not installed"
         if mask is not None and _varlen_docs(mask) is None:
             return f"{kernel}: mask {mask.name} is not FULL/CAUSAL/document (the varlen interface's forms)"
+    if kernel == "executor-flash":
+        from longlab.sparse.block_flash import unavailable_reason as flash_unavailable
+
+        reason = flash_unavailable(torch.empty(0, device=dev))
+        if reason is not None:
+            return f"executor-flash: {reason}"
     if kernel.startswith("executor") and mask is not None:
         try:
             mask.to_block_sparse(block, block)

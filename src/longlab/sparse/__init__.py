@@ -11,9 +11,10 @@ are the last ``T_q`` of the ``T_k`` key positions::
 Every selector is also a recipe prefill policy (``"xattention:tau=0.9"``), registered once with its paper
 in the recipe registry; :data:`SELECTORS` is the registry's view of them.
 
-``backend="auto"`` uses the grouped fused-SDPA backend on CPU without autograd (no compile); elsewhere
-compiled flex_attention for ``T_q >= 2048`` (first call compiles, ~10-30 s on CPU) and the plain-PyTorch
-gather backend below that.
+``backend="auto"`` without autograd uses longlab's C++ block-sparse flash kernel on CPU in float32
+(:mod:`longlab.sparse.block_flash`, built once per machine, ~1 minute) and the grouped fused-SDPA backend
+for other dtypes or where it cannot be built; with autograd, compiled flex_attention for ``T_q >= 2048``
+(first call compiles, ~10-30 s on CPU) and the plain-PyTorch gather backend below that.
 """
 
 from longlab.sparse.base import SELECTORS, BlockSelector, make_selector

@@ -15,12 +15,16 @@ Backends behind :func:`block_sparse_attention`:
   heads select alike) with equal block counts batched into mask-free fused-SDPA calls over cache-sized
   gathers, the diagonal blocks of every q-block in one ``is_causal`` call (aligned blocks) or one masked
   call, merged by log-sum-exp. Forward only; no compile.
+* ``"flash"``: longlab's own block-sparse flash kernel (:mod:`longlab.sparse.block_flash`, C++ built on
+  first use): one 128-row tile per (head, q-block) for the whole pass, k-blocks read in place, the
+  diagonal blocks' element mask inside the same online softmax. CPU, float32, forward only. Efficiency
+  (ideal ``density x dense`` time / time) 0.84-1.01 in one-shot and 1.17-1.41 in chunked prefill at
+  8k-32k, 1.13-1.54x faster than ``grouped`` (``docs/results/attention-bench.md``, wave 6).
 * ``"dense"``: the oracle, SDPA over all keys with an element causal mask (ignores the block mask).
-* ``"auto"``: on CPU without autograd ``"grouped"`` (LongCA-bench here: no compile, at or above flex in
-  chunked prefill, faster than the removed ``folded`` backend (commit b53c584) and the previous grouped
-  in every cell measured; efficiency =
-  ideal ``density x dense`` time / time: 0.9-1.3 in chunked prefill at 8k-32k, 0.64-0.87 in one-shot
-  prefill at 8k-16k against ``is_causal`` SDPA, below 0.8 on per-head masks at keep 0.2 / 0.5;
+* ``"auto"``: without autograd, ``"flash"`` where it runs (CPU, float32, the kernel built); else on CPU
+  without autograd ``"grouped"`` (no compile; efficiency = ideal ``density x dense`` time / time:
+  0.9-1.3 in chunked prefill at 8k-32k, 0.64-0.87 in one-shot prefill at 8k-16k against ``is_causal``
+  SDPA, below 0.8 on per-head masks at keep 0.2 / 0.5, where ``flash`` reaches it;
   ``docs/results/attention-bench.md``);
   otherwise ``"flex"`` for ``T_q >= FLEX_MIN_Q_LEN`` where the compile cost pays off, else ``"gather"``
   (also if flex fails to compile, with one warning).
@@ -37,6 +41,8 @@ from typing import Literal, Protocol
 import torch
 import torch.nn.functional as F
 
+from longlab.sparse.block_flash import available as flash_available
+from longlab.sparse.block_flash import block_flash_attention
 from longlab.sparse.blockmask import (
     BlockSparseMask,
     density_per_head,
@@ -60,7 +66,7 @@ __all__ = [
     "merge_by_lse",
 ]
 
-Backend = Literal["auto", "flex", "gather", "split", "grouped", "dense"]
+Backend = Literal["auto", "flash", "flex", "gather", "split", "grouped", "dense"]
 FLEX_MIN_Q_LEN = 2048
 _FLEX_RECOMPILE_LIMIT = 64
 
@@ -210,6 +216,10 @@ def block_sparse_attention(
         return dense_causal_attention(q, k, v, scaling)
     mask = enforce_required(mask)
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    if backend == "flash" or (backend == "auto" and not grad and flash_available(q)):
+        if grad:
+            raise ValueError("backend='flash' is forward only; use 'gather' or 'flex' with autograd")
+        return block_flash_attention(q, k, v, mask, scaling)
     if backend == "auto" and q.device.type == "cpu" and not grad:
         return grouped_block_sparse_attention(q, k, v, mask, scaling)
     if backend == "auto" and T_q >= FLEX_MIN_Q_LEN and not _FLEX_BROKEN:
@@ -225,7 +235,7 @@ def block_sparse_attention(
         return split_block_sparse_attention(q, k, v, mask, scaling)
     if backend == "grouped":
         return grouped_block_sparse_attention(q, k, v, mask, scaling)
-    raise ValueError("backend must be one of 'auto', 'flex', 'gather', 'split', 'grouped', 'dense'; "
+    raise ValueError("backend must be one of 'auto', 'flash', 'flex', 'gather', 'split', 'grouped', 'dense'; "
                      f"got {backend!r}")
 
 

@@ -33,7 +33,7 @@ from .executor import block_sparse_attention, quality_metrics
 
 __all__ = ["SparsePrefill", "PrefillMetrics", "collect_prefill_metrics", "BACKENDS"]
 
-BACKENDS = ("auto", "flex", "gather", "dense")
+BACKENDS = ("auto", "flash", "grouped", "flex", "gather", "dense")
 
 
 QUALITY = ("density", "recall", "rel_error")
@@ -135,9 +135,9 @@ def collect_prefill_metrics(metrics: PrefillMetrics | None) -> Iterator[PrefillM
 class SparsePrefill(Method):
     """Base of the sparse prefill policies: :meth:`select` a block mask for a chunk, attend on it.
 
-    ``backend``: the executor's backend (``auto``, ``flex``, ``gather`` or ``dense``; see
-    :func:`~longlab.sparse.executor.block_sparse_attention`). Each registered policy declares it as its
-    *last* field, ``backend: str = "auto"``, so recipe names keep it last
+    ``backend``: the executor's backend (``auto``, ``flash``, ``grouped``, ``flex``, ``gather`` or
+    ``dense``; see :func:`~longlab.sparse.executor.block_sparse_attention`). Each registered policy declares
+    it as its *last* field, ``backend: str = "auto"``, so recipe names keep it last
     (``ashape:n_local=128,backend=gather``); the plain class attribute here is the value for a subclass
     that does not. Subclasses implement :meth:`select`.
     """
