@@ -17,6 +17,10 @@ intervals, paired bootstrap differences vs ``full`` on the same samples) from th
     bench/heavy.sh .venv/bin/python bench/compression_inftythink.py --lengths 96,160,256 --samples 8 \\
         --recipes 'full;inftythink:summarise=ask,segment=64,iterations=12' --out DIR/inftythink.json
     .venv/bin/python bench/compression_inftythink.py --out DIR/inftythink.json --table
+
+``--speed LEN:INDEX,...`` times the current InftyThink (prompt prefilled once) against the code before it
+(the prompt re-prefilled every iteration, ``_refill_class``) on those rows, interleaved, and checks that
+both give the same tokens (``--out``: the timings).
 """
 
 from __future__ import annotations
@@ -93,6 +97,111 @@ def run(args: argparse.Namespace) -> None:
                     for s in row["summaries"]:
                         print("  SUMM:", s.replace("\n", " | "))
     print(f"load: {os.getloadavg()}", flush=True)
+
+
+def speed(args: argparse.Namespace) -> None:
+    """The prompt prefilled once (the current code) vs re-prefilled every iteration (the code before,
+    :class:`_Refill`), side by side on the same rows, interleaved (A B B A per repeat), greedy; checks
+    that both give the same tokens. Rows to ``--out`` (JSON), medians printed."""
+    import statistics
+
+    import torch
+
+    import longlab
+    from longlab.tasks import generate as make_samples
+
+    torch.set_num_threads(1)
+    model, tokenizer = longlab.load_model(args.model)
+    (spec,) = [r for r in args.recipes if r.startswith("inftythink")][:1]
+    rows, out = [], Path(args.out)
+    print(f"load: {os.getloadavg()}", flush=True)
+    if args.warmup:  # one untimed row first: the first generate of a process pays one-off costs
+        longlab.generate(model, tokenizer, "Let v0 = 7. Let v1 = v0 + 2.", "What is v1?", "full",
+                         max_new_tokens=8)
+    for item in args.speed.split(","):
+        length, index = (int(x) for x in item.split(":"))
+        sample = make_samples("lookup_chain", tokenizer, length, index + 1, args.seed, reason=True)[index]
+        times: dict[str, list[float]] = {"once": [], "refill": []}
+        tokens: dict[str, list[int]] = {}
+        for rep in range(args.repeats):
+            for path in ("once", "refill") if rep % 2 == 0 else ("refill", "once"):
+                recipe = _recipe(spec)
+                if path == "refill":
+                    recipe.context = _Refill(**{f: getattr(recipe.context, f) for f in _FIELDS})
+                t0 = time.perf_counter()
+                res = longlab.generate(model, tokenizer, sample.context, sample.question, recipe,
+                                       max_new_tokens=sample.max_new_tokens,
+                                       answer_prefix=sample.answer_prefix, compress="end")
+                times[path].append(time.perf_counter() - t0)
+                tokens.setdefault(path, res.token_ids[0])
+                assert res.token_ids[0] == tokens[path], "greedy decoding is not deterministic"
+                rec = res.context[0]
+                print(f"{sample.sample_id} {path:6s} {times[path][-1]:.1f}s it={rec['iterations']} "
+                      f"reason={rec['reasoning_tokens']} summ={rec['summary_tokens_used']} "
+                      f"load={os.getloadavg()[0]:.2f}", flush=True)
+        once, refill = statistics.median(times["once"]), statistics.median(times["refill"])
+        row = {"model": args.model, "recipe": spec, "sample_id": sample.sample_id, "length": length,
+               "iterations": rec["iterations"], "prompt_tokens": res.context_tokens[0]
+               + _question_tokens(tokenizer, sample), "same_tokens": tokens["once"] == tokens["refill"],
+               "once_s": times["once"], "refill_s": times["refill"], "median_once_s": once,
+               "median_refill_s": refill, "speedup": refill / once, "load": os.getloadavg()[0]}
+        rows.append(row)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rows, indent=1))
+        print(f"{sample.sample_id}: median once {once:.1f}s, refill {refill:.1f}s, {refill / once:.2f}x, "
+              f"same tokens {row['same_tokens']}", flush=True)
+    print(f"load: {os.getloadavg()}", flush=True)
+
+
+def _refill_class():
+    """InftyThink as it was before the prompt was prefilled once (commit 90e8360): every iteration
+    ``j > 0`` prefills ``prompt + history`` in a fresh cache. Kept here only to time the change."""
+    from longlab.compress.inftythink import InftyThink, split_summary
+
+    class Refill(InftyThink):
+        def compress(self, prompt, scorer=None):
+            out = super().compress(prompt, scorer)
+            out.state = {"question_ids": list(prompt.question_ids)}
+            return out
+
+        def guided_decode(self, stream, logits, max_new_tokens, eos_ids, tokenizer, compressed):
+            prompt_ids = compressed.ids + compressed.state["question_ids"]
+            stats = {"iterations": 0, "reasoning_tokens": 0, "summary_tokens_used": 0, "asked": 0,
+                     "peak_kv_bytes": 0, "stop": "", "summaries": [], "history_tokens": []}
+            tokens: list[int] = []
+            for j in range(self.iterations):
+                tokens = stream.decode(logits, self.segment, eos_ids)[0]
+                stats["iterations"] = j + 1
+                stats["reasoning_tokens"] += len(tokens)
+                stats["peak_kv_bytes"] = max(stats["peak_kv_bytes"], int(stream.cache.nbytes()))
+                ended = bool(tokens) and tokens[-1] in eos_ids
+                summary, _ = split_summary(tokenizer.decode(tokens, skip_special_tokens=True))
+                last = j == self.iterations - 1
+                if summary is None and self.summarise == "ask" and not ended and not last:
+                    summary = self._asked_summary(stream, tokens[-1], tokenizer, eos_ids, stats)
+                if summary is None or last:
+                    unfinished = summary is not None or (self.summarise == "ask" and not ended)
+                    stats["stop"] = "iterations" if unfinished else "end of turn" if ended else "no summary"
+                    break
+                stats["summaries"].append(summary[:200])
+                history = tokenizer(self.history_template.replace("{summary}", summary),
+                                    add_special_tokens=False)["input_ids"]
+                stats["history_tokens"].append(len(history))
+                cache = type(stream.cache)(stream.cache.recipe)  # a fresh stream, the prompt fed again
+                fresh = type(stream)(stream.model, cache, stream.batch_size)
+                fresh.pad_id, stream = stream.pad_id, fresh
+                logits = stream.feed([prompt_ids + list(history)], 1024, compress="chunk")
+            return tokens, stats
+
+    return Refill
+
+
+def _Refill(**fields):  # noqa: N802  (builds the class lazily: longlab is imported inside the commands)
+    return _refill_class()(**fields)
+
+
+_FIELDS = ("compression_ratio", "segment", "iterations", "summarise", "instruction", "ask", "summary_tokens",
+           "history")
 
 
 def _recipe(spec: str):
@@ -213,8 +322,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--probe", action="store_true", help="print each prediction and summary")
     p.add_argument("--table", action="store_true", help="print the tables from --out and exit")
     p.add_argument("--plot", metavar="PNG", help="with --table: also plot peak KV vs tokens generated")
+    p.add_argument("--speed", metavar="LEN:INDEX,...",
+                   help="time the prompt prefilled once vs every iteration on these rows (--out: timings)")
+    p.add_argument("--repeats", type=int, default=2, help="with --speed: interleaved repeats per path")
+    p.add_argument("--warmup", type=int, default=1, help="with --speed: 1 = one untimed generate first "
+                   "(0 = none, as in the first timing run)")
     args = p.parse_args(argv)
-    if args.table:
+    if args.speed:
+        speed(args)
+    elif args.table:
         table(args)
         if args.plot:
             plot(args)

@@ -11,14 +11,22 @@ InftyThink (Yan et al., arXiv 2503.06692, ICLR 2026; code ZJU-REAL/InftyThink), 
 - **stop rule**: a segment without a summary (with ``"ask"``: one that ended at end of turn, or an empty
   reply to the request) or the ``iterations``-th segment is the final answer (the text after
   ``</think>`` when present);
-- otherwise iteration ``j + 1`` starts from a **fresh cache** holding only
-  ``prompt + history(s_j)`` (``history``; the paper's ``<history>{summary}</history>`` with ``"tags"``,
+- otherwise iteration ``j + 1`` starts from a cache holding only ``prompt + history(s_j)``
+  (``history``; the paper's ``<history>{summary}</history>`` with ``"tags"``,
   ``My progress so far: {summary}`` with ``"ask"``, read as the start of the model's own answer, since an
   untrained model copies the tags into its answer), so the KV memory is bounded
   by ``prompt + history + segment (+ ask + summary_tokens)`` tokens however long the reasoning runs:
   ``peak_kv_bytes`` records the largest cache of any iteration (``cache.nbytes()``: the entries held),
   ``reasoning_tokens`` the segment tokens generated over all iterations, ``summary_tokens_used`` the
   tokens of asked summaries, ``history_tokens`` each history's length.
+
+The prompt is prefilled **once**: every iteration forks the prompt-only cache (copy on write) and
+feeds only its history, the same cache contents as a fresh prefill of ``prompt + history`` (greedy
+tokens equal, tested), without re-reading the prompt ``iterations`` times. The prompt-only cache is
+kept for the run beside each iteration's (``prompt_kv_bytes``): the memory held is at most
+``prompt_kv_bytes + peak_kv_bytes``, still independent of how long the reasoning runs. Under a KV
+policy (``inftythink+snapkv@0.5``) every iteration starts from the prompt cache as the pipeline
+compressed it, and the history is appended uncompressed (as the question is, query-agnostic).
 
 Two ways to get the summaries:
 
@@ -35,7 +43,7 @@ Two ways to get the summaries:
 
 A ``context`` recipe part that removes nothing (``r`` must be 0): it appends the instruction to the
 context and replaces decoding (``guides_decoding``; ``max_new_tokens`` does not apply: the budget is
-``iterations * segment``); ``inftythink+snapkv@0.5`` compresses each iteration's prompt cache too.
+``iterations * segment``); ``inftythink+snapkv@0.5`` compresses the prompt cache too.
 """
 
 from __future__ import annotations
@@ -124,23 +132,33 @@ class InftyThink(ContextCompressor):
         text = self.prompt_instruction
         extra = prompt.encode(text) if text else []
         n = len(prompt.ids)
-        out = Compressed(prompt.ids + extra, list(range(n)) + [-1] * len(extra), n)
-        out.state = {"question_ids": list(prompt.question_ids)}
-        return out
+        return Compressed(prompt.ids + extra, list(range(n)) + [-1] * len(extra), n)
 
     @torch.inference_mode()
     def guided_decode(
         self, stream: Any, logits: torch.Tensor, max_new_tokens: int, eos_ids: set[int], tokenizer: Any,
         compressed: Compressed,
     ) -> tuple[list[int], dict[str, Any]]:
-        """Run the iterations from the prefilled ``stream``; returns (final tokens, counters)."""
-        if stream.batch_size != 1:
+        """Run the iterations from ``prompt``, the stream holding the prefilled prompt (and nothing else);
+        returns (final tokens, counters).
+
+        The prompt is prefilled once: each iteration decodes in a fork of ``prompt`` (:func:`_branch`;
+        ``prompt`` itself is never written), iteration ``j > 0`` after feeding only its history. Each
+        iteration's cache thus holds prompt + history + its own tokens, as a fresh prefill of
+        prompt + history would (``test_inftythink_equals_a_fresh_prefill_every_iteration``)."""
+        prompt = stream
+        if prompt.batch_size != 1:
             raise LonglabError("inftythink decodes one row at a time; give a single context")
-        prompt_ids = compressed.ids + compressed.state["question_ids"]
         stats: dict[str, Any] = {"iterations": 0, "reasoning_tokens": 0, "summary_tokens_used": 0, "asked": 0,
-                                 "peak_kv_bytes": 0, "stop": "", "summaries": [], "history_tokens": []}
+                                 "peak_kv_bytes": 0, "stop": "", "summaries": [], "history_tokens": [],
+                                 "prompt_kv_bytes": int(prompt.cache.nbytes())}
         tokens: list[int] = []
+        history: list[int] = []  # the previous iteration's history (none before the first)
         for j in range(self.iterations):
+            stream = None  # the last iteration's cache goes before the next one is made
+            stream = _branch(prompt)
+            if history:
+                logits = stream.feed([history], 1024, compress="none")  # [1, V]
             tokens = stream.decode(logits, self.segment, eos_ids)[0]  # [<= segment]
             stats["iterations"] = j + 1
             stats["reasoning_tokens"] += len(tokens)
@@ -157,11 +175,9 @@ class InftyThink(ContextCompressor):
                 stats["stop"] = "iterations" if unfinished else "end of turn" if ended else "no summary"
                 break
             stats["summaries"].append(summary[:200])
-            history = tokenizer(self.history_template.replace("{summary}", summary),
-                                add_special_tokens=False)["input_ids"]
+            history = list(tokenizer(self.history_template.replace("{summary}", summary),
+                                     add_special_tokens=False)["input_ids"])
             stats["history_tokens"].append(len(history))
-            stream = _fresh(stream)
-            logits = stream.feed([prompt_ids + list(history)], 1024, compress="chunk")
         return tokens, stats
 
     def _asked_summary(
@@ -199,9 +215,12 @@ def ask_turn(tokenizer: Any, ask: str) -> list[int]:
     return list(tokenizer(turn, add_special_tokens=False)["input_ids"])
 
 
-def _fresh(stream: Any) -> Any:
-    """An empty stream of the same kind, model and recipe (the bounded context of the next iteration)."""
-    cache = type(stream.cache)(stream.cache.recipe)
-    new = type(stream)(stream.model, cache, stream.batch_size)
-    new.pad_id = stream.pad_id
-    return new
+def _branch(prompt: Any) -> Any:
+    """An iteration's stream: a fork of the prefilled ``prompt`` stream that ``prompt`` never sees.
+
+    It reads the prompt's key/value buffers without copying them (``Stream.fork(share=True)``, copy on
+    write: its first append copies the prompt's slots into a buffer of its own, so ``cache.nbytes()`` of
+    the fork is prompt + what it appended, never more); a deep copy instead when the recipe writes into
+    held slots in place (a decode policy such as RetroAttention) or holds outside resources."""
+    cache = prompt.cache
+    return prompt.fork(share=cache.recipe.decode is None and not cache.resources)

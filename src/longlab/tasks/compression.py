@@ -299,6 +299,7 @@ def lookup_chain(
     return out
 
 
-REASON_QUESTION = (" Work it out one variable at a time, one short line each (like 'v1 = 905'), and end with "
-                   "'Answer: <number>'.")
+# the format example is a placeholder, never a number: a concrete one ('v1 = 905') was sample 0's own v1
+REASON_QUESTION = (" Work it out one variable at a time, one short line each (like 'vK = <number>'), and end "
+                   "with 'Answer: <number>'.")
 REASON_TOKENS = 1024
