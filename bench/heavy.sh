@@ -17,7 +17,7 @@ while true; do
     [ "$pid" = "$$" ] && continue
     [[ "$(cat "$f" 2>/dev/null)" < "$mine" ]] && older=$((older+1))
   done
-  if [ $older -lt 2 ]; then
+  if [ $older -eq 0 ]; then  # strict first come, first served: only the oldest waiter takes a free slot
     for s in 0 1; do
       flock -n -E 75 "$L/slot$s" bash -c 'rm -f "$0"; exec "$@"' "$W" "$@"
       rc=$?
