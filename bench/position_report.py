@@ -50,24 +50,6 @@ def _pooled(ppl_by_bin: dict[tuple[int, int], float], lo: int, hi: int) -> str:
     return f"{math.exp(nll):.2f}"
 
 
-def _sign_test(pairs: list[tuple[list[float], list[float]]]) -> float | None:
-    """Two-sided exact sign test on the discordant pairs (McNemar's exact test for pass/fail scores);
-    ``None`` when scores are not all 0/1."""
-    from math import comb
-
-    a = [x for xs, _ in pairs for x in xs]
-    b = [y for _, ys in pairs for y in ys]
-    if any(v not in (0.0, 1.0) for v in a + b):
-        return None
-    up = sum(1 for x, y in zip(a, b) if x > y)
-    down = sum(1 for x, y in zip(a, b) if x < y)
-    n = up + down
-    if n == 0:
-        return 1.0
-    tail = sum(comb(n, k) for k in range(min(up, down) + 1)) / 2**n
-    return min(1.0, 2 * tail)
-
-
 def _style(i: int) -> dict:
     import matplotlib.pyplot as plt
 
@@ -86,16 +68,29 @@ def main() -> None:
     ap.add_argument("--ppl-blocks", default="bench/results/position/ppl_blocks.json",
                     help="position_ppl.py --block output (intervals and paired tests)")
     ap.add_argument("--upi", default="bench/results/position/upi_passkey.json", help="upi_hybrid.py output")
+    ap.add_argument("--rows-json", default="bench/results/position/task_rows.json",
+                    help="a copy of the task rows read (runs/ is not committed)")
     args = ap.parse_args()
-    from longlab.eval.stats import paired_difference, stratified_difference, stratified_estimate
-
     rows = []
+    export = []
     if Path(args.db).exists():
         con = sqlite3.connect(f"file:{args.db}?mode=ro", uri=True)
-        rows = con.execute(
-            "select model, recipe, task, length, sample_id, score, prefill_s from results"
-        ).fetchall()
+        query = ("select model, recipe, task, length, sample_id, score, prefill_s, extra, prediction, "
+                 "answers, context_tokens, created_at from results order by created_at")
+        for model, recipe, task, length, sid, score, prefill_s, extra, pred, answers, ctx, created in (
+            con.execute(query)
+        ):
+            calls = json.loads(extra or "{}").get("compress_calls", 0)
+            if recipe not in (None, "full") and calls > 1:  # longlab eval --compress chunk
+                recipe = f"{recipe} (per chunk)"
+            rows.append((model, recipe, task, length, sid, score, prefill_s))
+            export.append({"model": model, "recipe": recipe, "task": task, "length": length, "sample_id": sid,
+                           "score": score, "prediction": pred, "answers": json.loads(answers or "[]"),
+                           "context_tokens": ctx, "prefill_s": round(prefill_s or 0.0, 1),
+                           "created_at": created})
         con.close()
+        if args.rows_json:
+            Path(args.rows_json).write_text(json.dumps(export, indent=0, ensure_ascii=False) + "\n")
     if Path(args.long).exists():  # bench/position_long.py: chunked prefill compressing after every chunk
         for r in json.loads(Path(args.long).read_text()):
             model = "smollm2-135m" + ("" if r["position"] == "none" else f"|{r['position']}")
@@ -107,21 +102,9 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks_seen = sorted({r[2] for r in rows}, key=lambda t: (t != "passkey", t))
     if rows:
-        width = 9 + 3 * (len(tasks_seen) - 1)
-        fig, axes = plt.subplots(1, len(tasks_seen), figsize=(width, 4.2), squeeze=False)
-    for ti, task_name in enumerate(tasks_seen):
-        task_rows = [r for r in rows if r[2] == task_name]
-        parts += _task_tables(args, task_name, task_rows, axes[0][ti], stratified_estimate,
-                              stratified_difference, paired_difference)
-    if rows:
-        axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-        fig.tight_layout()
         Path(args.plots).mkdir(parents=True, exist_ok=True)
-        fig.savefig(Path(args.plots) / "position-score-vs-length.png", dpi=120)
-        parts.append("![score vs length](position-score-vs-length.png)")
-        parts.append("")
+        parts += _grid_section(rows, args.plots, plt)
     parts += _ppl_section(args, plt)
     if Path(args.ppl_blocks).exists():
         parts += _ppl_blocks_section(args, plt)
@@ -135,99 +118,211 @@ def main() -> None:
     print("\n".join(parts))
 
 
-def _task_tables(args, task_name, rows, ax, stratified_estimate, stratified_difference, paired_difference):
-    """The score table, paired-difference tables and one plot panel of one task."""
-    cell: dict[tuple[str, int], dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+SCALED = ("pi", "ntk", "dynamic-ntk", "yarn", "longrope")
+DEFAULT_FACTOR = 4.0  # a scaled method's factor when its spec names none (format_position drops defaults)
+METHOD_ORDER = ("none", *SCALED, "drope", "ropeid", "repo")
+
+
+def _family(label: str) -> tuple[str, float | None]:
+    """``yarn:factor=4`` -> (``yarn``, 4.0); the recalibrated weights' paths become ``(recal.)``."""
+    import re
+
+    name = label.split(":", 1)[0]
+    factor = None
+    if name in SCALED:
+        m = re.search(r"(?:^|[:,])factor=([0-9.]+)", label)
+        factor = float(m.group(1)) if m else DEFAULT_FACTOR
+    fam = re.sub(r"(?:^|(?<=[:,]))factor=[0-9.]+,?", "", label).replace(":,", ":").rstrip(",:")
+    return _short(fam), factor
+
+
+def _convention(length: int) -> float:
+    """The page's factor: s = 2 up to 16k, s = L / 8k beyond."""
+    return max(2.0, length / 8192) if length > 16384 else 2.0
+
+
+def _column(length: int, recipe: str | None) -> tuple[int, str]:
+    return (length, "full" if recipe in (None, "full") else recipe)
+
+
+def _column_name(col: tuple[int, str]) -> str:
+    length, recipe = col
+    k = f"{length // 1024}k"
+    if recipe == "full":
+        return k
+    short = recipe.replace("snapkv:budget=", "SnapKV ").replace(" (per chunk)", "/chunk")
+    return f"{k}, {short}"
+
+
+def _sign_p(a: list[float], b: list[float]) -> tuple[float, int, int]:
+    """Two-sided exact sign test on the pairs that differ (McNemar's exact test for pass/fail scores):
+    (p, wins of a, wins of b)."""
+    from math import comb
+
+    up = sum(1 for x, y in zip(a, b) if x > y)
+    down = sum(1 for x, y in zip(a, b) if x < y)
+    n = up + down
+    if n == 0:
+        return 1.0, 0, 0
+    tail = sum(comb(n, k) for k in range(min(up, down) + 1)) / 2**n
+    return min(1.0, 2 * tail), up, down
+
+
+def _cell(scores: list[float]) -> str:
+    """``mean ×100 [95% interval] (n)``: Wilson for pass/fail; partial scores (vt finds some of several
+    variables) give the mean, and the Wilson interval of the samples with every value found."""
+    from longlab.eval.stats import is_binary, wilson_interval
+
+    n = len(scores)
+    if is_binary(scores):
+        k = int(sum(scores))
+        lo, hi = wilson_interval(k, n)
+        return f"{100 * k / n:.0f} [{100 * lo:.0f}, {100 * hi:.0f}] (n={n})"
+    full = sum(1 for v in scores if v == 1.0)
+    lo, hi = wilson_interval(full, n)
+    return f"{100 * sum(scores) / n:.0f}; all found {full}/{n} [{100 * lo:.0f}, {100 * hi:.0f}] (n={n})"
+
+
+def _grid_section(rows: list[tuple], plots: str, plt) -> list[str]:
+    """The length x task x method grid: one table per task (rows: methods; columns: length and KV budget),
+    pooled paired comparisons with own RoPE and YaRN, and one score-vs-length panel per task."""
+    from longlab.eval.stats import paired_difference, score_estimate
+
+    # (family, task, column) -> sample id -> score; factors seen per (family, column)
+    grid: dict[tuple[str, str, tuple[int, str]], dict[str, float]] = defaultdict(dict)
+    factors: dict[tuple[str, tuple[int, str]], set[float]] = defaultdict(set)
     for model, recipe, task, length, sid, score, _prefill in rows:
-        label = _label(model) + ("" if recipe in (None, "full") else f" + {recipe}")
-        cell[(label, length)][task][sid] = float(score)
-    methods = sorted({m for m, _ in cell}, key=lambda m: (m != "none", m))
-    lengths = sorted({n for _, n in cell})
-    lines = [
-        "| method | " + " | ".join(f"{n // 1024}k" for n in lengths) + " |",
-        "|---|" + "---|" * len(lengths),
+        fam, factor = _family(_label(model))
+        col = _column(length, recipe)
+        grid[(fam, task, col)][sid] = float(score)
+        if factor is not None:
+            factors[(fam, col)].add(factor)
+    fams = sorted({k[0] for k in grid}, key=lambda f: (
+        next((i for i, m in enumerate(METHOD_ORDER) if f.split(":")[0].split(" ")[0] == m), 99), f))
+    tasks = sorted({k[1] for k in grid}, key=lambda t: (t != "passkey", t))
+    cols = sorted({k[2] for k in grid}, key=lambda c: (c[0], c[1] != "full", c[1]))
+    parts = [
+        "Task grid (greedy, chunk 1,024; `runs/position/eval/results.sqlite`, copied to "
+        "`bench/results/position/task_rows.json`, and, for YaRN at 32k, "
+        "`bench/results/position/long.json`). Cell: score ×100, 95% Wilson interval, n = samples. "
+        "Scaled methods (PI, NTK, dynamic NTK, YaRN, LongRoPE) use s = 2 up to 16k and s = L/8k = 4 at 32k; "
+        "a cell with another factor says so. Columns named *SnapKV 4096/chunk*: chunked prefill with "
+        "SnapKV cutting every head back to 4,096 cached entries after every 1,024-token chunk "
+        "(`--recipe snapkv:budget=4096 --compress chunk`); other columns keep the full cache. — = not run.",
+        "",
     ]
-    baselines = [b for b in args.vs.split(",") if any(m == b for m in methods)]
-    diff_lines = {
-        b: [lines[0], lines[1]]
-        for b in baselines
-    }
-    curves: dict[str, list[tuple[int, float, float, float]]] = {}
-    for m in methods:
-        out = []
-        for n in lengths:
-            tasks = cell.get((m, n))
-            if not tasks:
-                out.append("—")
+    for task in tasks:
+        tcols = [c for c in cols if any(k[1] == task and k[2] == c for k in grid)]
+        parts += [f"**{task}**:", "", "| method | " + " | ".join(_column_name(c) for c in tcols) + " |",
+                  "|---|" + "---|" * len(tcols)]
+        for fam in fams:
+            cells = []
+            for c in tcols:
+                sc = grid.get((fam, task, c))
+                if not sc:
+                    cells.append("—")
+                    continue
+                fs = factors.get((fam, c), set())
+                odd = sorted(f for f in fs if f != _convention(c[0]))
+                note = f" (s={'/'.join(f'{f:g}' for f in odd)})" if odd else ""
+                cells.append(_cell(list(sc.values())) + note)
+            if any(x != "—" for x in cells):
+                parts.append(f"| `{fam}` | " + " | ".join(cells) + " |")
+        parts.append("")
+    # coverage: samples per task and column, one line per method (what the "Not done" list is made from)
+    parts += ["Coverage: samples per cell (passkey / niah_single_1 / vt; 0 = not run).", "",
+              "| method | " + " | ".join(_column_name(c) for c in cols) + " |", "|---|" + "---|" * len(cols)]
+    for fam in fams:
+        parts.append(f"| `{fam}` | " + " | ".join(
+            " / ".join(str(len(grid.get((fam, t, c), {}))) for t in ("passkey", "niah_single_1", "vt"))
+            for c in cols) + " |")
+    parts.append("")
+    # pooled paired comparisons: same task, same column, same sample
+    groups = (("≤ 8k", lambda c: c[0] <= 8192), ("> 8k", lambda c: c[0] > 8192), ("all", lambda c: True))
+    parts += [
+        "Paired comparisons pooled over tasks (and over lengths in the last three columns): mean difference "
+        "×100 on the samples both methods ran (same task, length, KV budget, sample), 95% paired bootstrap, "
+        "then the wins–losses of the first method and the exact two-sided sign test on them. n.s. unless "
+        "the interval excludes 0 *and* p < 0.05.",
+        "",
+        "| comparison | " + " | ".join(_column_name(c) for c in cols) + " | " + " | ".join(
+            g for g, _ in groups) + " |",
+        "|---|" + "---|" * (len(cols) + len(groups)),
+    ]
+    yarn = next((f for f in fams if f == "yarn"), None)
+    base_list = ["none"] + ([yarn] if yarn else [])
+    for base in base_list:
+        for fam in fams:
+            if fam == base or (base == "yarn" and fam == "none"):
                 continue
-            strata = [list(v.values()) for _, v in sorted(tasks.items())]
-            est = stratified_estimate(strata)
-            out.append(f"{100 * est.mean:.0f} [{100 * est.low:.0f}, {100 * est.high:.0f}] (n={est.n})")
-            curves.setdefault(m, []).append((n, est.mean, est.low, est.high))
-        lines.append(f"| `{m}` | " + " | ".join(out) + " |")
-        for b in baselines:
-            dout = []
-            for n in lengths:
-                tasks, base = cell.get((m, n)), cell.get((b, n))
-                if m == b:
-                    dout.append("baseline")
-                    continue
-                pairs = []
-                for task, scores in sorted((tasks or {}).items()):
-                    common = sorted(set(scores) & set((base or {}).get(task, {})))
-                    if common:
-                        pairs.append(([scores[s] for s in common], [base[task][s] for s in common]))
-                if not pairs:
-                    dout.append("—")
-                    continue
-                d = stratified_difference(pairs) if len(pairs) > 1 else paired_difference(*pairs[0])
-                npair = sum(len(a) for a, _ in pairs)
-                p = _sign_test(pairs)
-                # a bootstrap over 1-3 pairs has a degenerate interval: significant only when the exact
-                # sign test (McNemar for pass/fail) agrees
-                sig = d.significant and (p is None or p < 0.05)
-                mark = ("" if sig else " n.s.") + (f", sign test p={p:.2f}" if p is not None else "")
-                ci = f"[{100 * d.low:+.0f}, {100 * d.high:+.0f}]"
-                dout.append(f"{100 * d.mean:+.0f} {ci}{mark} (n={npair})")
-            if any(c != "—" for c in dout):
-                diff_lines[b].append(f"| `{m}` | " + " | ".join(dout) + " |")
-    parts: list[str] = [
-        f"**{task_name}**: scores ×100 (mean; 95% interval, Wilson for pass/fail; n = samples in the cell):",
-        "",
-        *lines,
-        "",
-    ]
-    for b in baselines:
-        if len(diff_lines[b]) > 2 and any("(n=" in ln for ln in diff_lines[b][2:]):
-            parts += [
-                f"{task_name}: paired difference to `{b}` on the same samples, ×100 (95% paired bootstrap; "
-                "n.s. unless the interval excludes 0 *and* the exact sign test on the discordant pairs gives "
-                "p < 0.05):",
-                "",
-                *diff_lines[b],
-                "",
-            ]
-    for i, (m, pts) in enumerate(curves.items()):
-        dodge = 2 ** (0.03 * (i - (len(curves) - 1) / 2))  # side by side, so the bars do not overlap
-        xs = [p[0] * dodge for p in pts]
-        ax.errorbar(
-            xs,
-            [100 * p[1] for p in pts],
-            yerr=[[100 * (p[1] - p[2]) for p in pts], [100 * (p[3] - p[1]) for p in pts]],
-            marker="o",
-            capsize=3,
-            label=_short(m),
-            alpha=0.85,
-            **_style(_colour_index(m)),
-        )
-    ax.axvline(8192, color="grey", ls=":", lw=1)
-    ax.set_xscale("log", base=2)
-    ax.set_xticks(lengths, [f"{n // 1024}k" for n in lengths])
-    ax.set_xlabel("prompt length (methods side by side); dotted: trained 8k", fontsize=8)
-    ax.set_ylabel("score ×100 (95% CI)")
-    ax.set_ylim(-5, 105)
-    ax.set_title(f"SmolLM2-135M: {task_name}")
-    return parts
+            per_col: dict[tuple[int, str], tuple[list[float], list[float]]] = {}
+            for c in cols:
+                a, b = [], []
+                for task in tasks:
+                    x, y = grid.get((fam, task, c), {}), grid.get((base, task, c), {})
+                    for sid in sorted(set(x) & set(y)):
+                        a.append(x[sid])
+                        b.append(y[sid])
+                if a:
+                    per_col[c] = (a, b)
+            if not per_col:
+                continue
+            cells = [_diff_cell(*per_col[c], paired_difference) if c in per_col else "—" for c in cols]
+            for _, keep in groups:
+                a = [v for c, (x, _) in per_col.items() if keep(c) for v in x]
+                b = [v for c, (_, y) in per_col.items() if keep(c) for v in y]
+                cells.append(_diff_cell(a, b, paired_difference) if a else "—")
+            parts.append(f"| `{fam}` − `{base}` | " + " | ".join(cells) + " |")
+    parts.append("")
+    # one panel per task: score vs length, one curve per method
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks) + 2.4, 4.2), squeeze=False)
+    for ax, task in zip(axes[0], tasks):
+        shown = [f for f in fams if any(k[0] == f and k[1] == task for k in grid)]
+        for i, fam in enumerate(shown):
+            dodge = 2 ** (0.035 * (i - (len(shown) - 1) / 2))  # side by side, so the bars do not overlap
+            pts = []
+            for c in cols:
+                sc = grid.get((fam, task, c))
+                if sc:
+                    est = score_estimate(list(sc.values()))  # Wilson for pass/fail, else bootstrap
+                    pts.append((c[0] * dodge, 100 * est.mean, 100 * est.low, 100 * est.high, c[1] != "full"))
+            style = _style(_colour_index(fam))
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], lw=1.2, alpha=0.8, label=_short(fam), **style)
+            for budget in (False, True):
+                sel = [p for p in pts if p[4] == budget]
+                if sel:
+                    ax.errorbar([p[0] for p in sel], [p[1] for p in sel],
+                                yerr=[[p[1] - p[2] for p in sel], [p[3] - p[1] for p in sel]],
+                                marker="s" if budget else "o", mfc="white" if budget else style["color"],
+                                capsize=2, elinewidth=0.8, alpha=0.8, color=style["color"], ls="none")
+        ax.axvline(8192, color="grey", ls=":", lw=1)
+        ax.set_xscale("log", base=2)
+        lengths = sorted({c[0] for c in cols})
+        ax.set_xticks(lengths, [f"{n // 1024}k" for n in lengths])
+        ax.set_xlabel("prompt length; dotted: trained 8k", fontsize=8)
+        ax.set_ylabel("score ×100 (95% CI)")
+        ax.set_ylim(-5, 105)
+        ax.set_title(f"SmolLM2-135M: {task}", fontsize=10)
+    handles, labels = {}, []
+    for ax in axes[0]:
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in handles:
+                handles[lab] = h
+                labels.append(lab)
+    fig.legend([handles[lab] for lab in labels], labels, fontsize=7, loc="upper left",
+               bbox_to_anchor=(1.0 - 2.3 / (4.6 * len(tasks) + 2.4), 0.95), borderaxespad=0,
+               title="filled: full cache\nhollow: SnapKV 4096/chunk", title_fontsize=7)
+    fig.tight_layout(rect=(0, 0, 1.0 - 2.4 / (4.6 * len(tasks) + 2.4), 1))
+    fig.savefig(Path(plots) / "position-score-vs-length.png", dpi=120)
+    return parts + ["![score vs length](position-score-vs-length.png)", ""]
+
+
+def _diff_cell(a: list[float], b: list[float], paired_difference) -> str:
+    d = paired_difference(a, b)
+    p, up, down = _sign_p(a, b)
+    sig = d.significant and p < 0.05
+    return (f"{100 * d.mean:+.0f} [{100 * d.low:+.0f}, {100 * d.high:+.0f}] {up}–{down}, p={p:.2f}"
+            f"{'' if sig else ' n.s.'} (n={len(a)})")
 
 
 _COLOURS: dict[str, int] = {}

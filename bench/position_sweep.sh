@@ -10,6 +10,10 @@ DB=runs/position/eval
 PPL=bench/results/position/ppl.json
 DROPE=drope:weights=runs/position/drope-smollm2
 ROPEID=ropeid:train_len=512,weights=runs/position/ropeid-smollm2
+DROPEQK=drope:qk_norm=true,weights=runs/position/drope-qk-smollm2
+REPO=repo:weights=runs/position/repo-smollm2
+T="$PY bench/position_tasks.py"
+BUDGET="--recipe snapkv:budget=4096 --compress chunk"
 SCALED="pi:factor=2,ntk:factor=2,dynamic-ntk:factor=2,yarn:factor=2,longrope:factor=2"
 EVAL=(-m longlab.cli eval --model smollm2-135m --recipes full --chunk-size 1024 --threads 1 --no-report
       --no-progress --out "$DB")
@@ -75,6 +79,39 @@ case "$1" in
   I3) $PY bench/position_ppl.py --methods pi:factor=2 --length 16384 --block 64 \
         --out bench/results/position/ppl_blocks.json ;;
   I-rr) $PY bench/position_rerotate_bench.py --cached 4096 8192 16384 --out bench/results/position/rerotate.json ;;
+  # wave 6 (2026-12-02): the task grid. niah_single_1 and vt answer within 32 tokens (a 7-digit number; vt's own
+  # limit is 30), so they run with --max-new-tokens 32 (niah's own limit, 128, only adds decode time). 16k and
+  # 32k: chunked prefill with SnapKV cutting every head back to 4,096 entries after every 1,024-token chunk.
+  J4a) $T --positions "none,pi:factor=2,ntk:factor=2,yarn:factor=2" --tasks niah_single_1,vt --length 4096 \
+         --samples 2 --max-new-tokens 32 ;;
+  J4b) $T --positions "longrope:factor=2,$DROPE,$DROPEQK,$ROPEID" --tasks niah_single_1,vt --length 4096 \
+         --samples 2 --max-new-tokens 32 ;;
+  J4c) $T --positions "$REPO" --tasks niah_single_1,vt --length 4096 --samples 2 --max-new-tokens 32
+       $T --positions "pi:factor=2,ntk:factor=2,longrope:factor=2,$DROPEQK,$REPO" --tasks passkey --length 4096 \
+         --samples 2 ;;
+  J4d) $T --positions "dynamic-ntk:factor=2" --tasks niah_single_1,vt --length 4096 --samples 2 --max-new-tokens 32
+       $T --positions "dynamic-ntk:factor=2" --tasks passkey --length 4096 --samples 2 ;;
+  K8a) $T --positions "none,yarn:factor=2,ntk:factor=2" --tasks niah_single_1,vt --length 8192 --max-new-tokens 32 ;;
+  K8b) $T --positions "longrope:factor=2,pi:factor=2,$DROPE" --tasks niah_single_1,vt --length 8192 \
+         --max-new-tokens 32 ;;
+  K8c) $T --positions "$ROPEID,$DROPEQK,$REPO" --tasks niah_single_1,vt --length 8192 --max-new-tokens 32 ;;
+  K8d) $T --positions "dynamic-ntk:factor=2" --tasks niah_single_1,vt --length 8192 --max-new-tokens 32 ;;
+  K8p) $T --positions "$DROPE,$ROPEID,$DROPEQK,$REPO" --tasks passkey --length 8192 ;;
+  K8p2) $T --positions "$DROPE,$ROPEID" --tasks passkey --length 8192 --samples 2 ;;
+  L16a) $T --positions "none,yarn:factor=2" --tasks passkey --length 16384 $BUDGET ;;
+  L16b) $T --positions "$DROPE,ntk:factor=2" --tasks passkey --length 16384 $BUDGET ;;
+  L16c) $T --positions "dynamic-ntk:factor=2,longrope:factor=2" --tasks passkey --length 16384 $BUDGET ;;
+  L16d) $T --positions "pi:factor=2,$ROPEID" --tasks passkey --length 16384 $BUDGET ;;
+  L16e) $T --positions "$DROPEQK,$REPO" --tasks passkey --length 16384 $BUDGET ;;
+  L16f) $T --positions "none,yarn:factor=2" --tasks niah_single_1 --length 16384 --max-new-tokens 32 $BUDGET ;;
+  L16g) $T --positions "$DROPE" --tasks niah_single_1 --length 16384 --max-new-tokens 32 $BUDGET
+        $T --positions "none" --tasks vt --length 16384 --max-new-tokens 32 $BUDGET ;;
+  L16h) $T --positions "yarn:factor=2,$DROPE" --tasks vt --length 16384 --max-new-tokens 32 $BUDGET ;;
+  # lead, 07:3x UTC: niah_single_1 at 16k with the FULL cache (no budget to confound the position method)
+  L16full) $T --positions "yarn:factor=2,ntk:factor=2" --tasks niah_single_1 --length 16384 --max-new-tokens 32 ;;
+  M32a) $T --positions "ntk:factor=4" --tasks passkey --length 32768 $BUDGET ;;
+  M32b) $T --positions "$DROPE" --tasks passkey --length 32768 $BUDGET ;;
+  M32c) $T --positions "none" --tasks passkey --length 32768 $BUDGET ;;
   suite) $PY -m pytest -q -p no:cacheprovider tests/ || true ;;
     *) echo "unknown piece $1" >&2; exit 2 ;;
 esac

@@ -6,6 +6,8 @@ which at 16k costs a ~4-minute prefill per sample; this runs exactly the methods
 
 Same settings as ``bench/position_sweep.sh``'s ``longlab eval`` (full cache, chunk 1,024, greedy, one
 thread), same results store (``runs/position/eval``), so rows are resumable and paired by sample id.
+With ``--recipe snapkv:budget=4096 --compress chunk`` the cache is cut back to the budget after every
+1,024-token chunk (``longlab eval --compress chunk``: bounded memory and attention work at 16k-32k).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ def main() -> None:
     ap.add_argument("--tasks", default="passkey")
     ap.add_argument("--length", type=int, required=True)
     ap.add_argument("--samples", type=int, default=1)
+    ap.add_argument("--recipe", default="full", help="KV recipe, e.g. snapkv:budget=4096 (default full)")
+    ap.add_argument("--compress", default="end", choices=("end", "chunk"),
+                    help="chunk: the recipe cuts the cache after every chunk (longlab eval --compress chunk)")
+    ap.add_argument("--max-new-tokens", type=int, default=None,
+                    help="cap on each sample's own answer limit (longlab eval --max-new-tokens)")
     ap.add_argument("--out", default="runs/position/eval")
     args = ap.parse_args()
     from longlab.eval.config import EvalConfig
@@ -29,8 +36,9 @@ def main() -> None:
     from longlab.recipe import split_recipes
 
     config = EvalConfig(
-        out=args.out, model=args.model, recipes=["full"], tasks=args.tasks.split(","), lengths=[args.length],
-        samples=args.samples, chunk_size=1024, threads=1, report=False, progress=False,
+        out=args.out, model=args.model, recipes=[args.recipe], tasks=args.tasks.split(","),
+        lengths=[args.length], samples=args.samples, chunk_size=1024, threads=1, report=False, progress=False,
+        compress=args.compress, max_new_tokens=args.max_new_tokens,
     )
     for spec in split_recipes(args.positions):
         t0 = time.perf_counter()
