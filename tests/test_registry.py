@@ -128,7 +128,8 @@ def test_check_range_and_choice_return_what_they_accept():
         ("indexmem:gamma=0", "indexmem: gamma must be in (0, 1], got 0"),
         ("xattention:tau=1.1", "xattention: XAttention.tau must be in [0, 1], got 1.1"),
         ("ashape:backend=cuda",
-         "ashape: AShape.backend must be 'auto', 'flex', 'gather' or 'dense', got 'cuda'"),
+         "ashape: AShape.backend must be 'auto', 'flash', 'grouped', 'flex', 'gather' or 'dense', "
+         "got 'cuda'"),
     ],
 )
 def test_every_family_reports_through_the_one_helper(spec, message):
