@@ -109,6 +109,13 @@ case "$1" in
   L16h) $T --positions "yarn:factor=2,$DROPE" --tasks vt --length 16384 --max-new-tokens 32 $BUDGET ;;
   # lead, 07:3x UTC: niah_single_1 at 16k with the FULL cache (no budget to confound the position method)
   L16full) $T --positions "yarn:factor=2,ntk:factor=2" --tasks niah_single_1 --length 16384 --max-new-tokens 32 ;;
+  L16full2) $T --positions "$DROPE,none" --tasks niah_single_1 --length 16384 --max-new-tokens 32 ;;
+  L16full3) $T --positions "longrope:factor=2,dynamic-ntk:factor=2" --tasks niah_single_1 --length 16384 \
+              --max-new-tokens 32 ;;
+  L16full4) $T --positions "yarn:factor=2,$DROPE" --tasks niah_single_1 --length 16384 --samples 2 \
+              --max-new-tokens 32 ;;   # sample 1 (sample 0 is in the store)
+  L16full5) $T --positions "dynamic-ntk:factor=2,none" --tasks niah_single_1 --length 16384 --samples 2 \
+              --max-new-tokens 32 ;;
   M32a) $T --positions "ntk:factor=4" --tasks passkey --length 32768 $BUDGET ;;
   M32b) $T --positions "$DROPE" --tasks passkey --length 32768 $BUDGET ;;
   M32c) $T --positions "none" --tasks passkey --length 32768 $BUDGET ;;
