@@ -156,7 +156,7 @@ def speed(args: argparse.Namespace) -> None:
 def _refill_class():
     """InftyThink as it was before the prompt was prefilled once (commit 90e8360): every iteration
     ``j > 0`` prefills ``prompt + history`` in a fresh cache. Kept here only to time the change."""
-    from longlab.compress.inftythink import InftyThink, split_summary
+    from longlab.compress.inftythink import InftyThink
 
     class Refill(InftyThink):
         def compress(self, prompt, scorer=None):
@@ -164,34 +164,14 @@ def _refill_class():
             out.state = {"question_ids": list(prompt.question_ids)}
             return out
 
-        def guided_decode(self, stream, logits, max_new_tokens, eos_ids, tokenizer, compressed):
-            prompt_ids = compressed.ids + compressed.state["question_ids"]
-            stats = {"iterations": 0, "reasoning_tokens": 0, "summary_tokens_used": 0, "asked": 0,
-                     "peak_kv_bytes": 0, "stop": "", "summaries": [], "history_tokens": []}
-            tokens: list[int] = []
-            for j in range(self.iterations):
-                tokens = stream.decode(logits, self.segment, eos_ids)[0]
-                stats["iterations"] = j + 1
-                stats["reasoning_tokens"] += len(tokens)
-                stats["peak_kv_bytes"] = max(stats["peak_kv_bytes"], int(stream.cache.nbytes()))
-                ended = bool(tokens) and tokens[-1] in eos_ids
-                summary, _ = split_summary(tokenizer.decode(tokens, skip_special_tokens=True))
-                last = j == self.iterations - 1
-                if summary is None and self.summarise == "ask" and not ended and not last:
-                    summary = self._asked_summary(stream, tokens[-1], tokenizer, eos_ids, stats)
-                if summary is None or last:
-                    unfinished = summary is not None or (self.summarise == "ask" and not ended)
-                    stats["stop"] = "iterations" if unfinished else "end of turn" if ended else "no summary"
-                    break
-                stats["summaries"].append(summary[:200])
-                history = tokenizer(self.history_template.replace("{summary}", summary),
-                                    add_special_tokens=False)["input_ids"]
-                stats["history_tokens"].append(len(history))
-                cache = type(stream.cache)(stream.cache.recipe)  # a fresh stream, the prompt fed again
-                fresh = type(stream)(stream.model, cache, stream.batch_size)
-                fresh.pad_id, stream = stream.pad_id, fresh
-                logits = stream.feed([prompt_ids + list(history)], 1024, compress="chunk")
-            return tokens, stats
+        def _iteration_start(self, prompt, history, logits, compressed):
+            if not history:  # the first iteration decodes in the prefilled stream itself
+                return prompt, logits
+            cache = type(prompt.cache)(prompt.cache.recipe)  # a fresh stream, the prompt fed again
+            fresh = type(prompt)(prompt.model, cache, prompt.batch_size)
+            fresh.pad_id = prompt.pad_id
+            ids = compressed.ids + compressed.state["question_ids"] + list(history)
+            return fresh, fresh.feed([ids], 1024, compress="chunk")
 
     return Refill
 

@@ -156,9 +156,7 @@ class InftyThink(ContextCompressor):
         history: list[int] = []  # the previous iteration's history (none before the first)
         for j in range(self.iterations):
             stream = None  # the last iteration's cache goes before the next one is made
-            stream = _branch(prompt)
-            if history:
-                logits = stream.feed([history], 1024, compress="none")  # [1, V]
+            stream, logits = self._iteration_start(prompt, history, logits, compressed)
             tokens = stream.decode(logits, self.segment, eos_ids)[0]  # [<= segment]
             stats["iterations"] = j + 1
             stats["reasoning_tokens"] += len(tokens)
@@ -179,6 +177,15 @@ class InftyThink(ContextCompressor):
                                      add_special_tokens=False)["input_ids"])
             stats["history_tokens"].append(len(history))
         return tokens, stats
+
+    def _iteration_start(self, prompt: Any, history: list[int], logits: torch.Tensor,
+                         compressed: Compressed) -> tuple[Any, torch.Tensor]:
+        """The stream an iteration decodes in and its next-token logits ``[1, V]``: a fork of the
+        prefilled ``prompt`` (:func:`_branch`) that has read ``history`` (nothing before the first)."""
+        stream = _branch(prompt)
+        if history:
+            logits = stream.feed([history], 1024, compress="none")  # [1, V]
+        return stream, logits
 
     def _asked_summary(
         self, stream: Any, last: int, tokenizer: Any, eos_ids: set[int], stats: dict[str, Any]
