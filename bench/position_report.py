@@ -70,27 +70,11 @@ def main() -> None:
     ap.add_argument("--upi", default="bench/results/position/upi_passkey.json", help="upi_hybrid.py output")
     ap.add_argument("--rows-json", default="bench/results/position/task_rows.json",
                     help="a copy of the task rows read (runs/ is not committed)")
+    ap.add_argument("--gemma-db", default="runs/position/gemma/results.sqlite", help="Gemma 3 rows")
+    ap.add_argument("--gemma-rows-json", default="bench/results/position/gemma_rows.json",
+                    help="a copy of the Gemma 3 rows")
     args = ap.parse_args()
-    rows = []
-    export = []
-    if Path(args.db).exists():
-        con = sqlite3.connect(f"file:{args.db}?mode=ro", uri=True)
-        query = ("select model, recipe, task, length, sample_id, score, prefill_s, extra, prediction, "
-                 "answers, context_tokens, created_at from results order by created_at")
-        for model, recipe, task, length, sid, score, prefill_s, extra, pred, answers, ctx, created in (
-            con.execute(query)
-        ):
-            calls = json.loads(extra or "{}").get("compress_calls", 0)
-            if recipe not in (None, "full") and calls > 1:  # longlab eval --compress chunk
-                recipe = f"{recipe} (per chunk)"
-            rows.append((model, recipe, task, length, sid, score, prefill_s))
-            export.append({"model": model, "recipe": recipe, "task": task, "length": length, "sample_id": sid,
-                           "score": score, "prediction": pred, "answers": json.loads(answers or "[]"),
-                           "context_tokens": ctx, "prefill_s": round(prefill_s or 0.0, 1),
-                           "created_at": created})
-        con.close()
-        if args.rows_json:
-            Path(args.rows_json).write_text(json.dumps(export, indent=0, ensure_ascii=False) + "\n")
+    rows, export = _load_rows(args.db, args.rows_json)
     if Path(args.long).exists():  # bench/position_long.py: chunked prefill compressing after every chunk
         for r in json.loads(Path(args.long).read_text()):
             model = "smollm2-135m" + ("" if r["position"] == "none" else f"|{r['position']}")
@@ -108,6 +92,9 @@ def main() -> None:
     parts += _ppl_section(args, plt)
     if Path(args.ppl_blocks).exists():
         parts += _ppl_blocks_section(args, plt)
+    gemma_rows, _ = _load_rows(args.gemma_db, args.gemma_rows_json)
+    if gemma_rows:
+        parts += _gemma_section(gemma_rows)
     if Path(args.upi).exists():
         parts += _upi_section(json.loads(Path(args.upi).read_text()), args.plots, plt)
     doc = Path(args.doc)
@@ -116,6 +103,93 @@ def main() -> None:
     _, _, tail = rest.partition(END)
     doc.write_text(head + START + "\n" + "\n".join(parts) + "\n" + END + tail)
     print("\n".join(parts))
+
+
+def _load_rows(db: str, rows_json: str) -> tuple[list[tuple], list[dict]]:
+    """The task rows of a ``longlab eval`` store merged with their committed copy (which is rewritten):
+    ``(model, recipe, task, length, sample_id, score, prefill_s)`` tuples and the exported dicts."""
+    export = []
+    if Path(db).exists():
+        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        query = ("select model, recipe, task, length, sample_id, score, prefill_s, extra, prediction, "
+                 "answers, context_tokens, created_at from results order by created_at")
+        for model, recipe, task, length, sid, score, prefill_s, extra, pred, answers, ctx, created in (
+            con.execute(query)
+        ):
+            calls = json.loads(extra or "{}").get("compress_calls", 0)
+            if recipe not in (None, "full") and calls > 1:  # longlab eval --compress chunk
+                recipe = f"{recipe} (per chunk)"
+            export.append({"model": model, "recipe": recipe, "task": task, "length": length, "sample_id": sid,
+                           "score": score, "prediction": pred, "answers": json.loads(answers or "[]"),
+                           "context_tokens": ctx, "prefill_s": round(prefill_s or 0.0, 1),
+                           "created_at": created})
+        con.close()
+    if rows_json:
+        export = _merge_committed(export, Path(rows_json))
+        if export:
+            Path(rows_json).write_text(json.dumps(export, indent=0, ensure_ascii=False) + "\n")
+    rows = [(r["model"], r["recipe"], r["task"], r["length"], r["sample_id"], r["score"], r["prefill_s"])
+            for r in export]
+    return rows, export
+
+
+def _gemma_section(rows: list[tuple]) -> list[str]:
+    """Gemma-3-270M (trained to 32k): score per method and length, prefill time, paired YaRN - own RoPE."""
+    from longlab.eval.stats import paired_difference
+
+    grid: dict[tuple[str, str, int], dict[str, float]] = defaultdict(dict)
+    prefill: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for model, _recipe, task, length, sid, score, prefill_s in rows:
+        key = (_label(model), task, length)
+        grid[key][sid] = float(score)
+        prefill[key].append(float(prefill_s or 0.0))
+    methods = sorted({k[0] for k in grid}, key=lambda m: (m != "none", m))
+    parts = ["Gemma-3-270M (trained to 32,768 positions; 15 sliding layers of 512 keys keep their RoPE, the "
+             "method changes the 3 global layers), full cache, chunk 1,024, greedy, one thread "
+             "(`runs/position/gemma/results.sqlite`, copied to `bench/results/position/gemma_rows.json`). "
+             "Cell: score ×100 [95% Wilson] (n); median prefill seconds.", ""]
+    for task in sorted({k[1] for k in grid}):
+        lengths = sorted({k[2] for k in grid if k[1] == task})
+        head = " | ".join(f"{n // 1024}k" for n in lengths)
+        parts += [f"**{task}** (Gemma 3):", "", f"| method | {head} |", "|---|" + "---|" * len(lengths)]
+        for m in methods:
+            cells = []
+            for n in lengths:
+                sc = grid.get((m, task, n))
+                if not sc:
+                    cells.append("—")
+                    continue
+                ps = sorted(prefill[(m, task, n)])
+                cells.append(f"{_cell(list(sc.values()))}; {ps[len(ps) // 2]:.0f} s")
+            parts.append(f"| `{m}` | " + " | ".join(cells) + " |")
+        for m in methods:
+            if m == "none":
+                continue
+            cells = []
+            for n in lengths:
+                x, y = grid.get((m, task, n), {}), grid.get(("none", task, n), {})
+                ids = sorted(set(x) & set(y))
+                a, b = [x[i] for i in ids], [y[i] for i in ids]
+                cells.append(_diff_cell(a, b, paired_difference) if ids else "—")
+            parts.append(f"| `{m}` − `none` | " + " | ".join(cells) + " |")
+        parts.append("")
+    return parts
+
+
+def _row_key(r: dict) -> tuple:
+    return (r["model"], r["recipe"], r["task"], r["length"], r["sample_id"])
+
+
+def _merge_committed(db_rows: list[dict], committed: Path) -> list[dict]:
+    """The committed rows (``task_rows.json``: runs/ is not committed, a new checkout starts without the
+    store) with the store's rows added; a row in both is the store's. Ordered by ``created_at``."""
+    merged = {}
+    if committed.exists():
+        for r in json.loads(committed.read_text()):
+            merged[_row_key(r)] = r
+    for r in db_rows:
+        merged[_row_key(r)] = r
+    return sorted(merged.values(), key=lambda r: str(r.get("created_at") or ""))
 
 
 SCALED = ("pi", "ntk", "dynamic-ntk", "yarn", "longrope")

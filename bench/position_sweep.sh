@@ -3,6 +3,7 @@
 # methods already stored are skipped). Run each piece through the slot runner:
 #   bench/heavy.sh bench/position_sweep.sh ppl-a
 # Variants come from `longlab train` (see docs/results/position.md).
+{  # parsed whole before it runs: editing this file while a piece runs cannot break that piece
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -119,7 +120,57 @@ case "$1" in
   M32a) $T --positions "ntk:factor=4" --tasks passkey --length 32768 $BUDGET ;;
   M32b) $T --positions "$DROPE" --tasks passkey --length 32768 $BUDGET ;;
   M32c) $T --positions "none" --tasks passkey --length 32768 $BUDGET ;;
+  # wave 7 (2026-12-02, new checkout: runs/ was empty, so the recalibrated variants were retrained with the
+  # commands of the page first, pieces T-*): the full cache beyond 16k (no budget to confound the method)
+  T-drope) $PY -m longlab.cli train drope --model smollm2-135m --steps 60 --seq-len 512 --lr 3e-4 --minutes 10 \
+             --out runs/position/drope-smollm2 ;;
+  T-ropeid) $PY -m longlab.cli train ropeid --params train_len=512 --model smollm2-135m --steps 60 --seq-len 512 \
+              --lr 3e-4 --minutes 9 --out runs/position/ropeid-smollm2 ;;
+  T-dropeqk) $PY -m longlab.cli train drope --params qk_norm=true --model smollm2-135m --steps 60 --seq-len 512 \
+               --lr 3e-4 --minutes 7.5 --out runs/position/drope-qk-smollm2 ;;
+  T-repo) $PY -m longlab.cli train repo --model smollm2-135m --steps 10 --seq-len 512 --lr 1e-3 --minutes 2 \
+            --out runs/position/repo-smollm2 ;;
+  N32-yarn) $T --positions "yarn:factor=4" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
+  N32-drope) $T --positions "$DROPE" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
+  N32-none) $T --positions "none" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
+  N32-dyn) $T --positions "dynamic-ntk:factor=4" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
+  N32-ntk) $T --positions "ntk:factor=4" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
+  N32-lr) $T --positions "longrope:factor=4" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
+  N32-pi) $T --positions "pi:factor=4" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
+  N32-repo) $T --positions "$REPO" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
+  N32-ropeid) $T --positions "$ROPEID" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
+  N32-dropeqk) $T --positions "$DROPEQK" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
+  V16-c) $T --positions "pi:factor=2,ntk:factor=2" --tasks vt --length 16384 --max-new-tokens 32 ;;
+  V16-d) $T --positions "longrope:factor=2,$ROPEID" --tasks vt --length 16384 --max-new-tokens 32 ;;
+  V16-e) $T --positions "$DROPEQK,$REPO" --tasks vt --length 16384 --max-new-tokens 32 ;;
+  P32-yarn) $T --positions "yarn:factor=4" --tasks passkey --length 32768 ;;
+  P32-drope) $T --positions "$DROPE" --tasks passkey --length 32768 ;;
+  P32-dyn) $T --positions "dynamic-ntk:factor=4" --tasks passkey --length 32768 ;;
+  P32-none) $T --positions "none" --tasks passkey --length 32768 ;;
+  P32-ntk) $T --positions "ntk:factor=4" --tasks passkey --length 32768 ;;
+  P32-lr) $T --positions "longrope:factor=4" --tasks passkey --length 32768 ;;
+  N16-pi) $T --positions "pi:factor=2" --tasks niah_single_1 --length 16384 --max-new-tokens 32 ;;
+  N16-ropeid) $T --positions "$ROPEID" --tasks niah_single_1 --length 16384 --max-new-tokens 32 ;;
+  N16-dropeqk) $T --positions "$DROPEQK" --tasks niah_single_1 --length 16384 --max-new-tokens 32 ;;
+  N16-repo) $T --positions "$REPO" --tasks niah_single_1 --length 16384 --max-new-tokens 32 ;;
+  V16-a) $T --positions "yarn:factor=2,dynamic-ntk:factor=2" --tasks vt --length 16384 --max-new-tokens 32 ;;
+  V16-b) $T --positions "none,$DROPE" --tasks vt --length 16384 --max-new-tokens 32 ;;
+  # more samples of the verdict pair (YaRN vs DroPE beyond 8k, full cache); committed samples are skipped
+  N16-yd) $T --positions "yarn:factor=2,$DROPE" --tasks niah_single_1 --length 16384 --samples 4 --max-new-tokens 32 ;;
+  N32-yd) $T --positions "yarn:factor=4,$DROPE" --tasks niah_single_1 --length 32768 --samples 2 --max-new-tokens 32 ;;
+  # Gemma-3-270M (trained to 32k; 3 of its 18 layers global, the sliding layers keep 512 keys): own RoPE and
+  # YaRN s = 2 on the global layers (the sliding layers keep their RoPE), full cache, its own store
+  GM8) $T --model gemma3-270m --out runs/position/gemma --positions none --tasks niah_single_1 --length 8192 \
+        --max-new-tokens 32 ;;
+  GM32) $T --model gemma3-270m --out runs/position/gemma --positions "none,yarn:factor=2" --tasks niah_single_1 \
+         --length 32768 --max-new-tokens 32 ;;
+  GM64n) $T --model gemma3-270m --out runs/position/gemma --positions none --tasks niah_single_1 --length 65536 \
+          --max-new-tokens 32 ;;
+  GM64y) $T --model gemma3-270m --out runs/position/gemma --positions "yarn:factor=2" --tasks niah_single_1 \
+          --length 65536 --max-new-tokens 32 ;;
   suite) $PY -m pytest -q -p no:cacheprovider tests/ || true ;;
     *) echo "unknown piece $1" >&2; exit 2 ;;
 esac
 uptime
+exit
+}
