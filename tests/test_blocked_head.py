@@ -15,7 +15,10 @@ def test_blocked_linear_is_bitwise_f_linear(rows):
     gen = torch.Generator().manual_seed(rows)
     w, x = torch.randn(1000, 64, generator=gen), torch.randn(rows, 64, generator=gen)  # [V, D], [B, D]
     for block in (64, 300, 1000, 4096):
-        assert torch.equal(blocked_linear(x, w, block), F.linear(x, w))
+        if rows >= pipeline.HEAD_MIN_ROWS:  # the rows the pipeline blocks (and checks at run time)
+            assert torch.equal(blocked_linear(x, w, block), F.linear(x, w))
+        else:  # one row: BLAS may take a gemv path whose sums differ in the last bit (seen on one Xeon)
+            torch.testing.assert_close(blocked_linear(x, w, block), F.linear(x, w), rtol=1e-6, atol=1e-5)
 
 
 def _answers(model) -> dict:
