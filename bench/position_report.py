@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import sqlite3
+import statistics
 from collections import defaultdict
 from pathlib import Path
 
@@ -159,8 +160,7 @@ def _gemma_section(rows: list[tuple]) -> list[str]:
                 if not sc:
                     cells.append("—")
                     continue
-                ps = sorted(prefill[(m, task, n)])
-                cells.append(f"{_cell(list(sc.values()))}; {ps[len(ps) // 2]:.0f} s")
+                cells.append(f"{_cell(list(sc.values()))}; {statistics.median(prefill[(m, task, n)]):.0f} s")
             parts.append(f"| `{m}` | " + " | ".join(cells) + " |")
         for m in methods:
             if m == "none":

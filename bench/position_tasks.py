@@ -54,7 +54,10 @@ def main() -> None:
         grid.build_samples = lambda cfg, tok, _s=stored: [  # noqa: E731 -- skip the committed samples
             s for s in build(cfg, tok) if (s.task, s.length, s.sample_id) not in _s
         ]
-        summary = run_eval(one)
+        try:
+            summary = run_eval(one)
+        finally:
+            grid.build_samples = build
         print(f"{spec}@{args.length}: {summary.written} new rows, {summary.skipped} skipped, "
               f"{time.perf_counter() - t0:.0f}s", flush=True)
 

@@ -223,7 +223,9 @@ def blocked_linear(x: torch.Tensor, weight: torch.Tensor, block: int = HEAD_BLOC
     """``x @ weight.T`` computed over blocks of ``block`` output rows. x: [B, D]; weight: [V, D] -> [B, V].
 
     Each output entry is the same dot product over D as in ``F.linear``; only the output columns are
-    split, which at a few rows (decode steps) streams a large LM head faster on CPU. No gradient."""
+    split, which at a few rows (decode steps) streams a large LM head faster on CPU. No gradient.
+    Bit-equality with ``F.linear`` depends on the BLAS: at one row some CPUs' gemv path differs in the
+    last bit, so the pipeline blocks only from ``HEAD_MIN_ROWS`` rows and checks equality at run time."""
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     with torch.no_grad():
         for i in range(0, weight.shape[0], block):
