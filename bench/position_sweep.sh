@@ -158,6 +158,29 @@ case "$1" in
   # more samples of the verdict pair (YaRN vs DroPE beyond 8k, full cache); committed samples are skipped
   N16-yd) $T --positions "yarn:factor=2,$DROPE" --tasks niah_single_1 --length 16384 --samples 4 --max-new-tokens 32 ;;
   N32-yd) $T --positions "yarn:factor=4,$DROPE" --tasks niah_single_1 --length 32768 --samples 2 --max-new-tokens 32 ;;
+  # wave 8 (2026-12-02, new checkout again: T-* retrained first): four more niah pairs at 16k for the verdict pair
+  # (samples 4-7; 0-3 are committed and skipped), the missing passkey-32k cells, vt at 32k for every method
+  # T-dropeqk stopped at 56 of 60 steps at load ~2.8 (its 7.5-minute cap): retrained with a longer cap, 60 steps
+  T-dropeqk2) $PY -m longlab.cli train drope --params qk_norm=true --model smollm2-135m --steps 60 --seq-len 512 \
+                --lr 3e-4 --minutes 12 --out runs/position/drope-qk-smollm2 ;;
+  N16-y8) $T --positions "yarn:factor=2" --tasks niah_single_1 --length 16384 --samples 8 --max-new-tokens 32 ;;
+  N16-d8) $T --positions "$DROPE" --tasks niah_single_1 --length 16384 --samples 8 --max-new-tokens 32 ;;
+  P32-pi) $T --positions "pi:factor=4" --tasks passkey --length 32768 ;;
+  P32-ropeid) $T --positions "$ROPEID" --tasks passkey --length 32768 ;;
+  P32-dropeqk) $T --positions "$DROPEQK" --tasks passkey --length 32768 ;;
+  P32-repo) $T --positions "$REPO" --tasks passkey --length 32768 ;;
+  V32-none) $T --positions "none" --tasks vt --length 32768 --max-new-tokens 32 ;;
+  V32-yarn) $T --positions "yarn:factor=4" --tasks vt --length 32768 --max-new-tokens 32 ;;
+  V32-drope) $T --positions "$DROPE" --tasks vt --length 32768 --max-new-tokens 32 ;;
+  V32-dyn) $T --positions "dynamic-ntk:factor=4" --tasks vt --length 32768 --max-new-tokens 32 ;;
+  V32-ntk) $T --positions "ntk:factor=4" --tasks vt --length 32768 --max-new-tokens 32 ;;
+  V32-pi) $T --positions "pi:factor=4" --tasks vt --length 32768 --max-new-tokens 32 ;;
+  V32-lr) $T --positions "longrope:factor=4" --tasks vt --length 32768 --max-new-tokens 32 ;;
+  V32-ropeid) $T --positions "$ROPEID" --tasks vt --length 32768 --max-new-tokens 32 ;;
+  V32-dropeqk) $T --positions "$DROPEQK" --tasks vt --length 32768 --max-new-tokens 32 ;;
+  V32-repo) $T --positions "$REPO" --tasks vt --length 32768 --max-new-tokens 32 ;;
+  N32-y4) $T --positions "yarn:factor=4" --tasks niah_single_1 --length 32768 --samples 4 --max-new-tokens 32 ;;
+  N32-d4) $T --positions "$DROPE" --tasks niah_single_1 --length 32768 --samples 4 --max-new-tokens 32 ;;
   # Gemma-3-270M (trained to 32k; 3 of its 18 layers global, the sliding layers keep 512 keys): own RoPE and
   # YaRN s = 2 on the global layers (the sliding layers keep their RoPE), full cache, its own store
   GM8) $T --model gemma3-270m --out runs/position/gemma --positions none --tasks niah_single_1 --length 8192 \
