@@ -118,9 +118,9 @@ def _load_rows(db: str, rows_json: str) -> tuple[list[tuple], list[dict]]:
             con.execute(query)
         ):
             calls = json.loads(extra or "{}").get("compress_calls", 0)
-            if recipe not in (None, "full") and calls > 1:  # longlab eval --compress chunk
-                recipe = f"{recipe} (per chunk)"
+            chunked = recipe not in (None, "full") and calls > 1  # longlab eval --compress chunk
             export.append({"model": model, "recipe": recipe, "task": task, "length": length, "sample_id": sid,
+                           **({"compress": "chunk"} if chunked else {}),
                            "score": score, "prediction": pred, "answers": json.loads(answers or "[]"),
                            "context_tokens": ctx, "prefill_s": round(prefill_s or 0.0, 1),
                            "created_at": created})
@@ -129,7 +129,7 @@ def _load_rows(db: str, rows_json: str) -> tuple[list[tuple], list[dict]]:
         export = _merge_committed(export, Path(rows_json))
         if export:
             Path(rows_json).write_text(json.dumps(export, indent=0, ensure_ascii=False) + "\n")
-    rows = [(r["model"], r["recipe"], r["task"], r["length"], r["sample_id"], r["score"], r["prefill_s"])
+    rows = [(r["model"], _shown_recipe(r), r["task"], r["length"], r["sample_id"], r["score"], r["prefill_s"])
             for r in export]
     return rows, export
 
@@ -177,7 +177,12 @@ def _gemma_section(rows: list[tuple]) -> list[str]:
 
 
 def _row_key(r: dict) -> tuple:
-    return (r["model"], r["recipe"], r["task"], r["length"], r["sample_id"])
+    return (r["model"], r["recipe"], r.get("compress", "end"), r["task"], r["length"], r["sample_id"])
+
+
+def _shown_recipe(r: dict) -> str:
+    """The recipe as the tables name it: ``snapkv:budget=4096 (per chunk)`` for ``--compress chunk`` rows."""
+    return f"{r['recipe']} (per chunk)" if r.get("compress", "end") == "chunk" else r["recipe"]
 
 
 def _merge_committed(db_rows: list[dict], committed: Path) -> list[dict]:

@@ -14,6 +14,7 @@ ROPEID=ropeid:train_len=512,weights=runs/position/ropeid-smollm2
 DROPEQK=drope:qk_norm=true,weights=runs/position/drope-qk-smollm2
 REPO=repo:weights=runs/position/repo-smollm2
 T="$PY bench/position_tasks.py"
+GM="$T --model gemma3-270m --out runs/position/gemma --committed bench/results/position/gemma_rows.json"
 BUDGET="--recipe snapkv:budget=4096 --compress chunk"
 SCALED="pi:factor=2,ntk:factor=2,dynamic-ntk:factor=2,yarn:factor=2,longrope:factor=2"
 EVAL=(-m longlab.cli eval --model smollm2-135m --recipes full --chunk-size 1024 --threads 1 --no-report
@@ -183,13 +184,13 @@ case "$1" in
   N32-d4) $T --positions "$DROPE" --tasks niah_single_1 --length 32768 --samples 4 --max-new-tokens 32 ;;
   # Gemma-3-270M (trained to 32k; 3 of its 18 layers global, the sliding layers keep 512 keys): own RoPE and
   # YaRN s = 2 on the global layers (the sliding layers keep their RoPE), full cache, its own store
-  GM8) $T --model gemma3-270m --out runs/position/gemma --positions none --tasks niah_single_1 --length 8192 \
+  GM8) $GM --positions none --tasks niah_single_1 --length 8192 \
         --max-new-tokens 32 ;;
-  GM32) $T --model gemma3-270m --out runs/position/gemma --positions "none,yarn:factor=2" --tasks niah_single_1 \
+  GM32) $GM --positions "none,yarn:factor=2" --tasks niah_single_1 \
          --length 32768 --max-new-tokens 32 ;;
-  GM64n) $T --model gemma3-270m --out runs/position/gemma --positions none --tasks niah_single_1 --length 65536 \
+  GM64n) $GM --positions none --tasks niah_single_1 --length 65536 \
           --max-new-tokens 32 ;;
-  GM64y) $T --model gemma3-270m --out runs/position/gemma --positions "yarn:factor=2" --tasks niah_single_1 \
+  GM64y) $GM --positions "yarn:factor=2" --tasks niah_single_1 \
           --length 65536 --max-new-tokens 32 ;;
   suite) $PY -m pytest -q -p no:cacheprovider tests/ || true ;;
     *) echo "unknown piece $1" >&2; exit 2 ;;

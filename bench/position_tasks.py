@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from pathlib import Path
 
 
 def main() -> None:
@@ -31,51 +32,24 @@ def main() -> None:
                     help="cap on each sample's own answer limit (longlab eval --max-new-tokens)")
     ap.add_argument("--out", default="runs/position/eval")
     ap.add_argument("--committed", default="bench/results/position/task_rows.json",
-                    help="rows already committed (runs/ is not): their samples are not run again; '' = none")
+                    help="rows already committed (runs/ is not): longlab eval --skip-rows, their cells "
+                         "are not run again; '' = none")
     args = ap.parse_args()
-    from longlab.eval import grid
     from longlab.eval.config import EvalConfig
     from longlab.eval.grid import run_eval
     from longlab.recipe import split_recipes
-
-    committed = _committed(args.committed, args.model)
 
     config = EvalConfig(
         out=args.out, model=args.model, recipes=[args.recipe], tasks=args.tasks.split(","),
         lengths=[args.length], samples=args.samples, chunk_size=1024, threads=1, report=False, progress=False,
         compress=args.compress, max_new_tokens=args.max_new_tokens,
+        skip_rows=args.committed if args.committed and Path(args.committed).exists() else None,
     )
-    build = grid.build_samples
     for spec in split_recipes(args.positions):
         t0 = time.perf_counter()
-        one = dataclasses.replace(config, position=None if spec == "none" else spec)
-        one.validate()  # normalises the position spec as the rows name it (yarn:factor=4 -> yarn)
-        stored = committed.get((one.model_label, args.recipe), set())
-        grid.build_samples = lambda cfg, tok, _s=stored: [  # noqa: E731 -- skip the committed samples
-            s for s in build(cfg, tok) if (s.task, s.length, s.sample_id) not in _s
-        ]
-        try:
-            summary = run_eval(one)
-        finally:
-            grid.build_samples = build
+        summary = run_eval(dataclasses.replace(config, position=None if spec == "none" else spec))
         print(f"{spec}@{args.length}: {summary.written} new rows, {summary.skipped} skipped, "
               f"{time.perf_counter() - t0:.0f}s", flush=True)
-
-
-def _committed(path: str, model: str) -> dict[tuple[str, str], set[tuple[str, int, str]]]:
-    """``(model label, recipe) -> {(task, length, sample_id)}`` of the committed rows of ``model``."""
-    import json
-    from pathlib import Path
-
-    out: dict[tuple[str, str], set[tuple[str, int, str]]] = {}
-    if not path or not Path(path).exists():
-        return out
-    for r in json.loads(Path(path).read_text()):
-        if r["model"].split("|", 1)[0] != model:
-            continue
-        recipe = r["recipe"].removesuffix(" (per chunk)")
-        out.setdefault((r["model"], recipe), set()).add((r["task"], r["length"], r["sample_id"]))
-    return out
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sqlite3
@@ -20,6 +21,7 @@ from longlab.eval.planner import tail_start
 from longlab.eval.sample_runner import SampleRunner
 from longlab.eval.store import DB_NAME, ResultStore
 from longlab.pipeline import Stream, generate
+from longlab.recipe import LonglabError
 from longlab.tasks import Sample, save_jsonl
 from longlab.tasks import generate as generate_task
 
@@ -284,6 +286,41 @@ def test_new_recipe_adds_rows_only_for_it(tmp_path: Path) -> None:
     summary = run_eval(EvalConfig(recipes=["full", "streaming@0.5"], **base))
     assert (summary.written, summary.skipped) == (2, 2)
     assert len(_rows(tmp_path)) == 4
+
+
+def test_skip_rows_leaves_out_the_cells_measured_elsewhere(tmp_path: Path) -> None:
+    base = dict(model="tiny-llama", recipes=["full", "streaming@0.5"], tasks=["niah_single_1"], lengths=[512],
+                samples=2, max_new_tokens=4, report=False, progress=False)
+    ref = run_eval(EvalConfig(out=str(tmp_path / "ref"), **base))
+    with ResultStore(tmp_path / "ref") as store:
+        rows = store.rows()
+    first = rows[0]
+    wrong_compress = next(r for r in rows if r["run_key"] != first["run_key"])
+    committed = [
+        {k: first[k] for k in ("model", "recipe", "task", "length", "sample_id")},  # skipped
+        {**{k: wrong_compress[k] for k in ("model", "recipe", "task", "length", "sample_id")},
+         "compress": "chunk"},  # another sweep's row: run
+        {"model": "other-model", "recipe": "full", "task": "niah_single_1", "length": 512, "sample_id": "x"},
+    ]
+    path = tmp_path / "committed.json"
+    path.write_text(json.dumps(committed))
+    summary = run_eval(EvalConfig(out=str(tmp_path / "new"), skip_rows=str(path), **base))
+    assert (summary.written, summary.skipped, summary.total) == (ref.written - 1, 1, ref.total)
+    new = _rows(tmp_path / "new")
+    assert first["run_key"] not in new and set(new) == set(_rows(tmp_path / "ref")) - {first["run_key"]}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{", "not JSON"), ('{"a": 1}', "expected a JSON list"), ('[{"model": "m"}]', "row 0 is not an object"),
+    ('[{"model": "m", "recipe": "nope", "task": "t", "length": 1, "sample_id": "s"}]', "row 0"),
+])
+def test_skip_rows_refuses_a_bad_file_before_loading(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "rows.json"
+    path.write_text(text)
+    with pytest.raises(LonglabError, match=message):
+        EvalConfig(out=str(tmp_path), model="tiny-llama", skip_rows=str(path)).validate()
+    with pytest.raises(LonglabError, match="cannot read"):
+        EvalConfig(out=str(tmp_path), model="tiny-llama", skip_rows=str(tmp_path / "missing.json")).validate()
 
 
 def test_killed_run_resumes_to_the_same_rows(tmp_path: Path) -> None:

@@ -334,6 +334,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-report", action="store_true", help="do not write report.md and the plots")
     parser.add_argument(
+        "--skip-rows", metavar="FILE",
+        help="a JSON list of rows measured elsewhere (model, recipe, task, length, sample_id; optional "
+             "compress, query_aware): those cells are not run again (e.g. a committed copy of an old store)",
+    )
+    parser.add_argument(
         "--reuse", type=_recipe_list, metavar="METHODS",
         help="KV-reuse methods as a grid axis, on multi-document tasks "
              "(multidoc_qa_1/2 or a --jsonl of {documents, question, answers}), "
@@ -473,6 +478,8 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     from .eval.config import EvalConfig
     from .eval.grid import run_eval
 
+    if args.skip_rows and (args.reuse or args.speculative):
+        raise LonglabError("--skip-rows runs with KV recipes only, not with --reuse or --speculative")
     if args.compress != "end" and (args.reuse or args.speculative):
         raise LonglabError("--compress chunk runs with KV recipes only, not with --reuse or --speculative")
     if args.reuse:
@@ -486,7 +493,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, limit=args.limit, jsonl=args.jsonl, depths=list(args.depths),
         backend=args.backend, workers=args.workers, threads=args.threads, batch_decode=args.batch_decode,
         prefill_metrics=args.prefill_metrics, metric_rows=args.metric_rows, compress=args.compress,
-        report=not args.no_report,
+        skip_rows=args.skip_rows, report=not args.no_report,
         progress=not args.no_progress,
     )
     for position in args.positions or []:  # position methods as a grid axis (longlab.position), one store

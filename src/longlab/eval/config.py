@@ -66,6 +66,7 @@ class EvalConfig:
     progress: bool = True
     position: str | None = None  # a position method applied at load (longlab.position); rows name it
     compress: str = "end"  # KV policies cut the cache once after the prefill ("end") or after every chunk
+    skip_rows: str | None = None  # a JSON list of rows measured elsewhere: their cells are not run again
 
     @property
     def model_label(self) -> str:
@@ -112,12 +113,49 @@ class EvalConfig:
         if self.backend not in ("serial", "ray"):
             raise LonglabError(f"--backend must be 'serial' or 'ray', got {self.backend!r}")
         _check_model_name(self.model)
+        if self.skip_rows is not None:
+            self.skipped_cells()  # a missing or malformed file is refused before any model is loaded
         if self.position is not None:
             from ..position import format_position, parse_position
 
             self.position = None if (m := parse_position(self.position)) is None else format_position(m)
             if self.position and self.backend == "ray":
                 raise LonglabError("--positions runs with --backend serial only")
+
+    def skipped_cells(self) -> set[tuple[str, str, str, int, str]]:
+        """The ``(model, recipe, task, length, sample_id)`` cells of ``--skip-rows`` that belong to this
+        sweep: rows with this ``compress`` (absent: ``"end"``) and ``query_aware`` (absent: false).
+
+        The file is a JSON list of row objects (a committed copy of an earlier store, say: results
+        directories are not committed); fields other than these are ignored."""
+        import json
+
+        if self.skip_rows is None:
+            return set()
+        where = f"--skip-rows {self.skip_rows}"
+        try:
+            rows = json.loads(Path(self.skip_rows).read_text(encoding="utf-8"))
+        except OSError as err:
+            raise LonglabError(f"{where}: cannot read it ({err.strerror or err})") from None
+        except ValueError as err:
+            raise LonglabError(f"{where}: not JSON ({err})") from None
+        if not isinstance(rows, list):
+            raise LonglabError(f"{where}: expected a JSON list of rows, got {type(rows).__name__}")
+        need = ("model", "recipe", "task", "length", "sample_id")
+        cells = set()
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict) or any(k not in row for k in need):
+                raise LonglabError(f"{where}: row {i} is not an object with the fields {', '.join(need)}")
+            other_sweep = row.get("compress", "end") != self.compress
+            if other_sweep or bool(row.get("query_aware")) != self.query_aware:
+                continue
+            try:
+                recipe = parse_recipe(str(row["recipe"])).name  # the name the store gives the recipe
+                length = int(row["length"])
+            except (LonglabError, TypeError, ValueError) as err:
+                raise LonglabError(f"{where}: row {i}: {err}") from None
+            cells.add((str(row["model"]), recipe, str(row["task"]), length, str(row["sample_id"])))
+        return cells
 
     def max_new_for(self, sample_limit: int) -> int:
         """Tokens to generate for a sample whose own limit is ``sample_limit``: ``--max-new-tokens``

@@ -220,18 +220,27 @@ def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) ->
     store = ResultStore(config.out)
     try:
         done = store.done_keys()
+        elsewhere = config.skipped_cells()  # --skip-rows: measured elsewhere
         todo: list[tuple[Any, list[str]]] = []
-        skipped = 0
+        skipped = skipped_elsewhere = 0
         for s in samples:
-            missing = [r for r in config.recipes if make_run_key(**runner.identity(s, r)) not in done]
-            skipped += len(config.recipes) - len(missing)
+            missing = []
+            for r in config.recipes:
+                if make_run_key(**runner.identity(s, r)) in done:
+                    skipped += 1
+                elif (config.model_label, r, s.task, s.length, str(s.sample_id)) in elsewhere:
+                    skipped_elsewhere += 1
+                else:
+                    missing.append(r)
             if missing:
                 todo.append((s, missing))
         total = len(samples) * len(config.recipes)
+        also = f", {skipped_elsewhere} in --skip-rows" if config.skip_rows else ""
         log(
             f"longlab eval: {len(samples)} samples x {len(config.recipes)} recipes = {total} rows "
-            f"({skipped} already in {store.path}); model {config.model}, backend {config.backend}"
+            f"({skipped} already in {store.path}{also}); model {config.model}, backend {config.backend}"
         )
+        skipped += skipped_elsewhere
         progress = _Progress(todo, len(samples), config.recipes, config.progress)
         written = 0
         sweep_start, cpu_start = time.perf_counter(), time.process_time()
