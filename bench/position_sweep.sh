@@ -166,6 +166,8 @@ case "$1" in
                 --lr 3e-4 --minutes 12 --out runs/position/drope-qk-smollm2 ;;
   N16-y8) $T --positions "yarn:factor=2" --tasks niah_single_1 --length 16384 --samples 8 --max-new-tokens 32 ;;
   N16-d8) $T --positions "$DROPE" --tasks niah_single_1 --length 16384 --samples 8 --max-new-tokens 32 ;;
+  N16-y12) $T --positions "yarn:factor=2" --tasks niah_single_1 --length 16384 --samples 12 --max-new-tokens 32 ;;
+  N16-d12) $T --positions "$DROPE" --tasks niah_single_1 --length 16384 --samples 12 --max-new-tokens 32 ;;
   P32-pi) $T --positions "pi:factor=4" --tasks passkey --length 32768 ;;
   P32-ropeid) $T --positions "$ROPEID" --tasks passkey --length 32768 ;;
   P32-dropeqk) $T --positions "$DROPEQK" --tasks passkey --length 32768 ;;
