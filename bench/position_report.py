@@ -69,6 +69,8 @@ def main() -> None:
     ap.add_argument("--ppl-blocks", default="bench/results/position/ppl_blocks.json",
                     help="position_ppl.py --block output (intervals and paired tests)")
     ap.add_argument("--upi", default="bench/results/position/upi_passkey.json", help="upi_hybrid.py output")
+    ap.add_argument("--upi-more", default="bench/results/position/upi_passkey_more.json",
+                    help="upi_hybrid.py --more output (to 32x, and the Mamba heads' Δ/n without YaRN)")
     ap.add_argument("--rows-json", default="bench/results/position/task_rows.json",
                     help="a copy of the task rows read (runs/ is not committed)")
     ap.add_argument("--gemma-db", default="runs/position/gemma/results.sqlite", help="Gemma 3 rows")
@@ -98,6 +100,9 @@ def main() -> None:
         parts += _gemma_section(gemma_rows)
     if Path(args.upi).exists():
         parts += _upi_section(json.loads(Path(args.upi).read_text()), args.plots, plt)
+    if Path(args.upi_more).exists():
+        more = json.loads(Path(args.upi_more).read_text())
+        parts += _upi_section(more, args.plots, plt, name="position-upi-more")
     doc = Path(args.doc)
     text = doc.read_text() if doc.exists() else f"{START}\n{END}\n"
     head, _, rest = text.partition(START)
@@ -567,10 +572,10 @@ def _seed_interval(values: list[float]) -> tuple[float, float]:
     return mean - half, mean + half
 
 
-def _upi_section(data: dict, plots: str, plt) -> list[str]:
+def _upi_section(data: dict, plots: str, plt, name: str = "position-upi") -> list[str]:
     """UPI on the hybrid (``bench/upi_hybrid.py --task passkey``): the seed-pooled score per variant and
     length (mean of seed means; 95% bootstrap over test sequences inside each seed), the per-seed means,
-    and paired differences on the same test sequences (stratified by seed)."""
+    and paired differences on the same test sequences (stratified by seed); the plot is ``name``.png."""
     from longlab.eval.stats import stratified_difference, stratified_estimate
 
     seeds = data["seeds"]
@@ -606,8 +611,11 @@ def _upi_section(data: dict, plots: str, plt) -> list[str]:
               "| comparison | " + " | ".join(f"{n_ // train_len}×" for n_ in lengths[1:]) + " |",
               "|---|" + "---|" * (len(lengths) - 1)]
     upi = next(v for v in variants if v.startswith("UPI"))
-    for a, b in ((upi, "none"), (upi, "yarn only"), (upi, "all heads + YaRN"), ("yarn only", "none"),
-                 ("all heads + YaRN", "none")):
+    pairs = [(upi, "none"), (upi, "yarn only"), (upi, "all heads + YaRN"), ("yarn only", "none"),
+             ("all heads + YaRN", "none")]
+    if "top 20% Δ/n only" in variants:  # --more: the Mamba heads' part without YaRN
+        pairs += [("top 20% Δ/n only", "none"), (upi, "top 20% Δ/n only"), ("all heads Δ/n only", "none")]
+    for a, b in pairs:
         cells = []
         for length in lengths[1:]:
             d = stratified_difference([(scores[(sd, a, length)], scores[(sd, b, length)]) for sd in ids])
@@ -646,8 +654,8 @@ def _upi_section(data: dict, plots: str, plt) -> list[str]:
                  "(overlapping curves: equal scores)", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     fig.tight_layout()
-    fig.savefig(Path(plots) / "position-upi.png", dpi=120)
-    return lines + ["![UPI on the hybrid](position-upi.png)", ""]
+    fig.savefig(Path(plots) / f"{name}.png", dpi=120)
+    return lines + [f"![UPI on the hybrid]({name}.png)", ""]
 
 
 if __name__ == "__main__":
