@@ -3,7 +3,8 @@
 # so that several long measurements share a 2-core machine without oversubscribing it.
 # Every real-model run, benchmark and training run of docs/results went through it.
 # Waiting costs no forks (bash builtins only, one sleep per poll): twenty waiters polling with `cat` took
-# a third of the two cores in system time and slowed the running measurements 2.5x (2026-12-02).
+# a third of the two cores in system time (top: 33% sy; each running job ~40% of a core); 16k prefills
+# were 364-412 s then and 310-325 s after the fix (prefill_s of the wave-8 rows, 2026-12-02).
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 L=${LONGLAB_SLOTS:-${TMPDIR:-/tmp}/longlab-slots}; mkdir -p "$L"
 W=$L/wait.$$

@@ -13,6 +13,9 @@ DROPE=drope:weights=runs/position/drope-smollm2
 ROPEID=ropeid:train_len=512,weights=runs/position/ropeid-smollm2
 DROPEQK=drope:qk_norm=true,weights=runs/position/drope-qk-smollm2
 REPO=repo:weights=runs/position/repo-smollm2
+# every method at 32k (scaled methods at s = L/8k = 4): the one-method pieces N32-M, P32-M, V32-M
+declare -A AT32=([none]=none [pi]=pi:factor=4 [ntk]=ntk:factor=4 [dyn]=dynamic-ntk:factor=4 [yarn]=yarn:factor=4
+                 [lr]=longrope:factor=4 [drope]=$DROPE [dropeqk]=$DROPEQK [ropeid]=$ROPEID [repo]=$REPO)
 T="$PY bench/position_tasks.py"
 GM="$T --model gemma3-270m --out runs/position/gemma --committed bench/results/position/gemma_rows.json"
 BUDGET="--recipe snapkv:budget=4096 --compress chunk"
@@ -131,25 +134,9 @@ case "$1" in
                --lr 3e-4 --minutes 7.5 --out runs/position/drope-qk-smollm2 ;;
   T-repo) $PY -m longlab.cli train repo --model smollm2-135m --steps 10 --seq-len 512 --lr 1e-3 --minutes 2 \
             --out runs/position/repo-smollm2 ;;
-  N32-yarn) $T --positions "yarn:factor=4" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
-  N32-drope) $T --positions "$DROPE" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
-  N32-none) $T --positions "none" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
-  N32-dyn) $T --positions "dynamic-ntk:factor=4" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
-  N32-ntk) $T --positions "ntk:factor=4" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
-  N32-lr) $T --positions "longrope:factor=4" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
-  N32-pi) $T --positions "pi:factor=4" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
-  N32-repo) $T --positions "$REPO" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
-  N32-ropeid) $T --positions "$ROPEID" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
-  N32-dropeqk) $T --positions "$DROPEQK" --tasks niah_single_1 --length 32768 --max-new-tokens 32 ;;
   V16-c) $T --positions "pi:factor=2,ntk:factor=2" --tasks vt --length 16384 --max-new-tokens 32 ;;
   V16-d) $T --positions "longrope:factor=2,$ROPEID" --tasks vt --length 16384 --max-new-tokens 32 ;;
   V16-e) $T --positions "$DROPEQK,$REPO" --tasks vt --length 16384 --max-new-tokens 32 ;;
-  P32-yarn) $T --positions "yarn:factor=4" --tasks passkey --length 32768 ;;
-  P32-drope) $T --positions "$DROPE" --tasks passkey --length 32768 ;;
-  P32-dyn) $T --positions "dynamic-ntk:factor=4" --tasks passkey --length 32768 ;;
-  P32-none) $T --positions "none" --tasks passkey --length 32768 ;;
-  P32-ntk) $T --positions "ntk:factor=4" --tasks passkey --length 32768 ;;
-  P32-lr) $T --positions "longrope:factor=4" --tasks passkey --length 32768 ;;
   N16-pi) $T --positions "pi:factor=2" --tasks niah_single_1 --length 16384 --max-new-tokens 32 ;;
   N16-ropeid) $T --positions "$ROPEID" --tasks niah_single_1 --length 16384 --max-new-tokens 32 ;;
   N16-dropeqk) $T --positions "$DROPEQK" --tasks niah_single_1 --length 16384 --max-new-tokens 32 ;;
@@ -166,24 +153,15 @@ case "$1" in
                 --lr 3e-4 --minutes 12 --out runs/position/drope-qk-smollm2 ;;
   N16-y8) $T --positions "yarn:factor=2" --tasks niah_single_1 --length 16384 --samples 8 --max-new-tokens 32 ;;
   N16-d8) $T --positions "$DROPE" --tasks niah_single_1 --length 16384 --samples 8 --max-new-tokens 32 ;;
-  N16-y12) $T --positions "yarn:factor=2" --tasks niah_single_1 --length 16384 --samples 12 --max-new-tokens 32 ;;
-  N16-d12) $T --positions "$DROPE" --tasks niah_single_1 --length 16384 --samples 12 --max-new-tokens 32 ;;
-  P32-pi) $T --positions "pi:factor=4" --tasks passkey --length 32768 ;;
-  P32-ropeid) $T --positions "$ROPEID" --tasks passkey --length 32768 ;;
-  P32-dropeqk) $T --positions "$DROPEQK" --tasks passkey --length 32768 ;;
-  P32-repo) $T --positions "$REPO" --tasks passkey --length 32768 ;;
-  V32-none) $T --positions "none" --tasks vt --length 32768 --max-new-tokens 32 ;;
-  V32-yarn) $T --positions "yarn:factor=4" --tasks vt --length 32768 --max-new-tokens 32 ;;
-  V32-drope) $T --positions "$DROPE" --tasks vt --length 32768 --max-new-tokens 32 ;;
-  V32-dyn) $T --positions "dynamic-ntk:factor=4" --tasks vt --length 32768 --max-new-tokens 32 ;;
-  V32-ntk) $T --positions "ntk:factor=4" --tasks vt --length 32768 --max-new-tokens 32 ;;
-  V32-pi) $T --positions "pi:factor=4" --tasks vt --length 32768 --max-new-tokens 32 ;;
-  V32-lr) $T --positions "longrope:factor=4" --tasks vt --length 32768 --max-new-tokens 32 ;;
-  V32-ropeid) $T --positions "$ROPEID" --tasks vt --length 32768 --max-new-tokens 32 ;;
-  V32-dropeqk) $T --positions "$DROPEQK" --tasks vt --length 32768 --max-new-tokens 32 ;;
-  V32-repo) $T --positions "$REPO" --tasks vt --length 32768 --max-new-tokens 32 ;;
   N32-y4) $T --positions "yarn:factor=4" --tasks niah_single_1 --length 32768 --samples 4 --max-new-tokens 32 ;;
   N32-d4) $T --positions "$DROPE" --tasks niah_single_1 --length 32768 --samples 4 --max-new-tokens 32 ;;
+  # one method at 32k with the full cache, n = 1 (8-9.5 min each in wave 7, ~19 min in wave 8): niah_single_1
+  # (N32-M), passkey (P32-M), vt (V32-M), M a key of AT32; N32-yd/-y4/-d4 above take more samples
+  N32-*|P32-*|V32-*)
+    m=${1#*-}; [ -n "${AT32[$m]:-}" ] || { echo "unknown method in piece $1 (one of: ${!AT32[*]})" >&2; exit 2; }
+    case "${1%%-*}" in N32) task=niah_single_1 ;; P32) task=passkey ;; V32) task=vt ;; esac
+    extra=(); [ "$task" = passkey ] || extra=(--max-new-tokens 32)
+    $T --positions "${AT32[$m]}" --tasks "$task" --length 32768 "${extra[@]}" ;;
   # Gemma-3-270M (trained to 32k; 3 of its 18 layers global, the sliding layers keep 512 keys): own RoPE and
   # YaRN s = 2 on the global layers (the sliding layers keep their RoPE), full cache, its own store
   GM8) $GM --positions none --tasks niah_single_1 --length 8192 \
