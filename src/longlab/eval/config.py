@@ -140,7 +140,7 @@ class EvalConfig:
         except ValueError as err:
             raise LonglabError(f"{where}: not JSON ({err})") from None
         if not isinstance(rows, list):
-            raise LonglabError(f"{where}: expected a JSON list of rows, got {type(rows).__name__}")
+            raise LonglabError(f"{where}: expected a JSON list of rows, got {json.dumps(rows)[:60]}")
         need = ("model", "recipe", "task", "length", "sample_id")
         cells = set()
         for i, row in enumerate(rows):
