@@ -189,4 +189,8 @@ def test_cli_train_drope_writes_a_loadable_variant(tmp_path, capsys):
     assert json.loads((out / "manifest.json").read_text())["position"] == "drope:qk_norm=true"
     model, _ = load_model(str(out))
     assert model.longlab_position.qk_norm and model.longlab_position.weights == str(out)
+    capsys.readouterr()
     assert main(["train", "drope", "--model", "tiny-llama", "--steps", "0", "--out", str(out)]) == 2
+    printed = capsys.readouterr()
+    assert "--steps must be an integer >= 1, got 0" in printed.err
+    assert "longlab train drope:" not in printed.out  # refused before the model loads and the plan prints

@@ -88,6 +88,14 @@ def _loss(model: Any, windows: torch.Tensor) -> float:
     return sum(losses) / len(losses)
 
 
+def _check_schedule(steps: int, seq_len: int, batch: int, lr: float, train: str) -> None:
+    check_range("--steps", steps, 1, None, integer=True)
+    check_range("--seq-len", seq_len, 8, None, integer=True)
+    check_range("--batch", batch, 1, None, integer=True)
+    check_range("--lr", lr, 0, 1, low_open=True)
+    check_choice("--train", train, ("attn", "all", "added"))
+
+
 def recalibrate(
     model: Any,
     tokenizer: Any,
@@ -103,11 +111,7 @@ def recalibrate(
     eval_windows: int = 2,
 ) -> dict[str, Any]:
     """Train ``model`` (its position method already applied) in place; return the figures for the manifest."""
-    check_range("--steps", steps, 1, None, integer=True)
-    check_range("--seq-len", seq_len, 8, None, integer=True)
-    check_range("--batch", batch, 1, None, integer=True)
-    check_range("--lr", lr, 0, 1, low_open=True)
-    check_choice("--train", train, ("attn", "all", "added"))
+    _check_schedule(steps, seq_len, batch, lr, train)
     log = log or (lambda msg: None)
     torch.manual_seed(seed)
     params = _trainable(model, train)
@@ -252,6 +256,7 @@ def position_train_main(args: argparse.Namespace) -> int:
         raise LonglabError("--params: weights= is what training writes (use --out)")
     steps = args.steps if args.steps is not None else 50
     train = args.train or ("added" if args.method == "repo" else "attn")
+    _check_schedule(steps, args.seq_len, args.batch, args.lr, train)  # before the model loads
     if args.threads is not None:
         check_range("--threads", args.threads, 1, 1024, integer=True)
         torch.set_num_threads(args.threads)
