@@ -68,7 +68,7 @@ case "$1" in
   H-upi|H8a) $PY bench/upi_hybrid.py --task passkey --train-len 64 --steps 1200 --seeds 0 1 2 --eval-n 96 \
            --out bench/results/position/upi_passkey.json ;;
   H-upi2) $PY bench/upi_hybrid.py --task passkey --train-len 64 --steps 1200 --seeds 0 1 2 --eval-n 96 --more \
-            --mults 1 2 4 8 16 32 --out bench/results/position/upi_passkey_more.json ;;  # NOT RUN
+            --mults 1 2 4 8 16 32 --out bench/results/position/upi_passkey_more.json ;;  # wave 9: 30 min
   H16) $PY bench/position_tasks.py --positions yarn:factor=2 --tasks passkey --length 16384 --samples 3 ;;  # NOT RUN
   # 32k: chunked prefill compressing after every chunk (longlab eval would feed 32k uncompressed first)
   H32) $PY bench/position_long.py --length 32768 --positions yarn:factor=4 --recipe snapkv:budget=4096 \
@@ -168,10 +168,11 @@ case "$1" in
         --max-new-tokens 32 ;;
   GM32) $GM --positions "none,yarn:factor=2" --tasks niah_single_1 \
          --length 32768 --max-new-tokens 32 ;;
+  # GM64n/GM64y [N]: samples 0..N-1 (default 1; committed samples are skipped), one method per slot
   GM64n) $GM --positions none --tasks niah_single_1 --length 65536 \
-          --max-new-tokens 32 ;;
+          --max-new-tokens 32 --samples "${2:-1}" ;;
   GM64y) $GM --positions "yarn:factor=2" --tasks niah_single_1 \
-          --length 65536 --max-new-tokens 32 ;;
+          --length 65536 --max-new-tokens 32 --samples "${2:-1}" ;;
   suite) $PY -m pytest -q -p no:cacheprovider tests/ || true ;;
     *) echo "unknown piece $1" >&2; exit 2 ;;
 esac
