@@ -165,10 +165,14 @@ case "$1" in
   # Gemma-3-270M (trained to 32k; 3 of its 18 layers global, the sliding layers keep 512 keys): own RoPE and
   # YaRN s = 2 on the global layers (the sliding layers keep their RoPE), full cache, its own store
   GM8) $GM --positions none --tasks niah_single_1 --length 8192 \
-        --max-new-tokens 32 ;;
+        --max-new-tokens 32 --samples "${2:-1}" ;;
   GM32) $GM --positions "none,yarn:factor=2" --tasks niah_single_1 \
          --length 32768 --max-new-tokens 32 ;;
-  # GM64n/GM64y [N]: samples 0..N-1 (default 1; committed samples are skipped), one method per slot
+  GM32n) $GM --positions none --tasks niah_single_1 --length 32768 \
+          --max-new-tokens 32 --samples "${2:-1}" ;;
+  GM32y) $GM --positions "yarn:factor=2" --tasks niah_single_1 \
+          --length 32768 --max-new-tokens 32 --samples "${2:-1}" ;;
+  # GM8, GM64n/GM64y and GM32n/GM32y [N]: samples 0..N-1 (default 1; committed samples are skipped), one method per slot
   GM64n) $GM --positions none --tasks niah_single_1 --length 65536 \
           --max-new-tokens 32 --samples "${2:-1}" ;;
   GM64y) $GM --positions "yarn:factor=2" --tasks niah_single_1 \
