@@ -260,15 +260,34 @@ def _train(llama, tokenizer, out, **kw):
 
 
 def test_a_non_finite_loss_stops_training_and_writes_nothing(llama, tokenizer, tmp_path, monkeypatch):
+    from safetensors.torch import save_file
+
     import longlab.kv.indexmem_train as train
 
-    out = tmp_path / "w.safetensors"
-    out.write_bytes(b"previous weights")  # a failed run leaves what was there
+    out = tmp_path / "w.safetensors"  # an earlier IndexMem output: a failed run leaves it as it was
+    save_file({"x": torch.zeros(2)}, str(out), metadata={"format": train.FORMAT})
+    before = out.read_bytes()
     monkeypatch.setattr(train, "_layer_losses", lambda *a: (torch.tensor(float("nan")), torch.tensor(0.0)))
     with pytest.raises(LonglabError, match=r"loss became nan at optimizer step 1 .*nothing was written"):
         _train(llama, tokenizer, out)
-    assert out.read_bytes() == b"previous weights"
+    assert out.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["w.safetensors"]
+
+
+def test_train_indexmem_never_overwrites_a_users_file(llama, tokenizer, tmp_path):
+    user = tmp_path / "w.safetensors"
+    user.write_bytes(b"previous weights")  # not written by longlab
+    with pytest.raises(LonglabError, match=r"--out: .*longlab did not write it"):
+        _train(llama, tokenizer, user)
+    assert user.read_bytes() == b"previous weights"
+    notes = tmp_path / "notes.json"  # the manifest beside weights named notes.safetensors
+    notes.write_text("{}")
+    with pytest.raises(LonglabError, match=r"--out: .*notes.json.*longlab did not write it"):
+        _train(llama, tokenizer, tmp_path / "notes.safetensors")
+    assert notes.read_text() == "{}"
+    with pytest.raises(LonglabError, match=r"--out: .*not a .safetensors name"):
+        _train(llama, tokenizer, tmp_path / "thesis.tex")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.json", "w.safetensors"]
     assert llama.config._attn_implementation == "longlab"  # the capture is undone
 
 

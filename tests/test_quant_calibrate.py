@@ -130,4 +130,4 @@ def test_calibrate_out_must_be_a_writable_file(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("x")
     assert cli_main(argv + [str(blocker / "alloc.json")]) == 2
-    assert "cannot create its folder" in capsys.readouterr().err
+    assert "which is a file" in capsys.readouterr().err

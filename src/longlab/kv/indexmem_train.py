@@ -33,7 +33,8 @@ from typing import Any
 import torch
 
 from ..capture import capture_attention
-from ..recipe import LonglabError, check_range
+from ..recipe import LonglabError, check_range, shorten
+from ..safeio import check_output_file, os_error
 from .indexmem import (
     D_FEATURE,
     D_INDEX,
@@ -212,9 +213,7 @@ def train_indexmem(
     H_kv = getattr(config, "num_key_value_heads", None) or H
     D = getattr(config, "head_dim", None) or config.hidden_size // H
     key = model_key(config)
-    path = Path(out) if out else default_weights_path(key)
-    if path.suffix != ".safetensors":
-        path = path / f"{key}.safetensors" if not path.suffix else path.with_suffix(".safetensors")
+    path = output_path(out, key)
 
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -344,20 +343,57 @@ def train_indexmem(
     return path
 
 
+def _owned_json(path: Path) -> bool:
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
+
+
+def _owned_weights(path: Path) -> bool:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as fh:
+            return (fh.metadata() or {}).get("format") == FORMAT
+    except Exception:  # not a safetensors file at all: not ours
+        return False
+
+
+def output_path(out: str | Path | None, key: str) -> Path:
+    """Where ``train indexmem`` writes: ``--out`` as a ``.safetensors`` file, or ``DIR/<key>.safetensors``
+    for a directory (default: the cache). The weights file and its ``.json`` manifest must be new or
+    earlier IndexMem outputs: a user's file is never overwritten (checked before training)."""
+    path = Path(out) if out else default_weights_path(key)
+    if path.is_dir() or (path.suffix != ".safetensors" and not path.suffix):
+        path = path / f"{key}.safetensors"
+    elif path.suffix != ".safetensors":
+        raise LonglabError(
+            f"--out: {shorten(str(path))} is not a .safetensors name; give e.g. "
+            f"{shorten(str(path.with_suffix('.safetensors')))} or a directory"
+        )
+    check_output_file(path, "--out", owned=_owned_weights, what="IndexMem weights file")
+    check_output_file(manifest_path(path), "--out", owned=_owned_json, what="IndexMem manifest")
+    return path
+
+
 def _write(path: Path, tensors: dict[str, torch.Tensor], manifest: dict[str, Any], key: str) -> None:
     """Both files under temporary names first, then renamed: a failure leaves no half-written file."""
+    import tempfile
+
     from safetensors.torch import save_file
 
-    tmp = path.with_name(path.name + ".tmp")
-    man_tmp = path.with_name(path.name + ".json.tmp")
+    path.parent.mkdir(parents=True, exist_ok=True)  # checked writable before training (output_path)
+    tmp = Path(tempfile.mkstemp(prefix=f".{path.name}.", suffix=".longlab-tmp", dir=path.parent)[1])
+    man_tmp = Path(tempfile.mkstemp(prefix=f".{path.name}.json.", suffix=".longlab-tmp", dir=path.parent)[1])
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(tmp), metadata={"format": FORMAT, "model_key": key})
         man_tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         tmp.replace(path)
         man_tmp.replace(manifest_path(path))
     except OSError as exc:
-        raise LonglabError(f"train indexmem: cannot write {path} ({exc.strerror or exc})") from None
+        raise os_error(exc, "--out", path) from None
     finally:
         tmp.unlink(missing_ok=True)
         man_tmp.unlink(missing_ok=True)

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 
 from ..recipe import LonglabError
+from ..safeio import check_output_dir, os_error
 from .model import LabConfig, LabLM, match_mlp_hidden
 from .tasks import task_config
 
@@ -137,9 +139,21 @@ def _save(out: Path, step: int, model: LabLM, opt: torch.optim.Optimizer, cfg: T
     mtmp = out / ".manifest.json.tmp"
     mtmp.write_text(json.dumps(manifest, indent=1) + "\n")
     os.replace(mtmp, out / "manifest.json")
-    for old in out.glob("checkpoint-*"):  # keep only the latest
-        if old.name != ck.name:
+    for old in out.iterdir():  # keep only the latest of the checkpoints this trainer wrote
+        if CHECKPOINT.fullmatch(old.name) and old.name != ck.name and old.is_dir():
             shutil.rmtree(old, ignore_errors=True)
+
+
+CHECKPOINT = re.compile(r"checkpoint-\d+")
+
+
+def _is_lab_dir(path: Path) -> bool:
+    """A directory ``longlab lab train`` wrote (resumable): its manifest is a lab checkpoint manifest."""
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
 def read_manifest(out: str | os.PathLike[str], what: str = "DIR") -> dict[str, Any]:
@@ -182,10 +196,11 @@ def train(
     """Train (or resume) into ``out``; returns the final manifest."""
     from safetensors.torch import load_file
 
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise LonglabError(f"--out: {out} is a file, not a directory")
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_output_dir(out, "--out", owned=_is_lab_dir, what="lab checkpoint")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise os_error(exc, "--out", out) from None
     torch.manual_seed(cfg.seed)
     task = task_config(cfg.task, cfg.seed)
     model = LabLM(cfg.model_config())
@@ -254,7 +269,11 @@ def train(
         done = step + 1
         if done % cfg.ckpt_every == 0 or done == cfg.steps:
             history.append({"step": done, "loss": round(running, 5)})
-            _save(out, done, model, opt, cfg, history, elapsed + time.perf_counter() - t0)
+            try:
+                _save(out, done, model, opt, cfg, history, elapsed + time.perf_counter() - t0)
+            except OSError as exc:  # a full disk: the last complete checkpoint stays the one to resume
+                shutil.rmtree(out / f".checkpoint-{done}.tmp", ignore_errors=True)
+                raise os_error(exc, "--out", out) from None
     if bar is not None:
         bar.close()
     return read_manifest(out, "--out")

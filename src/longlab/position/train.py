@@ -17,8 +17,6 @@ import argparse
 import json
 import math
 import random
-import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -27,8 +25,9 @@ import torch
 
 from ..paths import __version__, cache_dir
 from ..recipe import LonglabError, check_choice, check_range
+from ..safeio import check_output_dir, publish_dir
 from .base import PositionMethod, format_position, parse_position
-from .variants import MANIFEST, WEIGHTS, base_fingerprint
+from .variants import MANIFEST, WEIGHTS, base_fingerprint, is_variant_dir
 
 __all__ = [
     "TRAINABLE",
@@ -188,7 +187,9 @@ def recalibrate(
 def save_variant(
     model: Any, method: PositionMethod, out: str | Path, base_model: str, stats: dict[str, Any]
 ) -> Path:
-    """Write ``out/model.safetensors`` (the trained tensors) and ``out/manifest.json`` atomically."""
+    """Write ``out/model.safetensors`` (the trained tensors) and ``out/manifest.json`` into a temporary
+    directory beside ``out``, then move them into place (:func:`longlab.safeio.publish_dir`): ``out`` must
+    be new, empty or an earlier variant; a user's directory is refused and left untouched."""
     from safetensors.torch import save_file
 
     out = Path(out)
@@ -208,18 +209,12 @@ def save_variant(
         "longlab_version": __version__,
         **stats,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
+
+    def write(tmp: Path) -> None:
         save_file(tensors, str(tmp / WEIGHTS))
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
+
+    return publish_dir(out, write, "--out", owned=is_variant_dir, last=MANIFEST, what="trained variant")
 
 
 def add_position_train_arguments(parser: argparse.ArgumentParser) -> None:
@@ -259,6 +254,10 @@ def position_train_main(args: argparse.Namespace) -> int:
     _check_schedule(steps, args.seq_len, args.batch, args.lr, train)  # before the model loads
     if args.threads is not None:
         check_range("--threads", args.threads, 1, 1024, integer=True)
+    key = Path(str(args.model)).name.replace(".gguf", "")
+    out = Path(args.out) if args.out else cache_dir() / "variants" / f"{key}-{method.spec.replace(':', '-')}"
+    check_output_dir(out, "--out", owned=is_variant_dir, what="trained variant")  # before the model loads
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model, attn_implementation="sdpa", position=method)
     print(
@@ -278,8 +277,6 @@ def position_train_main(args: argparse.Namespace) -> int:
         minutes=args.minutes if args.max_steps is None else None,
         log=lambda m: print(m, flush=True),
     )
-    key = Path(str(args.model)).name.replace(".gguf", "")
-    out = Path(args.out) if args.out else cache_dir() / "variants" / f"{key}-{method.spec.replace(':', '-')}"
     save_variant(model, method, out, str(args.model), stats)
     print(
         f"held-out loss {stats['heldout_loss_before']:.3f} -> {stats['heldout_loss_after']:.3f} "

@@ -21,7 +21,16 @@ from ..recipe import LonglabError, shorten
 from .base import LayerRope, PositionMethod, register_position
 from .rope import ropeid_inv_freq
 
-__all__ = ["DroPE", "RoPEID", "MANIFEST", "WEIGHTS", "base_fingerprint", "read_manifest", "attention_modules"]
+__all__ = [
+    "DroPE",
+    "RoPEID",
+    "MANIFEST",
+    "WEIGHTS",
+    "base_fingerprint",
+    "read_manifest",
+    "attention_modules",
+    "is_variant_dir",
+]
 
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
@@ -42,6 +51,19 @@ def base_fingerprint(model: Any) -> str:
     """SHA-256 (16 hex) of the input embedding matrix: which base weights a variant was trained on."""
     emb = model.get_input_embeddings().weight.detach().to("cpu", torch.float32).contiguous()
     return hashlib.sha256(emb.numpy().tobytes()).hexdigest()[:16]
+
+
+def is_variant_dir(path: Path) -> bool:
+    """Did ``longlab train`` write this directory? Only ``manifest.json`` (with ``longlab_variant``) and
+    ``model.safetensors`` in it: ``longlab train --out`` replaces such a directory and nothing else."""
+    try:
+        names = {p.name for p in path.iterdir()}
+        if not names <= {MANIFEST, WEIGHTS} or MANIFEST not in names:
+            return False
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and "longlab_variant" in manifest
 
 
 def read_manifest(directory: str | Path) -> dict[str, Any]:

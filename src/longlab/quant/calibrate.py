@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from ..capture import AttentionCapture, capture_attention
 from ..recipe import LonglabError, check_range
+from ..safeio import check_output_file, write_file_atomic
 from .base import FP_DTYPES, resolve_fp_dtype
 from .pmkvq import ALLOCATION_FORMAT, MIB, PMKVQ, code_bytes
 from .quantizer import SCALE_DTYPES, dequantize_tokens, quantize_tokens
@@ -472,6 +473,15 @@ def add_calibrate_arguments(parser: argparse.ArgumentParser) -> argparse.Argumen
     return parser
 
 
+def _is_allocation(path: Path) -> bool:
+    """An allocation file ``longlab calibrate`` wrote (the only kind of file ``--out`` may replace)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == ALLOCATION_FORMAT
+
+
 def calibrate_main(args: argparse.Namespace) -> int:
     """Run ``longlab calibrate pmkvq`` from parsed arguments; write the allocation JSON."""
     from ..models import load_model
@@ -487,12 +497,7 @@ def calibrate_main(args: argparse.Namespace) -> int:
         flags=CLI_FLAGS,
     )
     out = Path(args.out or f"pmkvq-{Path(args.model).name}-{args.budget_mb:g}MB.json")
-    if out.is_dir():
-        raise LonglabError(f"--out {out} is a directory; give a file name such as {out / 'pmkvq.json'}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise LonglabError(f"--out {out}: cannot create its folder ({exc.strerror or exc})") from None
+    check_output_file(out, "--out", owned=_is_allocation, what="PM-KVQ allocation")  # before the model loads
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args.model)
     if args.sample_tokens > getattr(model.config, "max_position_embeddings", args.sample_tokens):
@@ -513,13 +518,7 @@ def calibrate_main(args: argparse.Namespace) -> int:
         seed=args.seed,
         model_name=args.model,
     )
-    tmp = out.with_name(out.name + ".tmp")
-    try:  # written whole or not at all
-        tmp.write_text(json.dumps(alloc, indent=1), encoding="utf-8")
-        tmp.replace(out)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise LonglabError(f"--out {out}: cannot write the allocation ({exc.strerror or exc})") from None
+    write_file_atomic(out, json.dumps(alloc, indent=1), "--out")  # written whole or not at all
     print(f"wrote {out}; use the recipe pmkvq:allocation={out}")
     return 0
 

@@ -1,0 +1,151 @@
+"""Never lose a user's files: every ``--out`` refuses what longlab did not write, before any work starts,
+and a failed write (a full disk) leaves the target as it was and no temporary behind."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+
+import pytest
+
+from longlab.cli import main
+from longlab.recipe import LonglabError
+from longlab.safeio import check_output_dir, check_output_file, publish_dir, write_file_atomic
+
+TRAIN = ["train", "drope", "--model", "tiny-llama", "--steps", "1", "--seq-len", "16"]
+
+
+def _tree(root):
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_train_out_refuses_a_users_directory_before_training(tmp_path, capsys):
+    precious = tmp_path / "precious"
+    precious.mkdir()
+    (precious / "thesis.tex").write_text("data")
+    assert main([*TRAIN, "--out", str(precious)]) == 2
+    printed = capsys.readouterr()
+    assert "--out" in printed.err and "longlab did not write" in printed.err
+    assert "longlab train drope:" not in printed.out  # refused before the model loads and the plan prints
+    assert (precious / "thesis.tex").read_text() == "data"
+    assert _tree(tmp_path) == ["precious", "precious/thesis.tex"]
+
+
+def test_train_out_dot_refuses_a_non_empty_working_directory(tmp_path, monkeypatch, capsys):
+    (tmp_path / "notes.txt").write_text("keep me")
+    monkeypatch.chdir(tmp_path)
+    assert main([*TRAIN, "--out", "."]) == 2
+    assert "longlab did not write" in capsys.readouterr().err
+    assert _tree(tmp_path) == ["notes.txt"]
+
+
+def test_train_out_a_file_or_under_a_file_is_refused(tmp_path, capsys):
+    blocker = tmp_path / "file.txt"
+    blocker.write_text("x")
+    assert main([*TRAIN, "--out", str(blocker)]) == 2
+    assert "is a file, not a directory" in capsys.readouterr().err
+    assert main([*TRAIN, "--out", str(blocker / "variant")]) == 2
+    assert "which is a file" in capsys.readouterr().err
+    assert blocker.read_text() == "x" and _tree(tmp_path) == ["file.txt"]
+
+
+def test_train_out_writes_new_and_empty_dirs_and_replaces_its_own_variant(tmp_path, capsys):
+    out = tmp_path / "v"
+    assert main([*TRAIN, "--out", str(out)]) == 0
+    assert sorted(os.listdir(out)) == ["manifest.json", "model.safetensors"]
+    first = json.loads((out / "manifest.json").read_text())
+    assert main([*TRAIN, "--out", str(out), "--seed", "1"]) == 0  # its own earlier variant: replaced
+    assert sorted(os.listdir(out)) == ["manifest.json", "model.safetensors"]
+    assert json.loads((out / "manifest.json").read_text()) != first
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([*TRAIN, "--out", str(empty)]) == 0
+    assert sorted(os.listdir(empty)) == ["manifest.json", "model.safetensors"]
+    (out / "README.md").write_text("my notes")  # a user's file inside a variant: no longer longlab's alone
+    assert main([*TRAIN, "--out", str(out)]) == 2
+    assert (out / "README.md").read_text() == "my notes"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporaries left
+
+
+def test_lab_train_refuses_a_users_directory_and_keeps_non_checkpoint_files(tmp_path, capsys):
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "data.csv").write_text("1,2")
+    argv = ["lab", "train", "--mixer", "softmax", "--task", "copy", "--train-len", "16", "--steps", "2",
+            "--batch", "2", "--dim", "16", "--layers", "1", "--heads", "2", "--no-progress",
+            "--ckpt-every", "1"]
+    assert main([*argv, "--out", str(user)]) == 2
+    assert "longlab did not write" in capsys.readouterr().err
+    assert _tree(user) == ["data.csv"]
+    run = tmp_path / "run"
+    assert main([*argv, "--out", str(run)]) == 0
+    assert (run / "checkpoint-2").is_dir() and not (run / "checkpoint-1").exists()  # only the latest kept
+
+
+def test_calibrate_out_never_overwrites_a_users_file(tmp_path, capsys):
+    user = tmp_path / "thesis.json"
+    user.write_text('{"chapter": 1}')
+    argv = ["calibrate", "pmkvq", "--model", "no-such-model-is-loaded", "--budget-mb", "1",
+            "--out", str(user)]
+    assert main(argv) == 2
+    assert "longlab did not write it" in capsys.readouterr().err
+    assert user.read_text() == '{"chapter": 1}'
+
+
+def test_publish_dir_failure_leaves_the_target_as_it_was(tmp_path):
+    out = tmp_path / "v"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+
+    def owned(path):
+        return True
+
+    def failing(tmp):
+        (tmp / "manifest.json").write_text('{"new": 1}')
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(LonglabError, match=r"--out: cannot write .*the disk is full; nothing was written"):
+        publish_dir(out, failing, "--out", owned=owned)
+    assert (out / "manifest.json").read_text() == "{}"
+    assert _tree(tmp_path) == ["v", "v/manifest.json"]
+
+
+def test_publish_dir_moves_the_manifest_last(tmp_path, monkeypatch):
+    out = tmp_path / "v"
+    out.mkdir()
+    moved = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (moved.append(os.path.basename(b)), real(a, b)))
+
+    def write(tmp):
+        for name in ("manifest.json", "a.bin", "z.bin"):
+            (tmp / name).write_text(name)
+
+    publish_dir(out, write, "--out", owned=lambda p: True, last="manifest.json")
+    assert moved == ["a.bin", "z.bin", "manifest.json"]
+
+
+def test_write_file_atomic_on_a_full_disk_keeps_the_old_file_and_no_temporary(tmp_path, monkeypatch):
+    path = tmp_path / "alloc.json"
+    path.write_text("old")
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(LonglabError, match="the disk is full"):
+        write_file_atomic(path, "new", "--out")
+    assert path.read_text() == "old" and _tree(tmp_path) == ["alloc.json"]
+
+
+def test_check_output_helpers_name_the_flag(tmp_path):
+    f = tmp_path / "f"
+    f.write_text("x")
+    with pytest.raises(LonglabError, match=r"^--save: .* is a file, not a directory"):
+        check_output_dir(f, "--save", owned=lambda p: False)
+    with pytest.raises(LonglabError, match=r"^--save: .* is a directory; give a file name"):
+        check_output_file(tmp_path, "--save", owned=lambda p: False)
+    assert check_output_file(tmp_path / "new.json", "--save", owned=lambda p: False) == tmp_path / "new.json"
+    assert check_output_dir(tmp_path / "a" / "b", "--save", owned=lambda p: False) == tmp_path / "a" / "b"
+    assert not (tmp_path / "a").exists()  # a check creates nothing
