@@ -14,7 +14,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "longlab"
 # Layer of each module, lowest first; a module may import only from its own layer or lower ones.
 # Within one layer the import graph must still be acyclic.
 LAYERS: list[tuple[str, ...]] = [
-    ("paths", "recipe", "tasks", "sparse.blockmask", "sparse.synthetic", "quant.quantizer", "eval.store"),
+    ("paths", "recipe", "safeio", "prompt", "tasks", "sparse.blockmask", "sparse.synthetic", "quant.quantizer", "eval.store"),
     ("attention", "masks", "context_parallel"),  # masks: LongCA slice masks; context-parallel attention
     ("cache",),
     # method families; kernels: one call; compress: context compressors (compress.api: above models)
