@@ -50,7 +50,7 @@ def _specs(ratios: list[float], extra: list[str]) -> list[str]:
     specs = list(FIXED)
     for m in METHODS:
         for r in ratios:
-            specs.append(f"epic:ratio={r:g}" if m == "epic" else f"{m}@{r:g}")
+            specs.append(f"{m}:recompute={r:g}")
     return specs + extra
 
 
@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--ratios", default="0.05,0.1,0.2,0.4")
     a.add_argument(
         "--extra",
-        default="prophetkv:ratio=0.2,dual_stage=true;cacheblend:ratio=0.2,gradual=true",
+        default="prophetkv:recompute=0.2,dual_stage=true;cacheblend:recompute=0.2,gradual=true",
         help="more specs, ';'-separated",
     )
     a.add_argument("--seed", type=int, default=0)
@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--rounds", type=int, default=5)
     t.add_argument("--threads", type=int, default=1)
     t.add_argument(
-        "--methods", default="full-prefill;no-recompute;epic:k=16;epic:k=32;cacheblend@0.15;prophetkv@0.2;ape"
+        "--methods", default="full-prefill;no-recompute;epic:k=16;epic:k=32;cacheblend:recompute=0.15;prophetkv;ape"
     )
     t.set_defaults(func=cmd_ttft)
     r = sub.add_parser("report")

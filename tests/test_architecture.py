@@ -14,12 +14,13 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "longlab"
 # Layer of each module, lowest first; a module may import only from its own layer or lower ones.
 # Within one layer the import graph must still be acyclic.
 LAYERS: list[tuple[str, ...]] = [
-    ("paths", "recipe", "safeio", "prompt", "tasks", "sparse.blockmask", "sparse.synthetic", "quant.quantizer", "eval.store"),
+    ("paths", "errors", "registry", "recipe", "safeio", "prompt", "tasks", "sparse.blockmask",
+     "sparse.synthetic", "quant.quantizer", "eval.store"),
     ("attention", "masks", "context_parallel"),  # masks: LongCA slice masks; context-parallel attention
     ("cache",),
     # method families; kernels: one call; compress: context compressors (compress.api: above models)
     # position: RoPE methods (position.train, the training tool, sits with the tools)
-    ("kv", "quant", "sparse", "decode", "methods", "kernels", "compress", "position"),
+    ("kv", "quant", "sparse", "decode", "kernels", "compress", "position"),
     ("hook",),
     ("models",),
     ("reuse",),  # per-document KV store, assembly and reuse methods: drive a model's layers, below pipeline
@@ -29,6 +30,7 @@ LAYERS: list[tuple[str, ...]] = [
     # tools and the harness drive models and pipelines (capture: q/k/v capture for calibration, training)
     ("capture", "kv.indexmem_train", "quant.calibrate", "eval", "cp_generate",  # cp_generate: CP prefill
      "position.train", "lab"),  # lab: the layers lab (own LM + trainer), writes to eval.store
+    ("methods",),  # the one list of method modules (registers every family); the package face imports it
     ("cli",),
     ("",),  # the package face: longlab/__init__.py
 ]

@@ -15,7 +15,14 @@ import longlab  # noqa: F401  (registers the method families)
 from longlab import models
 from longlab.cache import LonglabCache
 from longlab.pipeline import generate
-from longlab.recipe import REGISTRY, LonglabError, LonglabTypeError, parse_method, parse_recipe, split_recipes
+from longlab.recipe import (
+    RECIPE_METHODS,
+    LonglabError,
+    LonglabTypeError,
+    parse_method,
+    parse_recipe,
+    split_recipes,
+)
 from longlab.tasks import load_jsonl
 
 # ------------------------------------------------------------------------------------------------- recipes
@@ -51,13 +58,13 @@ def test_good_recipe_values_still_parse():
     assert parse_method("sale:tau=0.01").tau == 0.01
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", sorted(RECIPE_METHODS))
 def test_every_default_passes_the_type_check(name):
     """Each method's own defaults pass the declared-type check a recipe value gets (the check must not refuse
     values the methods themselves use), and every field's type is one the check understands."""
-    from longlab.recipe import _field_types, _matches
+    from longlab.registry import _field_types, _matches
 
-    cls = REGISTRY[name]
+    cls = RECIPE_METHODS[name]
     hints = _field_types(cls)
     for f in dataclasses.fields(cls):
         if not f.init:

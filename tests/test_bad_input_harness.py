@@ -98,7 +98,7 @@ def test_duplicate_jsonl_sample_ids_are_refused(tmp_path, capsys, tokenizer):
 
 def test_example_checks_every_recipe_before_running_the_first(capsys):
     out = _user_error(capsys, ["example", "--model", "tiny-llama", "--recipes", "full,snapkv@0.5,nosuch@0.5"],
-                      "--recipes", "unknown method 'nosuch'")
+                      "--recipes", "unknown recipe method 'nosuch'")
     assert out == ""  # nothing ran: not even the model was loaded
     _user_error(capsys, ["example", "--model", "tiny-llama", "--recipes", "full,snapkv@1.5"],
                 "--recipes", "compression_ratio")

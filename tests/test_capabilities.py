@@ -13,7 +13,7 @@ import longlab  # noqa: F401  (registers every method)
 from longlab.cache import LonglabLayer
 from longlab.kv.base import KVPolicy
 from longlab.quant.storage import QuantizedLayer
-from longlab.recipe import REGISTRY, Method, parse_recipe
+from longlab.recipe import RECIPE_METHODS, Method, parse_recipe
 
 EVAL = Path(__file__).resolve().parents[1] / "src" / "longlab" / "eval"
 HARNESS = ["config.py", "planner.py", "sample_runner.py", "grid.py", "ray_backend.py"]
@@ -52,9 +52,9 @@ def test_the_harness_never_checks_classes_or_reads_method_fields(name):
             )
 
 
-@pytest.mark.parametrize("name", sorted(REGISTRY))
+@pytest.mark.parametrize("name", sorted(RECIPE_METHODS))
 def test_every_method_declares_its_capabilities(name):
-    cls = REGISTRY[name]
+    cls = RECIPE_METHODS[name]
     for cap in CAPABILITIES:
         assert isinstance(getattr(cls, cap), bool), (name, cap)
     if issubclass(cls, KVPolicy) and cls.select_decode is not KVPolicy.select_decode:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from longlab.cli import main
-from longlab.recipe import REGISTRY
+from longlab.recipe import RECIPE_METHODS
 
 
 def test_generate_prints_answer_and_summary(capsys, tmp_path):
@@ -37,7 +37,7 @@ def test_generate_prints_answer_and_summary(capsys, tmp_path):
 def test_methods_lists_every_registered_method(capsys):
     assert main(["methods"]) == 0
     out = capsys.readouterr().out
-    for name in REGISTRY:
+    for name in RECIPE_METHODS:
         assert name in out
 
 
@@ -46,7 +46,7 @@ def test_methods_lists_every_registered_method(capsys):
     [
         (
             ["generate", "--model", "tiny-llama", "--recipe", "nosuch", "--context", "x"],
-            "unknown method 'nosuch'",
+            "unknown recipe method 'nosuch'",
         ),
         (
             ["generate", "--model", "tiny-llama", "--recipe", "snapkv@1.2", "--context", "x"],
@@ -165,7 +165,7 @@ def test_generate_bad_recipe_values_fail_before_loading(capsys, recipe, fragment
 def test_a_100kb_recipe_name_is_not_echoed_whole(capsys):
     assert main(["generate", "--model", "tiny-llama", "--recipe", "x" * 100_000, "--context", "x"]) == 2
     err = capsys.readouterr().err
-    assert "unknown method 'xxx" in err and "\u2026 (100000 characters)" in err and len(err) < 1000
+    assert "unknown recipe method 'xxx" in err and "\u2026 (100000 characters)" in err and len(err) < 1000
 
 
 def test_generate_bad_seed_and_context_flags(capsys):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from longlab.kv import kept_indices
-from longlab.recipe import REGISTRY, LonglabError
+from longlab.recipe import RECIPE_METHODS, LonglabError
 
 D = 8
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny tensors run on one thread
@@ -63,7 +63,7 @@ def test_query_positions_budget_and_layers():
 
 
 EVICTION = sorted(
-    name for name, cls in REGISTRY.items()
+    name for name, cls in RECIPE_METHODS.items()
     if cls.kind == "kv" and name not in ("indexmem",)  # indexmem needs trained weights (module.config)
 )
 
@@ -86,7 +86,7 @@ def test_every_registered_eviction_policy_runs_on_raw_tensors(name):
         (("kivi2",), {}, "kivi2"),  # quantization only
         (("snapkv@0.5+kivi2",), {}, "kivi2"),
         (("quest",), {}, "quest"),
-        (("nosuch@0.5",), {}, "unknown method"),
+        (("nosuch@0.5",), {}, "unknown recipe method"),
         (("snapkv@0.5",), {"layer_idx": 2, "num_layers": 2}, "layer_idx"),
         (("snapkv@0.5",), {"queries": [1, 2]}, "queries"),
         (("restkv@0.5",), {}, "module"),  # use_wo reads o_proj

@@ -9,7 +9,7 @@ import torch
 
 from longlab.attention import LayerContext
 from longlab.cache import LonglabLayer
-from longlab.recipe import REGISTRY, LonglabError, get_method_class, parse_method, parse_recipe
+from longlab.recipe import RECIPE_METHODS, LonglabError, get_method_class, parse_method, parse_recipe
 
 D = 8
 
@@ -125,7 +125,7 @@ def test_ratio_keeps_ceil_of_remaining_fraction_per_head_on_average(name, ratio)
 
 def test_every_method_cites_its_paper_and_documents_its_formula():
     get_method_class("full")
-    for name, cls in REGISTRY.items():
+    for name, cls in RECIPE_METHODS.items():
         assert cls.paper, name
         assert cls.__doc__ and len(cls.__doc__.strip()) > 20, name
 
@@ -137,7 +137,7 @@ def test_every_method_cites_its_paper_and_documents_its_formula():
         ("snapkv@-0.1", "compression_ratio must be in [0, 1)"),
         ("snapkv:budget=0", "budget must be a positive integer"),
         ("snapkv@0.5:budget=10", "not both"),
-        ("nosuch@0.5", "unknown method 'nosuch'; valid names:"),
+        ("nosuch@0.5", "unknown recipe method 'nosuch'; valid names:"),
         ("snapkv:window=3", "has no parameter window"),
         ("adakv:alpha=2", "alpha must be in [0, 1]"),
     ],

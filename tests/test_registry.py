@@ -14,7 +14,7 @@ import longlab  # noqa: F401  (registers every method family)
 from longlab.capture import capture_attention
 from longlab.cli import main as cli_main
 from longlab.models import build_tiny_model
-from longlab.recipe import REGISTRY, LonglabError, Method, check_choice, check_range, parse_recipe
+from longlab.recipe import RECIPE_METHODS, LonglabError, Method, check_choice, check_range, parse_recipe
 from longlab.sparse import SELECTORS, BlockSelector, SparsePrefill, make_selector
 
 SELECTOR_PAPERS = {  # the papers the selectors implement (arXiv ids)
@@ -30,15 +30,15 @@ SELECTOR_PAPERS = {  # the papers the selectors implement (arXiv ids)
 
 # ------------------------------------------------------------------------------------------ registry
 def test_every_method_is_registered_once_with_a_paper_and_a_docstring():
-    assert set(REGISTRY) >= set(SELECTOR_PAPERS) | {"snapkv", "kivi2", "quest", "full"}
-    for name, cls in REGISTRY.items():
+    assert set(RECIPE_METHODS) >= set(SELECTOR_PAPERS) | {"snapkv", "kivi2", "quest", "full"}
+    for name, cls in RECIPE_METHODS.items():
         assert cls.name == name and cls.paper and cls.__doc__, name
         assert cls.kind in ("prefill", "kv", "quant", "decode", "context"), name  # context: longlab.compress
-    assert len(set(REGISTRY.values())) == len(REGISTRY)  # no class under two names
+    assert len(set(RECIPE_METHODS.values())) == len(RECIPE_METHODS)  # no class under two names
 
 
 def test_selectors_are_the_registrys_prefill_policies():
-    assert dict(SELECTORS) == {n: REGISTRY[n] for n in SELECTOR_PAPERS}  # one class per selector
+    assert dict(SELECTORS) == {n: RECIPE_METHODS[n] for n in SELECTOR_PAPERS}  # one class per selector
     for name, paper in SELECTOR_PAPERS.items():
         cls = SELECTORS[name]
         assert issubclass(cls, BlockSelector) and issubclass(cls, SparsePrefill) and cls.kind == "prefill"
@@ -68,15 +68,22 @@ def test_backend_stays_the_last_parameter_of_every_selector():
 
 
 def test_methods_command_lists_every_family_with_paper_and_parameters(capsys):
+    from longlab.registry import REGISTRY, param_range
+
     assert cli_main(["methods", "--markdown"]) == 0
-    lines = {line.split("|")[1].strip(" `"): line for line in capsys.readouterr().out.splitlines()[2:]}
-    assert set(lines) == set(REGISTRY)
-    for name, cls in REGISTRY.items():
-        cells = [c.strip() for c in lines[name].split("|")]
-        assert cells[2] == cls.kind and cells[3] == cls.paper
+    lines = [line.split("|") for line in capsys.readouterr().out.splitlines()[2:]]
+    listed = {(cells[2].strip().split(":")[0], cells[1].strip(" `")): cells for cells in lines}
+    entries = REGISTRY.entries()
+    assert set(listed) == {(fam, name) for fam, name, _ in entries}
+    assert {fam for fam, _, _ in entries} == {"recipe", "reuse", "draft", "verify", "position", "mixer"}
+    for fam, name, cls in entries:
+        cells = [c.strip() for c in listed[(fam, name)]]
+        assert cells[2] == (f"recipe:{cls.kind}" if fam == "recipe" else fam) and cells[3] == cls.paper
         for f in dataclasses.fields(cls):
-            if f.init and f.default is not dataclasses.MISSING:
+            if f.init and f.default is not dataclasses.MISSING and not f.name.startswith("_"):
                 assert f"{f.name}=" in cells[4], (name, f.name)
+                if param_range(f):
+                    assert param_range(f) in cells[4], (name, f.name)
 
 
 # ------------------------------------------------------------------------------------------ validator

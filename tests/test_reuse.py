@@ -106,12 +106,12 @@ def test_rotation_composes(tiny_models):
 # ------------------------------------------------------------------------------------------ methods
 
 RATIO_ONE = (
-    "cacheblend@1",
-    "cacheblend:ratio=1,gradual=true",
-    "prophetkv@1",
-    "prophetkv:ratio=1,dual_stage=true",
-    "prophetkv:ratio=1,layers=middle,sink_guard=true",
-    "epic@1",
+    "cacheblend:recompute=1",
+    "cacheblend:recompute=1,gradual=true",
+    "prophetkv:recompute=1",
+    "prophetkv:recompute=1,dual_stage=true",
+    "prophetkv:recompute=1,layers=middle,sink_guard=true",
+    "epic:recompute=1",
 )
 
 
@@ -159,7 +159,7 @@ def test_no_recompute_differs_from_full_on_two_hop(tiny_models, tokenizer, name)
         tokenizer,
         docs,
         sample.question,
-        "cacheblend@0.5",
+        "cacheblend:recompute=0.5",
         store=store,
         answer_prefix=sample.answer_prefix,
     )
@@ -178,7 +178,9 @@ def test_selective_recompute_is_a_partial_forward(tiny_models, tokenizer):
         store = MemoryStore()
         n_ctx = sum(len(_ids(tokenizer, doc_segment(d))) for d in DOCS)
         n_q = len(split_prompt(tokenizer, QUESTION)[1])
-        for spec, ratio in (("prophetkv@0.2", 0.2), ("cacheblend@0.1", 0.1), ("epic:k=4", None)):
+        for spec, ratio in (
+            ("prophetkv:recompute=0.2", 0.2), ("cacheblend:recompute=0.1", 0.1), ("epic:k=4", None)
+        ):
             seen.clear()
             pre = reuse_prefill(model, tokenizer, DOCS, QUESTION, spec, store=store)
             want = math.ceil(ratio * n_ctx) if ratio is not None else 4 * len(DOCS)
@@ -202,7 +204,7 @@ def test_cacheblend_selects_top_value_deviation(tiny_models, tokenizer):
     v_full = ref.layers[1].values[:, :, :n]
     v_old = torch.cat([d.values[1][None] for d in stored], dim=2)
     dev = (v_full - v_old).pow(2).sum(dim=(0, 1, 3))
-    method = CacheBlend(ratio=0.25)
+    method = CacheBlend(recompute=0.25)
     job = build_job(Runner(model), [], doc_ids, q_ids, stored)
     method.prefill(job)
     layer = job.cache.layers[1]
@@ -248,7 +250,7 @@ def test_prophetkv_probe_is_mean_question_attention(tiny_models, tokenizer):
 def test_prophetkv_dual_stage_recomputes_less_at_depth(tiny_models, tokenizer):
     model = tiny_models["tiny-gemma3"][0]  # 4 layers: switch at layer 1
     pre = reuse_prefill(
-        model, tokenizer, DOCS, QUESTION, ProphetKV(ratio=0.2, dual_stage=True), store=MemoryStore()
+        model, tokenizer, DOCS, QUESTION, ProphetKV(recompute=0.2, dual_stage=True), store=MemoryStore()
     )
     assert 0.2 < pre.recompute_fraction < 0.4  # 2 rho for layers 0-1, rho after
     assert pre.stages == ["probe", "dual-recompute"]
@@ -293,8 +295,8 @@ def test_ape_plain_single_document_is_prefill(tiny_models, tokenizer, name):
 def test_reuse_with_disk_store_hits_second_time(tiny_models, tokenizer, tmp_path):
     model = tiny_models["tiny-llama"][0]
     store = DocStore(tmp_path / "s")
-    a = reuse_prefill(model, tokenizer, DOCS, QUESTION, "prophetkv@0.2", store=store)
-    b = reuse_prefill(model, tokenizer, DOCS, QUESTION, "prophetkv@0.2", store=store)
+    a = reuse_prefill(model, tokenizer, DOCS, QUESTION, "prophetkv:recompute=0.2", store=store)
+    b = reuse_prefill(model, tokenizer, DOCS, QUESTION, "prophetkv:recompute=0.2", store=store)
     assert store.stats["misses"] == 3 and store.stats["hits"] == 3 and len(store) == 3
     torch.testing.assert_close(a.logits, b.logits)
 
@@ -304,7 +306,8 @@ def test_reuse_with_disk_store_hits_second_time(tiny_models, tokenizer, tmp_path
 
 @pytest.mark.parametrize(
     "spec",
-    ["cacheblend@1.5", "prophetkv:ratio=-0.1", "epic:ratio=2", "epic:k=-1", "ape:temperature=0", "nope"],
+    ["cacheblend:recompute=1.5", "prophetkv:recompute=-0.1", "epic:recompute=2", "epic:k=-1",
+     "ape:temperature=0", "nope", "cacheblend@0.15"],
 )
 def test_bad_reuse_spec(spec):
     with pytest.raises(LonglabError):
@@ -312,8 +315,8 @@ def test_bad_reuse_spec(spec):
 
 
 def test_bad_reuse_field_type():
-    with pytest.raises(LonglabError, match="ratio"):
-        parse_reuse("prophetkv:ratio=abc")
+    with pytest.raises(LonglabError, match="recompute"):
+        parse_reuse("prophetkv:recompute=abc")
     with pytest.raises(LonglabError, match="no parameter"):
         parse_reuse("cacheblend:budget=3")
 
@@ -346,7 +349,9 @@ def test_document_longer_than_positions_writes_nothing(tokenizer, tmp_path):
     assert not [p for p in (tmp_path / "s" / "objects").rglob("*") if p.is_file()]
 
 
-@pytest.mark.parametrize("spec", ["full-prefill", "prophetkv@0.2", "cacheblend@0.2", "ape:temperature=0.8"])
+@pytest.mark.parametrize(
+    "spec", ["full-prefill", "prophetkv:recompute=0.2", "cacheblend:recompute=0.2", "ape:temperature=0.8"]
+)
 def test_forced_scoring_agrees_with_greedy_decoding(tiny_models, tokenizer, spec):
     """The eval's "forced" score feeds the answer after the prompt; where greedy decoding follows the
     answer, the forced argmax must be exactly the greedy tokens (same cache, same positions)."""
@@ -393,7 +398,7 @@ def test_gemma_sliding_layers_keep_their_window(tiny_models, tokenizer):
     """Sliding layers hold every document token while the prompt is built (recomputed rows may need any
     of them), then only their window: what a prefill's sliding layer can still show."""
     model = tiny_models["tiny-gemma3"][0]
-    pre = reuse_prefill(model, tokenizer, DOCS, QUESTION, "prophetkv@0.2", store=MemoryStore())
+    pre = reuse_prefill(model, tokenizer, DOCS, QUESTION, "prophetkv:recompute=0.2", store=MemoryStore())
     window = model.config.sliding_window
     for layer, kind in zip(pre.cache.layers, model.config.layer_types):
         held = int(layer.valid.sum(-1).max())
@@ -428,7 +433,7 @@ def test_real_model_identities(name):
     torch.testing.assert_close(ape.logits, ref2.logits, atol=2e-3, rtol=1e-3)
     kw = dict(docs=docs, question=q, answer_prefix=prefix, store=store, max_new_tokens=10, recipe="full")
     full = generate(model, tok, reuse="full-prefill", **kw)
-    for spec in ("cacheblend@1", "prophetkv@1", "epic@1"):
+    for spec in ("cacheblend:recompute=1", "prophetkv:recompute=1", "epic:recompute=1"):
         assert generate(model, tok, reuse=spec, **kw).token_ids == full.token_ids, spec
     naive = reuse_prefill(model, tok, docs, q, "no-recompute", store=store, answer_prefix=prefix)
     assert (naive.logits - full.reuse.logits).abs().max() > 1e-2

@@ -40,7 +40,7 @@ def test_store_commands_and_generate_docs(files, tmp_path, capsys):
         "--store",
         store,
     ]
-    assert main([*args, "--reuse", "prophetkv:ratio=0.2"]) == 0
+    assert main([*args, "--reuse", "prophetkv:recompute=0.2"]) == 0
     out = capsys.readouterr().out
     assert "reuse=prophetkv" in out and "'hits': 2" in out and "'misses': 0" in out  # the added entries serve
     assert main([*args, "--reuse", "bogus"]) == 2
@@ -58,8 +58,8 @@ def test_generate_docs_bad_input(files, tmp_path, capsys):
     assert main([*base, "--reuse", "epic", "--question", "q"]) == 2  # no docs
     assert main([*base, "--docs", str(tmp_path / "missing.txt"), "--question", "q"]) == 2
     assert "no such file" in capsys.readouterr().err
-    assert main([*base, "--docs", *files, "--question", "q", "--reuse", "cacheblend@2"]) == 2
-    assert "ratio must be in [0, 1]" in capsys.readouterr().err
+    assert main([*base, "--docs", *files, "--question", "q", "--reuse", "cacheblend:recompute=2"]) == 2
+    assert "recompute must be in [0, 1]" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()  # nothing written before the arguments were checked
 
 
@@ -70,7 +70,7 @@ def test_eval_reuse_grid_writes_rows(tmp_path, capsys):
         "--model",
         "tiny-llama",
         "--reuse",
-        "full-prefill,no-recompute,prophetkv@0.2,epic:k=4",
+        "full-prefill,no-recompute,prophetkv:recompute=0.2,epic:k=4",
         "--tasks",
         "multidoc_qa_1",
         "--lengths",
@@ -89,7 +89,7 @@ def test_eval_reuse_grid_writes_rows(tmp_path, capsys):
     from longlab.eval.report import load_rows
 
     rows = load_rows(out)
-    assert {r["recipe"] for r in rows} == {"full", "no-recompute", "prophetkv@0.2", "epic:k=4"}
+    assert {r["recipe"] for r in rows} == {"full", "no-recompute", "prophetkv", "epic:k=4"}
     full = {r["sample_id"]: r for r in rows if r["recipe"] == "full"}
     for r in rows:
         assert r["extra"]["fidelity"] is not None and 0 <= r["extra"]["fidelity"] <= 1
@@ -98,7 +98,7 @@ def test_eval_reuse_grid_writes_rows(tmp_path, capsys):
         assert r["context_tokens"] == full[r["sample_id"]]["context_tokens"]
     assert main(args) == 0
     assert "0 new rows, 8 skipped" in capsys.readouterr().out
-    assert main([*args[:4], "cacheblend@3", *args[5:]]) == 2
+    assert main([*args[:4], "cacheblend:recompute=3", *args[5:]]) == 2
     assert (
         main(
             [
@@ -127,14 +127,14 @@ def test_generate_docs_with_recipe(files, tmp_path, capsys):
     """``--reuse`` and ``--recipe`` compose: the summary names both and the KV shrinks; a recipe that cannot
     follow a reuse prefill fails before the model loads or the store is made."""
     base = ["generate", "--model", "tiny-llama", "--docs", *files, "--question", "Where is item 12?",
-            "--max-new-tokens", "3", "--store", str(tmp_path / "s"), "--reuse", "cacheblend@0.2"]
+            "--max-new-tokens", "3", "--store", str(tmp_path / "s"), "--reuse", "cacheblend:recompute=0.2"]
     assert main([*base, "--recipe", "snapkv@0.5"]) == 0
     out = capsys.readouterr().out
-    assert "[reuse=cacheblend:ratio=0.2+snapkv@0.5]" in out
+    assert "[reuse=cacheblend:recompute=0.2+snapkv@0.5]" in out
     before, after = out.split("| KV ")[1].split(" | ")[0].split(" -> ")
     assert float(after.split()[0]) < float(before.split()[0])
     assert main([*base, "--recipe", "full"]) == 0
-    assert "[reuse=cacheblend:ratio=0.2]" in capsys.readouterr().out
+    assert "[reuse=cacheblend:recompute=0.2]" in capsys.readouterr().out
     bad = [*base[:-4], "--store", str(tmp_path / "s2"), "--reuse", "epic", "--recipe", "h2o@0.5"]
     assert main(bad) == 2
     assert "accumulates attention" in capsys.readouterr().err
@@ -145,7 +145,7 @@ def test_eval_reuse_times_recipes(tmp_path, capsys):
     """``longlab eval --reuse ... --recipes ...``: every method x recipe is a row; full-prefill + snapkv is
     labelled ``snapkv@0.5`` (a plain prefill + recipe), the others ``<reuse>+<recipe>``."""
     out = str(tmp_path / "runs")
-    args = ["eval", "--model", "tiny-llama", "--reuse", "full-prefill,cacheblend@0.2", "--recipes",
+    args = ["eval", "--model", "tiny-llama", "--reuse", "full-prefill,cacheblend:recompute=0.2", "--recipes",
             "full,snapkv@0.5", "--tasks", "multidoc_qa_1", "--lengths", "700", "--samples", "1",
             "--num-docs", "4", "--out", out, "--no-progress"]
     assert main(args) == 0
@@ -153,8 +153,10 @@ def test_eval_reuse_times_recipes(tmp_path, capsys):
     from longlab.eval.report import load_rows
 
     rows = {r["recipe"]: r for r in load_rows(out)}
-    assert set(rows) == {"full", "cacheblend@0.2", "snapkv@0.5", "cacheblend@0.2+snapkv@0.5"}
+    assert set(rows) == {
+        "full", "cacheblend:recompute=0.2", "snapkv@0.5", "cacheblend:recompute=0.2+snapkv@0.5"
+    }
     assert rows["snapkv@0.5"]["kv_bytes_after"] < rows["full"]["kv_bytes_after"]
-    assert rows["cacheblend@0.2+snapkv@0.5"]["extra"]["kv_recipe"] == "snapkv@0.5"
+    assert rows["cacheblend:recompute=0.2+snapkv@0.5"]["extra"]["kv_recipe"] == "snapkv@0.5"
     assert main([*args[:6], "full,h2o@0.5", *args[7:]]) == 2
     assert "--recipes" in capsys.readouterr().err

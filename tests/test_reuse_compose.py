@@ -68,7 +68,8 @@ def test_ratio_one_plus_recipe_is_plain_prefill_plus_recipe(tiny_models, tokeniz
     model = tiny_models[name][0]
     want, _, _ = _plain(model, tokenizer, "snapkv@0.5", 8)
     store = MemoryStore()
-    for spec in ("cacheblend@1", "prophetkv@1", "prophetkv:ratio=1,dual_stage=true", "epic@1"):
+    for spec in ("cacheblend:recompute=1", "prophetkv:recompute=1", "prophetkv:recompute=1,dual_stage=true",
+                 "epic:recompute=1"):
         got = generate(
             model, tokenizer, docs=DOCS, question=QUESTION, reuse=spec, store=store, recipe="snapkv@0.5",
             max_new_tokens=8,
@@ -76,7 +77,9 @@ def test_ratio_one_plus_recipe_is_plain_prefill_plus_recipe(tiny_models, tokeniz
         assert got.token_ids[0] == want, spec
 
 
-@pytest.mark.parametrize("spec", ["no-recompute", "cacheblend@0.2", "prophetkv@0.2", "epic:k=4", "ape"])
+@pytest.mark.parametrize(
+    "spec", ["no-recompute", "cacheblend:recompute=0.2", "prophetkv:recompute=0.2", "epic:k=4", "ape"]
+)
 def test_partial_reuse_plus_recipe_compresses_in_stream_order(tiny_models, tokenizer, spec):
     """A partial method + snapkv@0.5 keeps ceil(n/2) positions per head, the question's last window among
     them, slots in stream order; decoding runs under the recipe; without a recipe nothing is dropped."""
@@ -103,11 +106,11 @@ def test_partial_reuse_plus_recipe_compresses_in_stream_order(tiny_models, token
 def test_recipe_full_or_none_keeps_everything(tiny_models, tokenizer):
     model = tiny_models["tiny-llama"][0]
     store = MemoryStore()
-    a = generate(model, tokenizer, docs=DOCS, question=QUESTION, reuse="cacheblend@0.2", store=store,
-                 recipe="full", max_new_tokens=6)
-    b = generate(model, tokenizer, docs=DOCS, question=QUESTION, reuse="cacheblend@0.2", store=store,
-                 recipe=None, max_new_tokens=6)
-    assert a.token_ids == b.token_ids and a.recipe == b.recipe == "reuse=cacheblend:ratio=0.2"
+    a = generate(model, tokenizer, docs=DOCS, question=QUESTION, reuse="cacheblend:recompute=0.2",
+                 store=store, recipe="full", max_new_tokens=6)
+    b = generate(model, tokenizer, docs=DOCS, question=QUESTION, reuse="cacheblend:recompute=0.2",
+                 store=store, recipe=None, max_new_tokens=6)
+    assert a.token_ids == b.token_ids and a.recipe == b.recipe == "reuse=cacheblend:recompute=0.2"
     assert a.reuse.recipe == "full" and a.kv_bytes_after >= a.kv_bytes_before
 
 
@@ -125,8 +128,8 @@ def test_bad_recipe_with_docs_refused_before_running(tiny_models, tokenizer, tmp
     model = tiny_models["tiny-llama"][0]
     store = DocStore(tmp_path / "s")
     with pytest.raises(LonglabError, match=match):
-        generate(model, tokenizer, docs=DOCS, question=QUESTION, reuse="cacheblend@0.2", store=store,
-                 recipe=recipe)
+        generate(model, tokenizer, docs=DOCS, question=QUESTION, reuse="cacheblend:recompute=0.2",
+                 store=store, recipe=recipe)
     assert len(store) == 0  # nothing encoded, nothing written
 
 
@@ -140,8 +143,8 @@ def test_ape_with_a_decode_policy_is_refused(tiny_models, tokenizer):
 
 @pytest.mark.slow
 def test_real_model_full_prefill_plus_recipe_is_plain():
-    """SmolLM2-135M: full-prefill + snapkv@0.5 (and cacheblend@1 + snapkv@0.5) = the plain query-aware
-    prefill + snapkv@0.5 of the same token ids, 12 tokens."""
+    """SmolLM2-135M: full-prefill + snapkv@0.5 (and cacheblend:recompute=1 + snapkv@0.5) = the plain
+    query-aware prefill + snapkv@0.5 of the same token ids, 12 tokens."""
     from longlab import load_model
     from longlab.tasks import generate as make_task
 
@@ -159,7 +162,7 @@ def test_real_model_full_prefill_plus_recipe_is_plain():
         logits = stream.feed([ids], chunk_size=len(ids), compress="end")
         want = stream.decode(logits, 12, eos_token_ids(model, tok))[0]
     store = MemoryStore()
-    for spec in ("full-prefill", "cacheblend@1"):
+    for spec in ("full-prefill", "cacheblend:recompute=1"):
         got = generate(model, tok, docs=docs, question=q, answer_prefix=prefix, reuse=spec, store=store,
                        recipe="snapkv@0.5", max_new_tokens=12)
         assert got.token_ids[0] == want, spec

@@ -141,7 +141,7 @@ def test_compress_is_part_of_the_config_identity(tmp_path: Path, capsys) -> None
     assert EvalConfig(out="x", compress="chunk").identity()["compress"] == "chunk"
     with pytest.raises(ValueError, match="--compress must be 'end' or 'chunk'"):
         EvalConfig(out="x", compress="every").validate()
-    argv = ["eval", "--model", "tiny-llama", "--reuse", "cacheblend@0.15", "--compress", "chunk",
+    argv = ["eval", "--model", "tiny-llama", "--reuse", "cacheblend:recompute=0.15", "--compress", "chunk",
             "--out", str(tmp_path / "x")]
     assert cli_main(argv) == 2
     assert "--compress chunk runs with KV recipes only" in capsys.readouterr().err
@@ -380,7 +380,7 @@ def test_jsonl(tmp_path: Path, tokenizer) -> None:
     "extra,needle",
     [
         (["--tasks", "no_such_task"], "unknown task 'no_such_task'"),
-        (["--recipes", "full,nosuch@0.5"], "unknown method 'nosuch'"),
+        (["--recipes", "full,nosuch@0.5"], "unknown recipe method 'nosuch'"),
         (["--recipes", "snapkv@1.5"], "compression_ratio"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
         (["--lengths", "0"], "--lengths must be positive"),

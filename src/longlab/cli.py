@@ -159,41 +159,38 @@ def _generate_docs(args: argparse.Namespace) -> int:
     return 0
 
 
-def _method_row(name: str, kind: str, cls: type) -> tuple[str, str, str, str, str]:
-    """One line of ``longlab methods``: name, kind, paper, the parameters with their defaults, summary."""
-    params = ", ".join(
-        f"{f.name}={f.default!r}"
-        for f in dataclasses.fields(cls)
-        if f.init and f.default is not dataclasses.MISSING
-    )
+def _method_row(family: str, name: str, cls: type) -> tuple[str, str, str, str, str]:
+    """One line of ``longlab methods``: family (with the recipe part's kind), name, paper, the parameters
+    with their defaults and declared ranges, and the summary line of the docstring."""
+    from .registry import param_range
+
+    params = []
+    for f in dataclasses.fields(cls):
+        if not f.init or f.name.startswith("_") or f.default is dataclasses.MISSING:
+            continue
+        rng = param_range(f)
+        params.append(f"{f.name}={f.default!r}" + (f" ({rng})" if rng else ""))
     summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-    return name, kind, getattr(cls, "paper", ""), params, summary
+    kind = f"{family}:{cls.kind}" if family == "recipe" else family
+    return kind, name, getattr(cls, "paper", ""), ", ".join(params), summary
 
 
 def _cmd_methods(args: argparse.Namespace) -> int:
-    from .recipe import REGISTRY, get_method_class
+    """``longlab methods``: every method of the one registry, family by family."""
+    from .registry import FAMILIES, REGISTRY
 
-    get_method_class("full")  # loads the registry
-    rows = [_method_row(name, REGISTRY[name].kind, REGISTRY[name])
-            for name in sorted(REGISTRY, key=lambda n: (REGISTRY[n].kind, n))]
+    rows = [_method_row(fam, name, cls) for fam, name, cls in REGISTRY.entries()]
     if args.markdown:
-        print("| method | kind | paper | parameters |\n|---|---|---|---|")
-        for name, kind, paper, params, _ in rows:
+        print("| method | family | paper | parameters (default, valid range) |\n|---|---|---|---|")
+        for kind, name, paper, params, _ in rows:
             print(f"| `{name}` | {kind} | {paper} | {params} |")
         return 0
-    from .lab.mixers import MIXERS
-    from .position import POSITIONS
-    from .reuse.methods import REUSE_METHODS
-    from .spec.base import DRAFTS, VERIFIERS
-
-    # the families that are not recipe parts: generate(reuse=...), speculative=..., verify=..., position=...,
-    # and the layers lab's token mixers (longlab lab train --mixer NAME)
-    families = (("reuse", REUSE_METHODS), ("draft", DRAFTS), ("verify", VERIFIERS), ("position", POSITIONS),
-                ("mixer", MIXERS))
-    rows += [_method_row(n, kind, registry[n]) for kind, registry in families for n in sorted(registry)]
-    for name, kind, paper, params, summary in rows:
-        print(f"{name:<16} {kind:<8} {paper:<18} {summary}")
-        print(f"{'':<16} {'':<8} params: {params}")
+    for fam in FAMILIES.values():
+        print(f"# {fam.what}s ({fam.where})")
+        for kind, name, paper, params, summary in rows:
+            if kind.split(":")[0] == fam.name:
+                print(f"{name:<16} {kind:<15} {paper:<18} {summary}")
+                print(f"{'':<16} params: {params or 'none'}")
     return 0
 
 
@@ -543,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--context-parallel", type=int, metavar="N",
                    help="prefill over N processes (ring attention, gloo); needs --recipe full")
     g.add_argument("--docs", nargs="+", metavar="FILE", help="RAG prompt: documents, each prefilled alone")
-    g.add_argument("--reuse", help="with --docs: e.g. prophetkv:ratio=0.2, cacheblend@0.15, epic:k=16")
+    g.add_argument("--reuse", help="with --docs: e.g. prophetkv:recompute=0.2, cacheblend, epic:k=16")
     g.add_argument("--store", metavar="DIR", help="with --docs: document KV store (default: cache docstore)")
     g.add_argument("--speculative", help="draft: lookup, self:streaming:budget=256, model:NAME, ...")
     g.add_argument("--verify", help="with --speculative: full (exact, default) or dustin:budget=1024")

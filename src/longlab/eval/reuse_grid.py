@@ -43,13 +43,7 @@ def reuse_label(method: ReuseMethod, recipe: str | None = None) -> str:
         return kv if method.name == "full-prefill" else f"{reuse_label(method)}+{kv}"
     if method.name == "full-prefill":
         return "full"
-    spec = method.spec
-    ratio = getattr(method, "ratio", None)
-    if ratio is None:
-        return spec
-    name, _, params = spec.partition(":")
-    rest = [p for p in params.split(",") if p and not p.startswith("ratio=")]
-    return f"{name}@{ratio:g}" + (":" + ",".join(rest) if rest else "")
+    return method.spec
 
 
 def answer_ids(tokenizer: Any, sample: Sample, chat_template: bool = True) -> list[int]:

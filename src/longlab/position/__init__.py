@@ -7,7 +7,6 @@ Registered names: ``pi``, ``ntk``, ``dynamic-ntk``, ``yarn``, ``longrope`` (RoPE
 positions). See :mod:`longlab.position.base` for how a method reaches the model.
 """
 
-from . import repo, rope, upi, variants  # noqa: F401  (register the methods)
 from .base import (
     POSITIONS,
     PositionMethod,

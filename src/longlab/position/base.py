@@ -18,7 +18,6 @@ method on the ``full_attention`` layers only unless ``layers="all"``; sliding la
 from __future__ import annotations
 
 import copy
-import dataclasses
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,7 +26,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..recipe import LonglabError, LonglabTypeError, build_method, check_choice, check_range, shorten
+from ..recipe import LonglabError, shorten
+from ..registry import REGISTRY, Registered
 
 __all__ = [
     "PositionMethod",
@@ -42,20 +42,14 @@ __all__ = [
     "LayerRope",
 ]
 
-POSITIONS: dict[str, type[PositionMethod]] = {}
+#: The position family of the one registry (a live view ``name -> class``).
+POSITIONS = REGISTRY.view("position")
 
 
 def register_position(name: str):
-    """Class decorator: ``@register_position("yarn")`` makes the method known to ``position=``."""
-
-    def wrap(cls: type[PositionMethod]) -> type[PositionMethod]:
-        if name in POSITIONS and POSITIONS[name] is not cls:
-            raise TypeError(f"position method {name!r} registered twice")
-        cls.name = name
-        POSITIONS[name] = cls
-        return cls
-
-    return wrap
+    """Class decorator: ``@register_position("yarn")`` puts the method in the one registry (family
+    ``position``), known to ``position=``, ``--positions`` and ``longlab methods``."""
+    return REGISTRY.register(name, "position")
 
 
 @dataclass
@@ -70,27 +64,14 @@ class LayerRope:
 
 
 @dataclass
-class PositionMethod:
-    """Base of every position method. Hyper-parameters are dataclass fields checked in ``validate``."""
+class PositionMethod(Registered):
+    """Base of every position method (family ``position``). Hyper-parameters are dataclass fields,
+    checked on construction (declared ranges, then ``validate``)."""
 
-    name: ClassVar[str] = ""
-    paper: ClassVar[str] = ""
+    family: ClassVar[str] = "position"
     default_layers: ClassVar[str] = "full"  # per-layer-type models: which layer types it changes
     needs_training: ClassVar[bool] = False  # changes the function enough that weights must be recalibrated
     changes_positions: ClassVar[bool] = True
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        pass
-
-    def check(self, field: str, low: float | None = None, high: float | None = None, **options: Any) -> None:
-        value = getattr(self, field)
-        if "choices" in options:
-            check_choice(f"{self.name}: {field}", value, options["choices"])
-        else:
-            check_range(f"{self.name}: {field}", value, low, high, **options)
 
     def layer_rope(self, params: dict[str, Any], head_dim: int, original: int) -> LayerRope:
         """The new rope of one layer type from its current ``params`` (``rope_theta``, ``rope_type``),
@@ -103,43 +84,15 @@ class PositionMethod:
     def detach(self, model: Any) -> None:
         """Undo :meth:`attach`."""
 
-    @property
-    def spec(self) -> str:
-        return format_position(self)
-
 
 def parse_position(spec: str | PositionMethod | None) -> PositionMethod | None:
-    """``"yarn:factor=4"`` -> ``YaRN(factor=4.0)``; ``None``, ``""``, ``"none"`` -> ``None`` (own RoPE)."""
-    if spec is None or isinstance(spec, PositionMethod):
-        return spec
-    if not isinstance(spec, str):
-        raise LonglabTypeError(f"position must be a string such as 'yarn:factor=4', got {shorten(spec)}")
-    text = spec.strip()
-    if text in ("", "none", "rope"):
-        return None
-    name, _, params = text.partition(":")
-    name = name.strip()
-    if name not in POSITIONS:
-        raise LonglabError(
-            f"unknown position method {shorten(name)}; valid: none, {', '.join(sorted(POSITIONS))}"
-        )
-    return build_method(POSITIONS[name], name, params, shorten(text), kind="position method ")
+    """``"yarn:factor=4"`` -> ``YaRN(factor=4)``; ``None``, ``""``, ``"none"`` -> ``None`` (own RoPE)."""
+    return REGISTRY.parse("position", spec)
 
 
 def format_position(method: PositionMethod | None) -> str:
     """Inverse of :func:`parse_position`: non-default fields only (``"none"`` for no method)."""
-    if method is None:
-        return "none"
-    extras = []
-    for f in dataclasses.fields(method):
-        value = getattr(method, f.name)
-        if f.default is not dataclasses.MISSING and value == f.default:
-            continue
-        if isinstance(value, bool):
-            extras.append(f"{f.name}={'true' if value else 'false'}")
-        else:
-            extras.append(f"{f.name}={value:g}" if isinstance(value, float) else f"{f.name}={value}")
-    return method.name + (":" + ",".join(extras) if extras else "")
+    return REGISTRY.format(method)
 
 
 # ---------------------------------------------------------------------------------------------- applying

@@ -4,9 +4,10 @@ CacheBlend, ProphetKV, APE) compared against full prefill.
 
     from longlab.reuse import DocStore, reuse_prefill
     store = DocStore("~/.cache/longlab/docstore")
-    pre = reuse_prefill(model, tokenizer, docs, question, "prophetkv:ratio=0.2", store=store)
+    pre = reuse_prefill(model, tokenizer, docs, question, "prophetkv:recompute=0.2", store=store)
     # then a KV recipe compresses the assembled cache (query-aware, at the end of the prompt):
-    pre = reuse_prefill(model, tokenizer, docs, question, "cacheblend@0.15", store=store, recipe="snapkv@0.5")
+    pre = reuse_prefill(model, tokenizer, docs, question, "cacheblend:recompute=0.15", store=store,
+                        recipe="snapkv@0.5")
 """
 
 from .api import ReusePrefill, doc_segment, open_store, reuse_prefill, split_prompt

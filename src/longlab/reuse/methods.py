@@ -2,8 +2,8 @@
 
 Each method is a small registered dataclass (``@register_reuse("cacheblend")``) whose ``prefill(job)`` runs
 partial forwards over an assembled cache (:class:`~longlab.reuse.assemble.ReuseJob`) and returns the first
-token's logits. Names parse like recipe parts: ``cacheblend@0.15`` (ratio),
-``prophetkv:ratio=0.2,dual_stage=true``.
+token's logits. Names parse like every method (:mod:`longlab.registry`): ``cacheblend:recompute=0.15``,
+``prophetkv:recompute=0.2,dual_stage=true`` (``@`` is refused: it means the fraction *removed*).
 The shared prefix (system prompt / chat header) is always prefilled fresh first; the question is always
 recomputed through every layer. ``N`` below is the number of document tokens.
 
@@ -17,7 +17,6 @@ what does not compose: :mod:`longlab.reuse.compose`).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -25,14 +24,8 @@ from typing import Any, ClassVar
 import torch
 
 from ..attention import LayerContext
-from ..recipe import (
-    LonglabError,
-    LonglabTypeError,
-    Recipe,
-    build_method,
-    check_range,
-    shorten,
-)
+from ..recipe import LonglabError, Recipe, shorten
+from ..registry import REGISTRY, Registered
 from .assemble import QUESTION, ReuseJob
 
 __all__ = [
@@ -51,22 +44,16 @@ __all__ = [
 
 
 @dataclass
-class ReuseMethod:
-    """Base of the reuse methods; fields are hyper-parameters, checked in ``validate``."""
+class ReuseMethod(Registered):
+    """Base of the reuse methods (family ``reuse``); fields are hyper-parameters, checked on construction.
+    A recompute fraction is the parameter ``recompute`` (``cacheblend:recompute=0.15``): ``@`` means the
+    fraction *removed* everywhere in longlab, and a reuse method removes nothing."""
 
-    name: ClassVar[str] = ""
-    paper: ClassVar[str] = ""
+    family: ClassVar[str] = "reuse"
+    at_hint: ClassVar[str] = "a reuse method's recompute fraction is its parameter recompute= (e.g. " \
+        "cacheblend:recompute=0.15)"
     uses_store: ClassVar[bool] = True  # reads stored documents (False: the full-prefill reference)
     parallel: ClassVar[bool] = False  # documents share positions after the prefix and are encoded after it
-
-    def __post_init__(self) -> None:
-        self.validate()
-
-    def validate(self) -> None:
-        pass
-
-    def check(self, field: str, low: float | None = None, high: float | None = None, **options: bool) -> None:
-        check_range(f"{self.name}: {field}", getattr(self, field), low, high, **options)
 
     def prefill(self, job: ReuseJob) -> torch.Tensor:  # -> logits [1, V]
         raise NotImplementedError
@@ -75,77 +62,35 @@ class ReuseMethod:
         """A recipe the cache keeps for decoding (APE's scaled attention); None: plain attention."""
         return None
 
-    @property
-    def spec(self) -> str:
-        return format_reuse(self)
 
-
-REUSE_METHODS: dict[str, type[ReuseMethod]] = {}
+#: The reuse family of the one registry (a live view ``name -> class``).
+REUSE_METHODS = REGISTRY.view("reuse")
 
 
 def register_reuse(name: str):
-    """Class decorator: ``@register_reuse("cacheblend")`` makes the method known to ``reuse=`` and the CLI."""
-
-    def wrap(cls: type[ReuseMethod]) -> type[ReuseMethod]:
-        if name in REUSE_METHODS and REUSE_METHODS[name] is not cls:
-            raise TypeError(f"reuse method {name!r} registered twice")
-        cls.name = name
-        REUSE_METHODS[name] = cls
-        return cls
-
-    return wrap
+    """Class decorator: ``@register_reuse("cacheblend")`` puts the method in the one registry (family
+    ``reuse``), known to ``reuse=``, ``--reuse`` and ``longlab methods``."""
+    return REGISTRY.register(name, "reuse")
 
 
 def parse_reuse(spec: str | ReuseMethod | None) -> ReuseMethod:
-    """``"cacheblend@0.15"`` -> ``CacheBlend(ratio=0.15)``; ``"prophetkv:ratio=0.2,dual_stage=true"``;
-    ``None`` or ``"full-prefill"`` -> the reference."""
-    if isinstance(spec, ReuseMethod):
-        return spec
+    """``"cacheblend:recompute=0.15"`` -> ``CacheBlend(recompute=0.15)``;
+    ``"prophetkv:recompute=0.2,dual_stage=true"``; ``None`` -> the full-prefill reference."""
     if spec is None:
         return FullPrefill()
-    if not isinstance(spec, str):
-        raise LonglabTypeError(f"reuse must be a string such as 'prophetkv:ratio=0.2', got {shorten(spec)}")
-    text = spec.strip()
-    if not text:
+    if isinstance(spec, str) and not spec.strip():
         raise LonglabError("reuse is empty; valid methods: " + ", ".join(sorted(REUSE_METHODS)))
-    head, _, params = text.partition(":")
-    name, at, ratio = head.partition("@")
-    name = name.strip()
-    if name not in REUSE_METHODS:
-        raise LonglabError(f"unknown reuse method {shorten(name)}; valid: {', '.join(sorted(REUSE_METHODS))}")
-    cls = REUSE_METHODS[name]
-    kwargs: dict[str, Any] = {}
-    if at:
-        try:
-            kwargs["ratio"] = float(ratio)
-        except ValueError:
-            raise LonglabError(
-                f"in {shorten(text)}: the ratio after '@' must be a number in [0, 1]"
-            ) from None
-    return build_method(cls, name, params, shorten(text), kwargs, kind="reuse method ")
+    return REGISTRY.parse("reuse", spec)
 
 
 def format_reuse(method: ReuseMethod) -> str:
     """Inverse of :func:`parse_reuse` (non-default fields only)."""
-    extras = []
-    for f in dataclasses.fields(method):
-        value = getattr(method, f.name)
-        if f.init and value != f.default:
-            extras.append(f"{f.name}={value if isinstance(value, str) else _json(value)}")
-    return method.name + (":" + ",".join(extras) if extras else "")
+    return REGISTRY.format(method)
 
 
-def _json(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    return f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def _budget(ratio: float, n: int) -> int:
-    """Tokens recomputed at ratio ``ratio`` of ``n``: ``ceil(ratio * n)`` (0 at ratio 0, n at 1)."""
-    return min(n, max(0, math.ceil(ratio * n - 1e-9)))
+def _budget(recompute: float, n: int) -> int:
+    """Tokens recomputed at fraction ``recompute`` of ``n``: ``ceil(recompute * n)`` (0 at 0, n at 1)."""
+    return min(n, max(0, math.ceil(recompute * n - 1e-9)))
 
 
 def _rows(job: ReuseJob, ctx_selected: torch.Tensor) -> torch.Tensor:
@@ -188,25 +133,25 @@ class EPIC(ReuseMethod):
     """EPIC / LegoLink (Hu et al. 2024, arXiv 2410.15332): recompute the first ``k`` tokens of every
     document (the attention-sink tokens the isolated prefill created) plus the question; reuse the rest.
 
-    ``ratio`` (optional) sets ``k_i = ceil(ratio * n_i)`` for document ``i`` of ``n_i`` tokens
+    ``recompute`` (optional) sets ``k_i = ceil(recompute * n_i)`` for document ``i`` of ``n_i`` tokens
     instead, to place EPIC on the same
     recompute axis as the others. Every document counts as a non-first chunk: the shared prefix is the
     first chunk and is prefilled fresh."""
 
     paper: ClassVar[str] = "arXiv 2410.15332"
     k: int = 16
-    ratio: float | None = None
+    recompute: float | None = None
 
     def validate(self) -> None:
         self.check("k", 0, None, integer=True)
-        if self.ratio is not None:
-            self.check("ratio", 0, 1)
+        if self.recompute is not None:
+            self.check("recompute", 0, 1)
 
     def per_doc(self, job: ReuseJob) -> list[int]:
         """Tokens recomputed at the start of each document."""
-        if self.ratio is None:
+        if self.recompute is None:
             return [min(self.k, n) for _, n in job.doc_spans]
-        return [_budget(self.ratio, n) for _, n in job.doc_spans]
+        return [_budget(self.recompute, n) for _, n in job.doc_spans]
 
     def prefill(self, job: ReuseJob) -> torch.Tensor:
         ks = self.per_doc(job)
@@ -220,22 +165,23 @@ class EPIC(ReuseMethod):
 class CacheBlend(ReuseMethod):
     """CacheBlend (Yao et al., EuroSys'25, arXiv 2405.16444): layer 0 is recomputed for every token; at
     ``check_layer`` the deviation ``dev_j = ||V_new_j - V_cached_j||^2`` (summed over heads and dims) ranks
-    the document tokens, the top ``ceil(ratio * N)`` (plus the question) propagate through the remaining
+    the document tokens, the top ``ceil(recompute * N)`` (plus the question) propagate through the remaining
     layers, the others keep their stored KV.
 
-    ``gradual=true``: the paper's gradual filtering — at ``check_layer`` keep ``ceil(min(1, gradual_factor *
-    ratio) * N)`` tokens, then at each of the next ``gradual_layers`` layers re-rank the survivors by their
-    deviation at that layer and shrink the set linearly to ``ratio``."""
+    ``gradual=true``: the paper's gradual filtering — at ``check_layer`` keep
+    ``ceil(min(1, gradual_factor * recompute) * N)`` tokens, then at each of the next ``gradual_layers``
+    layers re-rank the survivors by their deviation at that layer and shrink the set linearly to
+    ``recompute``."""
 
     paper: ClassVar[str] = "arXiv 2405.16444"
-    ratio: float = 0.16
+    recompute: float = 0.16
     check_layer: int = 1
     gradual: bool = False
     gradual_factor: float = 2.0
     gradual_layers: int = 3
 
     def validate(self) -> None:
-        self.check("ratio", 0, 1)
+        self.check("recompute", 0, 1)
         self.check("check_layer", 1, None, integer=True)
         self.check("gradual_factor", 1, None)
         self.check("gradual_layers", 1, None, integer=True)
@@ -245,12 +191,12 @@ class CacheBlend(ReuseMethod):
         n, L = job.n_ctx, job.num_layers
         first = min(self.check_layer, L - 1)
         if not self.gradual:
-            return {first: _budget(self.ratio, n)}
-        top = min(1.0, self.gradual_factor * self.ratio)
+            return {first: _budget(self.recompute, n)}
+        top = min(1.0, self.gradual_factor * self.recompute)
         steps = max(1, min(self.gradual_layers, L - 1 - first))
         out = {}
         for s in range(steps + 1):
-            r = top + (self.ratio - top) * s / steps
+            r = top + (self.recompute - top) * s / steps
             out[first + s] = _budget(r, n)
         return out
 
@@ -338,31 +284,32 @@ class ProphetKV(ReuseMethod):
     Stage 1 (probe): the question rows alone run through every layer against the stale assembled KV;
     ``r_l(j)`` = mean over heads and question tokens of ``softmax(Q_u K^T s)[:, j]``, normalised to sum 1;
     fused ``R(j) = sum_l w_l r_l(j)`` with uniform ``w_l`` over ``layers`` (``all`` or ``middle``: the middle
-    half). Stage 2: the top ``ceil(ratio * N)`` tokens by ``R`` (plus each document's first token when
+    half). Stage 2: the top ``ceil(recompute * N)`` tokens by ``R`` (plus each document's first token when
     ``sink_guard``) and the question are recomputed through every layer (a real partial forward).
 
     ``dual_stage=true``: the probe runs only through layers ``< switch_layer`` (default ``L // 3``) and
-    selects ``S1`` of ``ceil(stage1_ratio * N)`` tokens (default ``min(1, 2 ratio)``); ``S1`` and the question
-    are recomputed up to ``switch_layer``, where the *recomputed* question attention (fused over layers
-    ``0..switch_layer``) re-ranks ``S1``; the top ``ceil(ratio * N)`` continue. (The spec's ``S2 ⊂ S1 ∪ new``
-    is realised as ``S2 ⊂ S1``: a token outside ``S1`` has no fresh hidden state to continue from.)"""
+    selects ``S1`` of ``ceil(stage1_recompute * N)`` tokens (default ``min(1, 2 recompute)``); ``S1`` and
+    the question are recomputed up to ``switch_layer``, where the *recomputed* question attention (fused
+    over layers ``0..switch_layer``) re-ranks ``S1``; the top ``ceil(recompute * N)`` continue. (The
+    spec's ``S2 ⊂ S1 ∪ new`` is realised as ``S2 ⊂ S1``: a token outside ``S1`` has no fresh hidden
+    state to continue from.)"""
 
     paper: ClassVar[str] = "arXiv 2602.02579"
-    ratio: float = 0.2
+    recompute: float = 0.2
     layers: str = "all"
     sink_guard: bool = False
     dual_stage: bool = False
     switch_layer: int = -1
-    stage1_ratio: float = -1.0
+    stage1_recompute: float = -1.0
 
     def validate(self) -> None:
-        self.check("ratio", 0, 1)
+        self.check("recompute", 0, 1)
         if self.layers not in ("all", "middle"):
             raise LonglabError(f"prophetkv: layers must be 'all' or 'middle', got {shorten(self.layers)}")
         if self.switch_layer != -1:
             self.check("switch_layer", 1, None, integer=True)
-        if self.stage1_ratio != -1.0:
-            self.check("stage1_ratio", 0, 1)
+        if self.stage1_recompute != -1.0:
+            self.check("stage1_recompute", 0, 1)
 
     def _fuse(self, scores: dict[int, torch.Tensor], L: int, n: int) -> torch.Tensor:
         chosen = sorted(scores)
@@ -386,14 +333,14 @@ class ProphetKV(ReuseMethod):
         probe = _AttentionProbe(job, nq)
         _with_probe(job, probe, lambda: job.forward(job.question_rows, stop=switch, name="probe"))
         relevance = self._fuse(probe.scores, L, n)
-        budget = _budget(self.ratio, n)
+        budget = _budget(self.recompute, n)
         if not self.dual_stage or switch >= L:
             selected = self._guard(
                 job, relevance.topk(budget).indices if budget else torch.zeros(0, dtype=torch.long)
             )
             h, _ = job.forward(_rows(job, selected), name="recompute")
             return job.logits(h)
-        r1 = self.stage1_ratio if self.stage1_ratio != -1.0 else min(1.0, 2 * self.ratio)
+        r1 = self.stage1_recompute if self.stage1_recompute != -1.0 else min(1.0, 2 * self.recompute)
         b1 = max(budget, _budget(r1, n))
         s1 = self._guard(job, relevance.topk(b1).indices if b1 else torch.zeros(0, dtype=torch.long))
         probe2 = _AttentionProbe(job, nq, layers=set(range(switch + 1)))

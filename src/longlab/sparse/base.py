@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from longlab.recipe import REGISTRY, LiveView, LonglabError
+from longlab.recipe import RECIPE_METHODS, LiveView, LonglabError
 from longlab.sparse.blockmask import BlockSparseMask, enforce_required
 from longlab.sparse.prefill import SparsePrefill
 
@@ -76,7 +76,7 @@ class BlockSelector(SparsePrefill):
 
 SELECTORS: Mapping[str, type[BlockSelector]] = LiveView(
     "SELECTORS",
-    lambda: {n: c for n, c in REGISTRY.items() if isinstance(c, type) and issubclass(c, BlockSelector)},
+    lambda: {n: c for n, c in RECIPE_METHODS.items() if issubclass(c, BlockSelector)},
 )
 """Read-only, live view ``name -> class`` of the block selectors in the recipe registry."""
 

@@ -2,7 +2,6 @@
 ``model:NAME``), verifiers (``full``, ``dustin``), exact cache rollback, and Jacobi block decoding with
 LoSA's decode attention (:mod:`longlab.spec.jacobi`)."""
 
-from . import drafts, dustin, verify  # noqa: F401  (register the drafts and verifiers)
 from .base import DRAFTS, VERIFIERS, Draft, Proposal, SpecStats, Verifier, parse_draft, parse_verifier
 from .loop import speculative_decode
 

@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..recipe import LonglabError, Recipe, build_method, shorten
+from ..recipe import LonglabError, Recipe, shorten
+from ..registry import REGISTRY, Registered
 
 __all__ = [
     "SpecContext",
@@ -132,11 +133,11 @@ def forward_tokens(
 
 
 @dataclass
-class Draft:
-    """A proposer of draft tokens. Subclasses set ``name`` (by :func:`register_draft`) and ``paper``."""
+class Draft(Registered):
+    """A proposer of draft tokens (family ``draft``). Subclasses set ``paper``; :func:`register_draft`
+    sets ``name``."""
 
-    name: ClassVar[str] = ""
-    paper: ClassVar[str] = ""
+    family: ClassVar[str] = "draft"
     default_gamma: ClassVar[int] = 4
 
     def start(self, sc: SpecContext) -> None:
@@ -155,12 +156,11 @@ class Draft:
 
 
 @dataclass
-class Verifier:
-    """How the target reads its cache while verifying. ``attend(ctx)`` is called for every layer of the
-    verification forward (``ctx.q [B, H, L+1, D]``)."""
+class Verifier(Registered):
+    """How the target reads its cache while verifying (family ``verify``). ``attend(ctx)`` is called for
+    every layer of the verification forward (``ctx.q [B, H, L+1, D]``)."""
 
-    name: ClassVar[str] = ""
-    paper: ClassVar[str] = ""
+    family: ClassVar[str] = "verify"
     needs_lookahead: ClassVar[bool] = False
 
     def start(self, sc: SpecContext) -> None:
@@ -177,64 +177,33 @@ class Verifier:
         raise NotImplementedError
 
 
-DRAFTS: dict[str, type[Draft]] = {}
-VERIFIERS: dict[str, type[Verifier]] = {}
+#: The draft and verifier families of the one registry (live views ``name -> class``).
+DRAFTS = REGISTRY.view("draft")
+VERIFIERS = REGISTRY.view("verify")
 
 
 def register_draft(name: str):
-    def wrap(cls: type[Draft]) -> type[Draft]:
-        cls.name = name
-        DRAFTS[name] = cls
-        return cls
-
-    return wrap
+    return REGISTRY.register(name, "draft")
 
 
 def register_verifier(name: str):
-    def wrap(cls: type[Verifier]) -> type[Verifier]:
-        cls.name = name
-        VERIFIERS[name] = cls
-        return cls
-
-    return wrap
-
-
-def _build(cls: type, spec: str, params: str, what: str) -> Any:
-    return build_method(cls, cls.name, params, f"{what} {shorten(spec)}", kind=f"{what} ")
+    return REGISTRY.register(name, "verify")
 
 
 def parse_draft(spec: str | Draft) -> Draft:
     """``"lookup"`` / ``"self:streaming:budget=256"`` / ``"model:tiny-llama"`` -> a :class:`Draft`."""
-    if isinstance(spec, Draft):
-        return spec
-    if not isinstance(spec, str) or not spec.strip():
+    if isinstance(spec, str) and not spec.strip() or spec is None:
         raise LonglabError(
             f"speculative must be a draft name ({', '.join(sorted(DRAFTS))}), e.g. 'lookup', "
             f"'self:streaming:budget=256' or 'model:NAME', got {shorten(spec)}"
         )
-    spec = spec.strip()
-    name, _, rest = spec.partition(":")
-    if name not in DRAFTS:
-        raise LonglabError(
-            f"unknown draft {shorten(name)} in speculative={shorten(spec)}; "
-            f"drafts: {', '.join(sorted(DRAFTS))} "
-            "(e.g. 'lookup', 'self:streaming:budget=256', 'model:NAME')"
-        )
-    cls = DRAFTS[name]
-    if hasattr(cls, "from_rest"):
-        return cls.from_rest(rest)
-    return _build(cls, spec, rest, "draft")
+    return REGISTRY.parse("draft", spec)
 
 
 def parse_verifier(spec: str | Verifier | None) -> Verifier:
     """``"full"`` (default) or ``"dustin:budget=1024,alpha=0.5"`` -> a :class:`Verifier`."""
     if spec is None:
         spec = "full"
-    if isinstance(spec, Verifier):
-        return spec
-    if not isinstance(spec, str) or not spec.strip():
+    if isinstance(spec, str) and not spec.strip():
         raise LonglabError(f"verify must be one of {', '.join(sorted(VERIFIERS))}, got {shorten(spec)}")
-    name, _, rest = spec.strip().partition(":")
-    if name not in VERIFIERS:
-        raise LonglabError(f"unknown verifier {shorten(name)}; verifiers: {', '.join(sorted(VERIFIERS))}")
-    return _build(VERIFIERS[name], spec, rest, "verifier")
+    return REGISTRY.parse("verify", spec)

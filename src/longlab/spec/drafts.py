@@ -69,7 +69,7 @@ class LookupDraft(Draft):
     max_ngram: int = 3
     num_pred_tokens: int = 10
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         check_range("lookup: max_ngram", self.max_ngram, 1, integer=True)
         check_range("lookup: num_pred_tokens", self.num_pred_tokens, 1, integer=True)
 
@@ -198,7 +198,7 @@ class SelfDraft(Draft):
             )
         return cls(view=rest.strip())
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         check_range("self: refresh", self.refresh, 1, integer=True)
         check_range("self: window", self.window, 1, integer=True)
         try:
@@ -353,7 +353,7 @@ class ModelDraft(Draft):
             kwargs["recipe"] = value.strip()
         return cls(model_name=name.strip(), **kwargs)
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         parse_recipe(self.recipe)
         if self.model is None and not self.model_name:
             raise LonglabError("model: give a draft model name or a loaded model")

@@ -201,7 +201,7 @@ class Dustin(Verifier):
     per_layer: int = 2
     _state: dict = field(default_factory=dict, init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         for name, low in (
             ("budget", 1),
             ("page_size", 1),

@@ -1,6 +1,6 @@
-"""Token mixers of the layers lab; importing this package registers all of them in ``MIXERS``."""
+"""Token mixers of the layers lab, one per file, registered in the one registry (family ``mixer``; the
+list of files is :mod:`longlab.methods`)."""
 
-from . import l2a, lact, lssa, race, recurrent, softmax, ultramem  # noqa: F401  (registration)
 from .base import MIXERS, AttnMixer, MixerConfig, MixerModule, mixer_config, register_mixer
 
 __all__ = ["MIXERS", "AttnMixer", "MixerConfig", "MixerModule", "mixer_config", "register_mixer"]

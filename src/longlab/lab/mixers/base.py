@@ -1,6 +1,6 @@
 """The token-mixer extension point of the layers lab.
 
-A mixer is a registered dataclass (its hyper-parameters, validated in ``__post_init__``) whose
+A mixer is a registered dataclass (its hyper-parameters, validated on construction) whose
 ``build(dim, n_heads, positions)`` makes the ``nn.Module``. Every module has
 
 - ``forward(x: [B, T, D]) -> [B, T, D]``: the causal full-sequence form;
@@ -19,7 +19,6 @@ from scores ``[B, H, Tq, Tk]`` to attention weights. Query rows are processed in
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -27,7 +26,8 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from ...recipe import LonglabError, build_method, shorten
+from ...recipe import LonglabError
+from ...registry import REGISTRY, Registered
 from ..positions import POSITIONS, Positions
 
 __all__ = [
@@ -39,44 +39,32 @@ __all__ = [
     "register_mixer",
 ]
 
-MIXERS: dict[str, type[MixerConfig]] = {}
+#: The mixer family of the one registry (a live view ``name -> class``).
+MIXERS = REGISTRY.view("mixer")
 
 NEG = -1e30  # masked score (finite, so fully masked rows never make NaN)
 
 
 def register_mixer(name: str):
-    """Class decorator: register a :class:`MixerConfig` subclass under ``name``."""
-
-    def wrap(cls: type[MixerConfig]) -> type[MixerConfig]:
-        if name in MIXERS:
-            raise ValueError(f"mixer {name!r} registered twice")
-        cls.name = name
-        MIXERS[name] = cls
-        return cls
-
-    return wrap
+    """Class decorator: put a :class:`MixerConfig` subclass in the one registry (family ``mixer``)."""
+    return REGISTRY.register(name, "mixer")
 
 
 @dataclass
-class MixerConfig:
-    """Hyper-parameters of one mixer. Subclasses add fields and implement :meth:`build`."""
+class MixerConfig(Registered):
+    """Hyper-parameters of one mixer (family ``mixer``). Subclasses add fields and implement
+    :meth:`build`."""
 
-    name: ClassVar[str] = "?"
-    paper: ClassVar[str] = ""
+    family: ClassVar[str] = "mixer"
     positions_allowed: ClassVar[tuple[str, ...]] = POSITIONS
     default_positions: ClassVar[str] = "rope"
 
     def build(self, dim: int, n_heads: int, positions: Positions) -> MixerModule:
         raise NotImplementedError
 
-    def spec(self) -> str:
+    def spec(self) -> str:  # type: ignore[override]  (a method here, the lab calls cfg.spec())
         """``name:k=v,...`` with the fields that differ from their defaults (round-trips)."""
-        parts = []
-        for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
-            if value != f.default:
-                parts.append(f"{f.name}={json.dumps(value)}")
-        return self.name + (":" + ",".join(parts) if parts else "")
+        return REGISTRY.format(self)
 
 
 def _check_int(name: str, field: str, value: Any, lo: int) -> None:
@@ -98,10 +86,10 @@ def mixer_config(spec: str | MixerConfig, **overrides: Any) -> MixerConfig:
         return dataclasses.replace(spec, **overrides) if overrides else spec
     if not isinstance(spec, str) or not spec.strip():
         raise LonglabError(f"--mixer: expected a mixer name, got {spec!r}; choose one of {', '.join(MIXERS)}")
-    name, _, rest = spec.strip().partition(":")
-    if name not in MIXERS:
-        raise LonglabError(f"--mixer: unknown mixer {name!r}; choose one of {', '.join(sorted(MIXERS))}")
-    cfg = build_method(MIXERS[name], name, rest.strip(), f"--mixer {shorten(spec)}", kind="--mixer: ")
+    try:
+        cfg = REGISTRY.parse("mixer", spec)
+    except LonglabError as exc:
+        raise LonglabError(f"--mixer: {exc}") from None
     return dataclasses.replace(cfg, **overrides) if overrides else cfg
 
 

@@ -97,7 +97,7 @@ class L2AConfig(MixerConfig):
     hard_rate: bool = False
     row_chunk: int = 256
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_int(self.name, "window", self.window, 1)
         _check_float(self.name, "tau", self.tau, 0.0)
         _check_float(self.name, "rate", self.rate, 0.0, strict=True)

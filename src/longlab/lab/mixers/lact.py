@@ -206,7 +206,7 @@ class LaCTConfig(MixerConfig):
     muon: bool = False
     momentum: bool = False
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         for f in ("chunk", "window", "fast_heads", "inter_multi"):
             _check_int(self.name, f, getattr(self, f), 1)
         _check_float(self.name, "lr_init", self.lr_init, 0.0, strict=True)

@@ -70,7 +70,7 @@ class LSSAConfig(MixerConfig):
     paper = "Gao & Spratling, arXiv 2501.13428 (ICML 2026)"
     row_chunk: int = 128
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_int(self.name, "row_chunk", self.row_chunk, 1)
 
     def build(self, dim: int, n_heads: int, positions: Positions) -> LSSA:
@@ -88,7 +88,7 @@ class LSSARConfig(MixerConfig):
     free_rows: int = 3
     row_chunk: int = 128
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_float(self.name, "p", self.p, 0.0, strict=True)
         _check_int(self.name, "free_rows", self.free_rows, 0)
         _check_int(self.name, "row_chunk", self.row_chunk, 1)

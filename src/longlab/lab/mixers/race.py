@@ -126,7 +126,7 @@ class RACEConfig(MixerConfig):
     bits: int = 4
     chunk: int = 64
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_int(self.name, "tables", self.tables, 1)
         _check_int(self.name, "bits", self.bits, 1)
         if self.bits > 10:

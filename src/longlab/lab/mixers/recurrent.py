@@ -101,7 +101,7 @@ class LinearConfig(MixerConfig):
     default_positions = "nope"
     chunk: int = 64
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_int(self.name, "chunk", self.chunk, 1)
 
     def build(self, dim: int, n_heads: int, positions: Positions) -> LinearAttention:
@@ -204,7 +204,7 @@ class MambaConfig(MixerConfig):
     d_conv: int = 4
     chunk: int = 16
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         for f in ("expand", "d_state", "d_conv", "chunk"):
             _check_int(self.name, f, getattr(self, f), 1)
 

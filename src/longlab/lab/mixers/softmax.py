@@ -67,7 +67,7 @@ class SoftmaxConfig(MixerConfig):
     paper = "Vaswani et al. 2017, Attention Is All You Need (arXiv 1706.03762)"
     row_chunk: int = 256
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_int(self.name, "row_chunk", self.row_chunk, 1)
 
     def build(self, dim: int, n_heads: int, positions: Positions) -> Softmax:
@@ -106,7 +106,7 @@ class SSMaxConfig(MixerConfig):
     s_init: float = 1.0
     row_chunk: int = 256
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_float(self.name, "s_init", self.s_init, 0.0, strict=True)
         _check_int(self.name, "row_chunk", self.row_chunk, 1)
 
@@ -164,7 +164,7 @@ class ASEntmaxConfig(MixerConfig):
     adaptive: bool = True
     row_chunk: int = 128
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_float(self.name, "alpha", self.alpha, 1.0)
         _check_int(self.name, "row_chunk", self.row_chunk, 1)
 
