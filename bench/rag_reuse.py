@@ -471,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--rounds", type=int, default=5)
     t.add_argument("--threads", type=int, default=1)
     t.add_argument(
-        "--methods", default="full-prefill;no-recompute;epic:k=16;epic:k=32;cacheblend:recompute=0.15;prophetkv;ape"
+        "--methods",
+        default="full-prefill;no-recompute;epic:k=16;epic:k=32;cacheblend:recompute=0.15;prophetkv;ape",
     )
     t.set_defaults(func=cmd_ttft)
     r = sub.add_parser("report")
