@@ -42,9 +42,10 @@ def main() -> int:
 
     from longlab import load_model
     from longlab.cache import LonglabCache
-    from longlab.eval.sample_runner import _stack
+    from longlab.engine.stream import Stream
+    from longlab.eval.runner import _stack
     from longlab.hook import ChunkRecorder, replay_compression
-    from longlab.pipeline import Stream, encode_prompts
+    from longlab.prompt import encode_prompts
     from longlab.recipe import Recipe
     from longlab.tasks import generate
 

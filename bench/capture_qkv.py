@@ -24,9 +24,10 @@ from common import hardware
 from safetensors.torch import save_file
 
 from longlab.cache import LonglabCache
+from longlab.engine.stream import Stream
 from longlab.kv.base import KVPolicy
 from longlab.models import load_model
-from longlab.pipeline import Stream, encode_prompts
+from longlab.prompt import encode_prompts
 from longlab.recipe import Recipe
 from longlab.tasks import generate as make_samples
 

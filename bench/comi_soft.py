@@ -55,7 +55,7 @@ def main() -> None:
     from longlab.compress.scorer import Scorer
     from longlab.eval.stats import paired_difference, score_estimate
     from longlab.eval.store import ResultStore
-    from longlab.pipeline import encode_prompts
+    from longlab.prompt import encode_prompts
     from longlab.tasks import generate as make_samples
     from longlab.tasks.registry import score_sample
 

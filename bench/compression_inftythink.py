@@ -197,7 +197,7 @@ def _recipe(spec: str):
 
 
 def _question_tokens(tokenizer, sample) -> int:
-    from longlab.pipeline import encode_prompts
+    from longlab.prompt import encode_prompts
 
     (_,), (q,) = encode_prompts(tokenizer, [sample.context], [sample.question], [sample.answer_prefix])
     return len(q)

@@ -175,7 +175,7 @@ def needles(data: dict, ratios: list[float], tokenizer_dir: str) -> str:
     (same task, length, seed) and tokenized as the harness does; the kept spans of each row are decoded."""
     from transformers import AutoTokenizer
 
-    from longlab.pipeline import encode_prompts
+    from longlab.prompt import encode_prompts
     from longlab.tasks import generate
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)

@@ -43,8 +43,8 @@ from common import ROOT, hardware, write_json
 
 from longlab import load_model
 from longlab.cache import LonglabCache
+from longlab.engine.stream import Stream
 from longlab.hook import ATTN_NAME, ChunkRecorder, replay_compression
-from longlab.pipeline import Stream
 from longlab.recipe import LonglabError, Recipe, parse_recipe
 
 REFERENCE = "sdpa"

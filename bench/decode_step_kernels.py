@@ -103,7 +103,7 @@ def sweep_once(spec: str, model: str = "smollm2-135m") -> dict:
 
     import longlab
     from longlab.eval.config import EvalConfig
-    from longlab.eval.grid import run_eval
+    from longlab.eval.driver import run_eval
     from longlab.eval.store import ResultStore
     from longlab.models import load_model
     from longlab.tasks import generate, save_jsonl

@@ -48,8 +48,9 @@ def main() -> None:
     from longlab import load_model
     from longlab.cache import LonglabCache
     from longlab.compress.hico_forward import HiCoForward
+    from longlab.engine.stream import Stream, eos_token_ids
     from longlab.eval.stats import paired_difference, score_estimate
-    from longlab.pipeline import Stream, encode_prompts, eos_token_ids
+    from longlab.prompt import encode_prompts
     from longlab.tasks import generate
     from longlab.tasks.registry import score_sample
 

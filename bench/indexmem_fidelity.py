@@ -17,8 +17,9 @@ import time
 import torch
 
 from longlab.cache import LonglabCache
+from longlab.engine.stream import Stream
 from longlab.models import load_model
-from longlab.pipeline import Stream, encode_prompts
+from longlab.prompt import encode_prompts
 from longlab.tasks import generate as make_samples
 
 RECIPES = (

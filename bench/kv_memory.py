@@ -22,7 +22,7 @@ CHILD = r"""
 import json, resource, sys, time, torch
 from longlab.models import load_model
 from longlab.cache import LonglabCache
-from longlab.pipeline import Stream
+from longlab.engine.stream import Stream
 model_name, recipe, n, chunk = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 model, tok = load_model(model_name)
 rss_loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

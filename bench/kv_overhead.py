@@ -46,8 +46,8 @@ from common import hardware, write_json
 
 from longlab.attention import LayerContext, dense_attention
 from longlab.cache import LonglabCache
+from longlab.engine.stream import Stream
 from longlab.kv.base import KVPolicy
-from longlab.pipeline import Stream
 from longlab.recipe import Recipe, parse_method
 
 COMPRESS_METHODS = (

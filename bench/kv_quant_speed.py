@@ -128,8 +128,8 @@ def decode_attention(lengths: list[int], repeats: int) -> list[dict[str, Any]]:
 def end_to_end(
     model_name: str, lengths: list[int], steps: int, budget_fraction: float
 ) -> list[dict[str, Any]]:
+    from longlab.engine.stream import Stream
     from longlab.models import load_model
-    from longlab.pipeline import Stream
     from longlab.tasks import essay_sentences
 
     model, tok = load_model(model_name)

@@ -15,8 +15,9 @@ import json
 import torch
 
 from longlab.cache import LonglabCache
+from longlab.engine.stream import Stream
 from longlab.models import load_model
-from longlab.pipeline import Stream, encode_prompts
+from longlab.prompt import encode_prompts
 from longlab.recipe import parse_recipe, split_recipes
 from longlab.tasks import generate
 

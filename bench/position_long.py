@@ -36,7 +36,7 @@ def main() -> None:
 
     from longlab import generate, load_model
     from longlab.eval.config import EvalConfig
-    from longlab.eval.grid import build_samples
+    from longlab.eval.driver import build_samples
     from longlab.recipe import split_recipes
     from longlab.tasks import score_sample
 

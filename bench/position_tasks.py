@@ -36,7 +36,7 @@ def main() -> None:
                          "are not run again; '' = none")
     args = ap.parse_args()
     from longlab.eval.config import EvalConfig
-    from longlab.eval.grid import run_eval
+    from longlab.eval.driver import run_eval
     from longlab.recipe import split_recipes
 
     config = EvalConfig(

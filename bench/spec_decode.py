@@ -35,9 +35,10 @@ from common import ROOT, hardware, write_json
 
 from longlab import load_model
 from longlab.cache import LonglabCache
-from longlab.eval.spec_grid import mean_ci_cell, median_cell, paired_cell, score_ci_cell, spec_markdown
+from longlab.engine.stream import Stream, eos_token_ids
 from longlab.eval.stats import paired_difference
-from longlab.pipeline import Stream, encode_prompts, eos_token_ids
+from longlab.eval.tables import mean_ci_cell, median_cell, paired_cell, score_ci_cell, spec_markdown
+from longlab.prompt import encode_prompts
 from longlab.spec import parse_draft, parse_verifier, speculative_decode
 from longlab.spec.dustin import save_heads, select_heads
 from longlab.spec.jacobi import jacobi_decode

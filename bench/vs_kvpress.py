@@ -221,7 +221,7 @@ def run_longlab(args: argparse.Namespace, jsonl: Path, cells: list, tmp: Path, b
     import torch
 
     from longlab.eval.config import EvalConfig
-    from longlab.eval.grid import run_eval
+    from longlab.eval.driver import run_eval
     from longlab.eval.store import ResultStore
 
     torch.set_num_threads(args.threads)
@@ -249,8 +249,8 @@ def run_generate(args: argparse.Namespace, samples: list, cells: list) -> dict:
     compressed past (generate's default; kvpress and the eval runner compress once, at the end)."""
     import torch
 
+    from longlab.generation import generate
     from longlab.models import load_model
-    from longlab.pipeline import generate
     from longlab.tasks import score
 
     torch.set_num_threads(args.threads)
@@ -280,8 +280,8 @@ def run_generate(args: argparse.Namespace, samples: list, cells: list) -> dict:
 def kept_longlab(samples: list, cells: list, chunk_size: int) -> dict[tuple[str, str], list[list[list[int]]]]:
     """Kept context positions per layer and KV head of each (recipe, sample) under longlab's
     ``generate(..., compress="end")`` (one forward of ``chunk_size`` tokens, compression once)."""
+    from longlab.generation import generate
     from longlab.models import load_model
-    from longlab.pipeline import generate
 
     model, tokenizer = load_model("smollm2-135m")
     out = {}
@@ -466,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from longlab.models import load_model
     from longlab.paths import cache_dir
-    from longlab.pipeline import encode_prompts
+    from longlab.prompt import encode_prompts
     from longlab.tasks import generate, save_jsonl, score
 
     _, tokenizer = load_model("smollm2-135m")  # also caches the safetensors kvpress loads

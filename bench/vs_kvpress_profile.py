@@ -17,7 +17,7 @@ import shutil
 import time
 
 from longlab.eval.config import EvalConfig
-from longlab.eval.grid import run_eval
+from longlab.eval.driver import run_eval
 
 
 def main() -> None:

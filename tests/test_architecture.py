@@ -1,5 +1,6 @@
-"""The package's shape: data flows one way (cli -> eval -> pipeline -> models -> hook -> methods -> cache
--> attention/recipe), with no import circle. Checked on the source's import statements (every
+"""The package's shape: data flows one way (cli -> eval -> generation -> engine -> request -> spec/reuse ->
+models -> hook -> methods -> cache -> attention/recipe/registry), with no import circle. Checked on the
+source's import statements (every
 ``import``/``from`` anywhere in a file, lazy ones inside functions included)."""
 
 from __future__ import annotations
@@ -25,8 +26,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("models",),
     ("reuse",),  # per-document KV store, assembly and reuse methods: drive a model's layers, below pipeline
     ("compress.api",),  # applies context compressors for pipeline and eval; may load a scorer model
-    ("spec",),  # speculative decoding: drives the model on the cache, below the pipeline that calls it
-    ("pipeline",),
+    ("spec",),  # speculative decoding: drives the model on the cache, below the engine that calls it
+    ("request",),  # the one request: fields validated, method strings parsed with the registry
+    ("engine",),  # the one engine: streams, prefill-once planner, decode lanes, submit/step/run
+    ("generation",),  # generate(): a thin facade over the engine
     # tools and the harness drive models and pipelines (capture: q/k/v capture for calibration, training)
     ("capture", "kv.indexmem_train", "quant.calibrate", "eval", "cp_generate",  # cp_generate: CP prefill
      "position.train", "lab"),  # lab: the layers lab (own LM + trainer), writes to eval.store
@@ -120,5 +123,6 @@ def test_no_import_circle():
 def test_methods_never_import_the_hook_or_the_harness():
     for name, deps in GRAPH.items():
         if _layer_of(name) == 3:
-            bad = {d for d in deps if d in ("hook", "models", "pipeline", "cli") or d.startswith("eval")}
+            bad = {d for d in deps if d in ("hook", "models", "generation", "request", "cli")
+                   or d.startswith(("eval", "engine"))}
             assert not bad, f"longlab.{name} imports {sorted(bad)}"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from longlab.cache import LonglabCache
-from longlab.pipeline import Stream
+from longlab.engine.stream import Stream
 
 TINY = ("tiny-llama", "tiny-qwen2", "tiny-gemma3")
 

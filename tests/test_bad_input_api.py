@@ -14,7 +14,7 @@ import torch
 import longlab  # noqa: F401  (registers the method families)
 from longlab import models
 from longlab.cache import LonglabCache
-from longlab.pipeline import generate
+from longlab.generation import generate
 from longlab.recipe import (
     RECIPE_METHODS,
     LonglabError,
@@ -163,7 +163,7 @@ CONTEXT = "The red box is in the attic. " * 6
         (dict(seed=2**70), "seed must be an integer in [0, 2**64 - 1]", False),
         (dict(seed=-1), "seed must be an integer in [0, 2**64 - 1]", False),
         (dict(query_aware="yes"), "query_aware must be True or False", True),
-        (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1", False),
+        (dict(max_new_tokens=0), "max_new_tokens must be an integer in [1, 1000000]", False),
         (dict(compress="never"), "compress must be 'chunk' or 'end'", False),
         (dict(recipe="snapkv@"), "after '@' is empty", False),
         (dict(model=None), "model must be a transformers causal LM", True),

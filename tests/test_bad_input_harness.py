@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from longlab.cli import main
+from longlab.engine import kv_bytes_per_token
 from longlab.eval.config import EvalConfig
-from longlab.eval.grid import check_lengths, kv_bytes_per_token
+from longlab.eval.driver import check_lengths
 from longlab.eval.store import DB_NAME
 from longlab.recipe import LonglabError
 from longlab.tasks import generate as generate_task
@@ -45,13 +46,18 @@ def test_impossible_length_is_refused_before_generating(tmp_path, capsys):
 
 
 def test_length_beyond_the_models_positions_warns_before_generating(tmp_path, capsys, monkeypatch):
-    import longlab.eval.grid as grid
+    import longlab.eval.driver as grid
 
     def stop(*args, **kwargs):  # the samples would be generated next: stop the run there
         raise LonglabError("stopped before generating")
 
     monkeypatch.setattr(grid, "build_samples", stop)
     assert main([*EVAL, "--lengths", "512,9000", "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err  # refused by default, naming the flag that runs it anyway
+    assert "--lengths 9000 is beyond tiny-llama's max_position_embeddings=8192" in err
+    assert "--no-strict" in err
+    assert "stopped before generating" not in err
+    assert main([*EVAL, "--lengths", "512,9000", "--no-strict", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "--lengths 9000 is beyond tiny-llama's max_position_embeddings=8192" in err
     assert err.index("max_position_embeddings") < err.index("stopped before generating")
@@ -63,7 +69,7 @@ def test_length_bounds_come_from_the_model_and_the_memory(tiny_models):
     cfg = model.config
     assert per_token == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4  # fp32
     warnings: list[str] = []
-    config = EvalConfig(out="x", model="tiny-llama", recipes=["full"], lengths=[512])
+    config = EvalConfig(out="x", model="tiny-llama", recipes=["full"], lengths=[512], strict=False)
     check_lengths(config, model, warnings.append, available=2**40)
     assert warnings == []
     # beyond max_position_embeddings: a warning naming --lengths, not an error

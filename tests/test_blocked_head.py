@@ -1,4 +1,4 @@
-"""The LM head in row blocks (``longlab.pipeline``): the same logits bit for bit, so the same tokens."""
+"""The LM head in row blocks (``longlab.engine.stream``): the same logits bit for bit, so the same tokens."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from longlab import pipeline
-from longlab.pipeline import _row_blocked_head, blocked_linear, generate
+from longlab.engine import stream as pipeline
+from longlab.engine.stream import _row_blocked_head, blocked_linear
+from longlab.generation import generate
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 9])

@@ -6,7 +6,7 @@ import torch
 from transformers import DynamicCache
 
 from longlab.cache import LonglabCache, LonglabLayer
-from longlab.pipeline import Stream
+from longlab.engine.stream import Stream
 
 
 def test_next_position_is_tokens_seen_not_cache_length(tiny_models):

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from longlab.cache import LonglabCache
+from longlab.engine.stream import Stream
 from longlab.hook import ChunkRecorder, replay_compression
 from longlab.models import build_tiny_model
-from longlab.pipeline import Stream
 from longlab.recipe import LonglabError, Recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")

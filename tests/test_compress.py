@@ -13,9 +13,11 @@ from longlab.compress.api import compress_prompts
 from longlab.compress.base import Compressed, Prompt, keep_budget, select_units, units
 from longlab.compress.lingua import coarse_keep, recover_subsequences
 from longlab.compress.merge import tome_merge, tpp_replace
+from longlab.engine.stream import Stream
 from longlab.eval.config import EvalConfig
-from longlab.eval.sample_runner import SampleRunner
-from longlab.pipeline import Stream, encode_prompts, generate
+from longlab.eval.runner import SampleRunner
+from longlab.generation import generate
+from longlab.prompt import encode_prompts
 from longlab.recipe import LonglabError, parse_recipe
 from longlab.tasks import generate as make_samples
 from longlab.tasks import score

@@ -10,7 +10,8 @@ from longlab.compress.api import compress_prompts, template_head
 from longlab.compress.base import Prompt
 from longlab.compress.comi import COMI, Fusion, answer_loss, load_fusion, save_fusion, train_fusion
 from longlab.compress.scorer import Scorer
-from longlab.pipeline import encode_prompts, generate
+from longlab.generation import generate
+from longlab.prompt import encode_prompts
 from longlab.recipe import LonglabError, parse_recipe
 
 FACTS = [(f"The code of the {c} vault is {n}.", c, str(n))

@@ -9,7 +9,8 @@ import torch
 
 from longlab.cache import LonglabCache
 from longlab.compress.hico_forward import HiCoForward, decoder_layers
-from longlab.pipeline import Stream, encode_prompts
+from longlab.engine.stream import Stream
+from longlab.prompt import encode_prompts
 from longlab.recipe import LonglabError, parse_recipe
 
 CTX = " ".join(f"Record {i} says the shelf {i * 5 % 11} holds item {i * 3 % 17}." for i in range(30))
@@ -156,7 +157,7 @@ def test_hico_forward_in_the_eval_harness_equals_generate(model6, tokenizer, one
     prefix, no replayed tail), the others still share theirs; r = 0 reproduces the plain row."""
     from longlab import generate
     from longlab.eval.config import EvalConfig
-    from longlab.eval.sample_runner import SampleRunner
+    from longlab.eval.runner import SampleRunner
     from longlab.tasks import generate as make_samples
 
     (sample,) = make_samples("redundant_niah", tokenizer, length=600, num_samples=1, seed=0)
@@ -188,7 +189,7 @@ def test_hico_forward_in_the_eval_harness_equals_generate(model6, tokenizer, one
 
 
 def test_planner_gives_a_prefill_transform_its_own_prefill():
-    from longlab.eval.planner import plan, replayable, transforms_prefill
+    from longlab.engine.planner import plan, replayable, transforms_prefill
 
     recipes = [(n, parse_recipe(n)) for n in ("full", "hico-forward@0.5", "hico-forward@0.5+snapkv@0.5")]
     groups = plan(recipes, 2000, 20, 512, False, {})

@@ -11,7 +11,9 @@ import longlab  # noqa: F401  (registers the methods)
 import longlab.compress.inftythink as it
 from longlab.cache import LonglabCache
 from longlab.compress.base import Prompt
-from longlab.pipeline import Stream, encode_prompts, generate
+from longlab.engine.stream import Stream
+from longlab.generation import generate
+from longlab.prompt import encode_prompts
 from longlab.recipe import parse_recipe
 from longlab.tasks import generate as make_samples
 from longlab.tasks.compression import REASON_QUESTION

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from longlab.cp_generate import context_parallel_prefill, generate_context_parallel
-from longlab.pipeline import generate
+from longlab.generation import generate
 from longlab.recipe import LonglabError
 
 

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten
 
 from longlab.attention import LayerContext, dense_attention, layer_attention, visibility_mask
 from longlab.cache import DECODE_RESERVE, LonglabCache, LonglabLayer
-from longlab.pipeline import Stream
+from longlab.engine.stream import Stream
 
 
 class _Allocations(TorchDispatchMode):

@@ -180,7 +180,7 @@ def test_restkv_selects_per_query_head_as_the_official_code(pooling):
 
 def test_restkv_per_query_head_layer_keeps_decoding(tiny_models, tokenizer, text):
     """End to end: the expanded layer ([B, H, T, D]) takes the model's [B, H_kv, 1, D] decode entries."""
-    from longlab.pipeline import generate
+    from longlab.generation import generate
 
     model, _ = tiny_models["tiny-llama"]
     res = generate(model, tokenizer, text[:700], "Where?", "restkv@0.75", max_new_tokens=4, chunk_size=128)

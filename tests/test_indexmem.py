@@ -14,6 +14,8 @@ import torch
 from longlab.attention import LayerContext
 from longlab.cache import LonglabLayer
 from longlab.cli import main as cli_main
+from longlab.engine.stream import Stream
+from longlab.generation import generate
 from longlab.kv.indexmem import (
     IndexMem,
     indexer_logits,
@@ -25,7 +27,6 @@ from longlab.kv.indexmem import (
     model_key,
     residual_attention,
 )
-from longlab.pipeline import Stream, generate
 from longlab.recipe import LonglabError, parse_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run on one thread

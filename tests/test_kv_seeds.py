@@ -14,10 +14,11 @@ from scipy.stats import spearmanr
 from longlab.cache import LonglabCache
 from longlab.decode.quest import Quest, attend_slots, page_scores, page_summary
 from longlab.decode.retro import lse_merge
+from longlab.engine.stream import Stream
+from longlab.generation import generate
 from longlab.kv.obcache import VARIANTS, obc_scores
 from longlab.kv.restkv import adaptive_pool, ema_weights, reconstruction_scores, wo_gram
 from longlab.models import build_tiny_model
-from longlab.pipeline import Stream, generate
 from longlab.recipe import LonglabError, parse_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run on one thread

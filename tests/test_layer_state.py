@@ -14,9 +14,9 @@ import torch
 
 from longlab.attention import LayerContext
 from longlab.cache import LonglabCache, LonglabLayer
+from longlab.engine.stream import Stream
 from longlab.kv.indexmem import IndexMem, init_layer
 from longlab.models import build_tiny_model
-from longlab.pipeline import Stream
 from longlab.recipe import Recipe, parse_recipe
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: tiny models run on one thread

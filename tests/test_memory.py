@@ -15,7 +15,7 @@ SCRIPT = r"""
 import json, resource, sys, torch
 from longlab.models import build_tiny_model
 from longlab.cache import LonglabCache
-from longlab.pipeline import Stream
+from longlab.engine.stream import Stream
 torch.manual_seed(0)
 model = build_tiny_model("tiny-llama")
 n = int(sys.argv[2])

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from longlab.cache import LonglabCache
-from longlab.pipeline import build_prompt, generate
+from longlab.generation import generate
+from longlab.prompt import build_prompt
 from longlab.recipe import LonglabError
 
 POLICIES = ["snapkv", "streaming", "h2o", "tova", "pyramidkv", "adakv", "knorm", "random"]
@@ -92,8 +93,8 @@ def test_sampling_is_seeded(tiny_models, tokenizer, text):
     [
         (dict(context=""), "context is empty"),
         (dict(context=[]), "context is empty"),
-        (dict(max_new_tokens=0), "max_new_tokens must be an integer >= 1"),
-        (dict(chunk_size=0), "chunk_size must be an integer >= 1"),
+        (dict(max_new_tokens=0), "max_new_tokens must be an integer in [1, 1000000]"),
+        (dict(chunk_size=0), "chunk_size must be an integer in [1, 1048576]"),
         (dict(top_p=0.0), "top_p must be in (0, 1]"),
         (dict(temperature=-1.0), "temperature must be >= 0"),
         (dict(recipe="snapkv@2"), "compression_ratio must be in [0, 1)"),

@@ -342,7 +342,7 @@ def test_dynamic_ntk_generate_same_tokens_for_any_chunk_size(tokenizer):
     generates the same tokens whether the 270-token prompt (L = 64) is fed in chunks of 32 or at once."""
     import warnings
 
-    from longlab.pipeline import generate
+    from longlab.generation import generate
 
     ctx = "the quick brown fox jumps over the lazy dog. " * 6
     texts = []

@@ -109,7 +109,7 @@ def test_repo_rotation_composes_and_shifts_cancel():
 
 
 def test_generate_with_position_is_for_one_call(tokenizer):
-    from longlab.pipeline import generate
+    from longlab.generation import generate
 
     model = build_tiny_model("tiny-llama")
     ctx = "Alpha beta gamma. " * 10
@@ -127,25 +127,25 @@ def test_generate_with_position_is_for_one_call(tokenizer):
 
 def test_eval_position_axis_rows(tmp_path):
     from longlab.eval.config import EvalConfig
-    from longlab.eval.grid import run_eval
+    from longlab.eval.driver import run_eval
     from longlab.eval.store import ResultStore
 
-    for position in ("pi:factor=2", None):
-        run_eval(
-            EvalConfig(
-                out=str(tmp_path),
-                model="tiny-llama",
-                recipes=["full"],
-                tasks=["passkey"],
-                lengths=[400],
-                samples=1,
-                max_new_tokens=2,
-                position=position,
-                report=False,
-                progress=False,
-            ),
-            log=lambda m: None,
-        )
+    summary = run_eval(
+        EvalConfig(
+            out=str(tmp_path),
+            model="tiny-llama",
+            recipes=["full"],
+            tasks=["passkey"],
+            lengths=[400],
+            samples=1,
+            max_new_tokens=2,
+            positions=["pi:factor=2"],  # the axis: the method's rows and the model's own
+            report=False,
+            progress=False,
+        ),
+        log=lambda m: None,
+    )
+    assert summary.written == 2
     store = ResultStore(str(tmp_path))
     try:
         models = sorted({r["model"] for r in store.rows()})
@@ -153,7 +153,7 @@ def test_eval_position_axis_rows(tmp_path):
         store.close()
     assert models == ["tiny-llama", "tiny-llama|pi:factor=2"]
     with pytest.raises(LonglabError, match="factor must be"):
-        EvalConfig(out=str(tmp_path), model="tiny-llama", position="yarn:factor=0").validate()
+        EvalConfig(out=str(tmp_path), model="tiny-llama", positions=["yarn:factor=0"]).validate()
 
 
 def test_repo_one_position_per_kv_head():

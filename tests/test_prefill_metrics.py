@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from longlab.cache import LonglabCache
+from longlab.engine.stream import Stream
 from longlab.eval.config import EvalConfig
-from longlab.eval.grid import run_eval
+from longlab.eval.driver import run_eval
 from longlab.eval.report import load_metrics, load_rows, prefill_table
-from longlab.eval.sample_runner import SampleRunner
+from longlab.eval.runner import SampleRunner
 from longlab.eval.store import ResultStore
-from longlab.pipeline import Stream
 from longlab.sparse.prefill import PrefillMetrics, collect_prefill_metrics
 
 FULL_DENSITY = "ashape:bq=64,bk=64,n_sink=64,n_local=100000,backend=gather"

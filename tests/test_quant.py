@@ -9,7 +9,8 @@ import torch
 
 from longlab.attention import LayerContext, dense_attention
 from longlab.cache import LonglabCache, LonglabLayer
-from longlab.pipeline import Stream, generate
+from longlab.engine.stream import Stream
+from longlab.generation import generate
 from longlab.quant import PMKVQ, ChannelGroupStore, QuantizedLayer, TokenGroupStore, layer_bytes
 from longlab.quant.pmkvq import code_bytes
 from longlab.quant.quantizer import (

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from longlab.pipeline import generate
+from longlab.generation import generate
 from longlab.quant import QuantizedLayer
 from longlab.quant.calibrate import add_calibrate_arguments, calibrate_pmkvq, fake_quant, solve_allocation
 from longlab.quant.pmkvq import layer_bytes

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from longlab.cli import EXAMPLE_QUESTION, example_context
-from longlab.pipeline import generate
+from longlab.generation import generate
 
 pytestmark = pytest.mark.slow
 

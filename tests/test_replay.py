@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from longlab.cache import LonglabCache
+from longlab.engine.stream import Stream
 from longlab.hook import ChunkRecorder, replay_compression
-from longlab.pipeline import Stream
 from longlab.recipe import Recipe, parse_recipe
 
 

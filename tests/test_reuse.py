@@ -353,19 +353,21 @@ def test_document_longer_than_positions_writes_nothing(tokenizer, tmp_path):
     "spec", ["full-prefill", "prophetkv:recompute=0.2", "cacheblend:recompute=0.2", "ape:temperature=0.8"]
 )
 def test_forced_scoring_agrees_with_greedy_decoding(tiny_models, tokenizer, spec):
-    """The eval's "forced" score feeds the answer after the prompt; where greedy decoding follows the
-    answer, the forced argmax must be exactly the greedy tokens (same cache, same positions)."""
-    from longlab.eval.reuse_grid import _forced_argmax, answer_ids
+    """The eval's "forced" score (a request's ``continuation``) feeds the answer after the prompt; where
+    greedy decoding follows the answer, the forced argmax must be exactly the greedy tokens (same cache,
+    same positions)."""
+    from longlab import Engine, Request
 
     model = tiny_models["tiny-gemma3"][0]
     sample = make_task("multidoc_qa_1", tokenizer, 1000, 1, 3, num_docs=4)[0]
     docs = sample.metadata["documents"]
-    cont = answer_ids(tokenizer, sample)
     store = MemoryStore()
-    pre = reuse_prefill(
-        model, tokenizer, docs, sample.question, spec, store=store, answer_prefix=sample.answer_prefix
-    )
-    forced = _forced_argmax(model, pre, cont)
+    (res,) = Engine(model, tokenizer, store=store).run([Request(
+        documents=docs, question=sample.question, reuse=spec, answer_prefix=sample.answer_prefix,
+        continuation=sample.answers[0],
+    )])
+    forced, cont = res.forced, res.forced_ids
+    assert res.finish_reason == "forced" and len(forced) == len(cont) > 1
     # greedy tokens along the answer: feed the answer itself (teacher forcing) one token at a time
     pre2 = reuse_prefill(
         model, tokenizer, docs, sample.question, spec, store=store, answer_prefix=sample.answer_prefix

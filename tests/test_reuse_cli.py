@@ -79,6 +79,8 @@ def test_eval_reuse_grid_writes_rows(tmp_path, capsys):
         "2",
         "--num-docs",
         "4",
+        "--score",
+        "forced",
         "--out",
         out,
         "--no-progress",

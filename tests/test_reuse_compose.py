@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from longlab import LonglabCache, LonglabError, generate
-from longlab.pipeline import Stream, eos_token_ids
+from longlab.engine.stream import Stream, eos_token_ids
 from longlab.reuse import DocStore, MemoryStore, doc_segment, reuse_prefill, split_prompt
 
 TINY = ("tiny-llama", "tiny-qwen2", "tiny-gemma3")

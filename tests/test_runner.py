@@ -15,12 +15,14 @@ import pytest
 import torch
 
 from longlab.cli import main as cli_main
+from longlab.engine import Engine
+from longlab.engine.planner import tail_start
+from longlab.engine.stream import Stream
 from longlab.eval.config import EvalConfig
-from longlab.eval.grid import run_eval
-from longlab.eval.planner import tail_start
-from longlab.eval.sample_runner import SampleRunner
+from longlab.eval.driver import run_eval
+from longlab.eval.runner import SampleRunner
 from longlab.eval.store import DB_NAME, ResultStore
-from longlab.pipeline import Stream, generate
+from longlab.generation import generate
 from longlab.recipe import LonglabError
 from longlab.tasks import Sample, save_jsonl
 from longlab.tasks import generate as generate_task
@@ -144,7 +146,8 @@ def test_compress_is_part_of_the_config_identity(tmp_path: Path, capsys) -> None
     argv = ["eval", "--model", "tiny-llama", "--reuse", "cacheblend:recompute=0.15", "--compress", "chunk",
             "--out", str(tmp_path / "x")]
     assert cli_main(argv) == 2
-    assert "--compress chunk runs with KV recipes only" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--compress chunk: with --reuse the recipe compresses the assembled cache once" in err
 
 
 @pytest.mark.parametrize(
@@ -191,33 +194,34 @@ def test_batch_decode_drops_finished_rows_and_keeps_every_row(tiny_models, token
     sample = _sample()
     sample.max_new_tokens = 12
     recipes = ["full", "snapkv@0.5", "h2o@0.75", "streaming@0.5", "knorm@0.5"]
-    decoded: list[list[list[int]]] = []
+    decoded: dict[str, list[int]] = {}
     widths: list[int] = []
-    decode, feed = Stream.decode, Stream.feed
+    feed = Stream.feed
+    finish = Engine._finish
 
-    def spy_decode(self, *args, **kwargs):
-        out = decode(self, *args, **kwargs)
-        decoded.append(out)
-        return out
+    def spy_finish(self, row):
+        result = finish(self, row)
+        decoded[result.request.id] = result.token_ids
+        return result
 
     def spy_feed(self, rows, *args, **kwargs):
         if all(len(r) == 1 for r in rows):
             widths.append(len(rows))
         return feed(self, rows, *args, **kwargs)
 
-    monkeypatch.setattr(Stream, "decode", spy_decode)
+    monkeypatch.setattr(Engine, "_finish", spy_finish)
     monkeypatch.setattr(Stream, "feed", spy_feed)
 
     def run(batch_decode: bool, eos: set[int]) -> dict[str, dict]:
         config = EvalConfig(out="unused", model="tiny-llama", chunk_size=128, batch_decode=batch_decode)
         runner = SampleRunner(model, tokenizer, config, "t")
-        runner.eos = eos
+        runner.engine.eos = eos
         decoded.clear()
         widths.clear()
         return {r["recipe"]: r for r in runner.run(sample, recipes)}
 
-    free = run(False, set())
-    tokens = {name: out[0] for name, out in zip(free, decoded)}  # one decode per row, in yield order
+    run(False, set())
+    tokens = dict(decoded)  # each row's tokens
     eos = {tokens["full"][2], tokens["snapkv@0.5"][7]}
     one = run(False, eos)
     batched = run(True, eos)
@@ -236,7 +240,7 @@ def test_max_new_tokens_caps_each_samples_limit(tiny_models, tokenizer):
     for cap, expected in ((None, 5), (12, 5), (3, 3)):
         config = EvalConfig(out="unused", model="tiny-llama", chunk_size=128, max_new_tokens=cap)
         runner = SampleRunner(model, tokenizer, config, "t")
-        runner.eos = set()  # every row runs to its limit
+        runner.engine.eos = set()  # every row runs to its limit
         (row,) = runner.run(sample, ["full"])
         assert row["extra"]["max_new_tokens"] == row["extra"]["generated_tokens"] == expected
 
@@ -245,9 +249,10 @@ def test_the_default_eval_path_batches_the_decode():
     from longlab.cli import build_parser
 
     parser = build_parser()
-    assert parser.parse_args(["eval", "--out", "x"]).batch_decode is True
+    assert parser.parse_args(["eval", "--out", "x"]).batch_decode is None  # on, off with --speculative
     assert parser.parse_args(["eval", "--out", "x", "--no-batch-decode"]).batch_decode is False
-    assert EvalConfig(out="x").batch_decode is True
+    assert EvalConfig(out="x").decode_in_batch is True
+    assert EvalConfig(out="x", speculative=["lookup"]).decode_in_batch is False
 
 
 def test_cli_end_to_end_then_rerun_skips(tmp_path: Path, capsys) -> None:
@@ -383,9 +388,9 @@ def test_jsonl(tmp_path: Path, tokenizer) -> None:
         (["--recipes", "full,nosuch@0.5"], "unknown recipe method 'nosuch'"),
         (["--recipes", "snapkv@1.5"], "compression_ratio"),
         (["--model", "no-such-model"], "unknown model 'no-such-model'"),
-        (["--lengths", "0"], "--lengths must be positive"),
-        (["--lengths", "512,-3"], "--lengths must be positive"),
-        (["--samples", "0"], "--samples must be >= 1"),
+        (["--lengths", "0"], "--lengths must be an integer in [1, "),
+        (["--lengths", "512,-3"], "--lengths must be an integer in [1, "),
+        (["--samples", "0"], "--samples must be an integer in [1, "),
         (["--jsonl", "/no/such/file.jsonl"], "no such file"),
     ],
 )

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from longlab.cache import LonglabCache
-from longlab.pipeline import Stream, generate
+from longlab.engine.stream import Stream
+from longlab.generation import generate
 from longlab.recipe import LonglabError, parse_recipe
 
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from longlab.cache import LonglabCache
+from longlab.engine.stream import Stream
 from longlab.models import build_tiny_model
-from longlab.pipeline import Stream
 from longlab.recipe import LonglabError, Recipe
 from longlab.spec import parse_draft, parse_verifier, speculative_decode
 from longlab.spec.base import SpecContext, SpecStats, forward_tokens
@@ -352,7 +352,7 @@ def test_head_recall_by_hand_and_head_file(llama, tokenizer, tmp_path):
 
 
 def test_generate_api_speculative_equals_plain(llama, tokenizer, one_thread):
-    from longlab.pipeline import generate
+    from longlab.generation import generate
 
     ctx = " ".join(f"Item {i} is stored in box {i * 7 % 13}." for i in range(20))
     plain = generate(llama, tokenizer, [ctx, ctx[:300]], "Where is item 3?", "snapkv@0.5", max_new_tokens=12)

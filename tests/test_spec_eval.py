@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from longlab.eval.spec_grid import spec_markdown
 from longlab.eval.stats import bootstrap_ci, paired_difference, wilson_interval
+from longlab.eval.tables import spec_markdown
 from longlab.tasks import TASKS, generate, metric_for, score_sample
 
 

@@ -8,7 +8,7 @@ import torch
 from longlab.attention import dense_attention, visibility_mask
 from longlab.cache import LonglabCache
 from longlab.decode.losa import LoSA, merge_parts, part_attention
-from longlab.pipeline import Stream
+from longlab.engine.stream import Stream
 from longlab.spec.jacobi import jacobi_decode
 
 

@@ -281,28 +281,43 @@ class LonglabLayer(CacheLayerMixin):
 
     @classmethod
     def stacked(cls, rows: list[LonglabLayer], reserve: int = 0) -> LonglabLayer:
-        """One layer whose batch rows are ``rows`` (layers of batch 1 that saw the same tokens), each
-        after leading empty slots up to the longest (position -1, never attended; ``lead_pad``), so a
-        row's slots stay contiguous as it appends. ``reserve``: spare slots allocated now for the
-        appends to come (the question and the answer), so they never re-allocate the batch."""
+        """One layer whose batch rows are the rows of ``rows`` (layers of any batch size, plain storage),
+        each after leading empty slots up to the longest (position -1, never attended; ``lead_pad``), so a
+        row's slots stay contiguous as it appends. ``reserve``: spare slots allocated now for the appends
+        to come (the question and the answer), so they never re-allocate the batch."""
         first = rows[0]
         if any(type(x) is not type(first) or x.keys.shape[1] != first.keys.shape[1] for x in rows):
             raise LonglabError("stacked: every row must be a layer of the same kind and head count")
         layer = copy.copy(first)
         T = max(x.keys.shape[2] for x in rows)
-        lead = [T - x.keys.shape[2] for x in rows]
-        B, (_, H_kv, _, D) = len(rows), first.keys.shape
+        B, (_, H_kv, _, D) = sum(x.keys.shape[0] for x in rows), first.keys.shape
         keys = first.keys.new_empty(B, H_kv, T + reserve, D)  # [B, H_kv, T + reserve, D]
         values = first.values.new_empty(B, H_kv, T + reserve, first.values.shape[-1])
         index = torch.full((B, H_kv, T + reserve), -1, dtype=first.index.dtype, device=keys.device)
-        for b, (x, s) in enumerate(zip(rows, lead)):
-            keys[b, :, :s] = values[b, :, :s] = 0.0  # empty slots hold finite values (weight 0 x value)
-            keys[b, :, s:T], values[b, :, s:T], index[b, :, s:T] = x.keys[0], x.values[0], x.index[0]
+        lead: list[int] = []
+        row_valid: list[bool] = []
+        b = 0
+        for x in rows:
+            s = T - x.keys.shape[2]
+            n = x.keys.shape[0]
+            keys[b : b + n, :, :s] = values[b : b + n, :, :s] = 0.0  # empty slots hold finite values
+            keys[b : b + n, :, s:T], values[b : b + n, :, s:T] = x.keys, x.values
+            index[b : b + n, :, s:T] = x.index
+            old_lead = x.lead_pad.tolist() if x.lead_pad is not None else [0] * n
+            for r in range(n):
+                lead.append(s + int(old_lead[r]))
+                if n == 1 and x.lead_pad is None:
+                    row_valid.append(bool(x.all_valid))  # one pass per row, here, not per step
+                elif x.row_valid is not None:
+                    row_valid.append(bool(x.row_valid[r]))
+                else:
+                    row_valid.append(bool((x.index[r, :, int(old_lead[r]) :] >= 0).all()))
+            b += n
         layer.index = index[:, :, :T]  # resets the layout flags; the owned buffers are set below
         for name, buf in (("keys", keys), ("values", values), ("index", index)):
             layer.__dict__["_slots_" + name] = (buf, T, id(layer))
         layer.lead_pad = torch.tensor(lead, device=keys.device)  # [B]
-        layer.row_valid = [bool(x.all_valid) for x in rows]  # one pass per row, here, not per step
+        layer.row_valid = row_valid
         layer.n_real = torch.cat([x.n_real for x in rows])  # [B]
         layer.extras, layer.state = {}, {}
         return layer

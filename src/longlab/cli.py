@@ -72,90 +72,61 @@ def read_context_file(name: str, encoding: str = "utf-8", flag: str = "--context
 
 
 def _cmd_generate(args: argparse.Namespace) -> int:
+    """``longlab generate``: one request (context, or documents with --reuse) through the engine."""
+    from .engine import Engine
+    from .generation import GenerationResult
     from .models import load_model
-    from .pipeline import generate
+    from .request import Request
 
-    if args.docs or args.reuse:
-        return _generate_docs(args)
-    if args.context_file and args.context is not None:
-        raise LonglabError("give the context with --context-file FILE or --context TEXT, not both")
+    given = [flag for flag, on in (("--context-file", args.context_file),
+                                   ("--context", args.context is not None), ("--docs", args.docs)) if on]
+    if len(given) != 1:
+        raise LonglabError(
+            "give the prompt with one of --context-file FILE, --context TEXT or --docs FILE ..., not both"
+        )
     if args.context_file:
         context = read_context_file(args.context_file, args.encoding)
-    elif args.context is not None:
-        context = args.context
     else:
-        raise LonglabError("give the context with --context-file FILE or --context TEXT")
+        context = args.context
+    docs = [read_context_file(f, args.encoding, "--docs") for f in args.docs] if args.docs else None
+    if docs and not args.question:
+        raise LonglabError("--docs needs --question")
+    if args.reuse and not docs:
+        raise LonglabError("--reuse needs --docs FILE [FILE ...]: the documents whose KV is reused")
+    if args.store is not None and not docs:
+        raise LonglabError("--store: only with --docs (the document KV store)")
+    if args.store is not None and not args.store.strip():
+        raise LonglabError("--store is empty: give a directory (default: the cache's docstore)")
+    request = Request(
+        context=context, documents=docs, question=args.question, recipe=args.recipe,
+        reuse=args.reuse, speculative=args.speculative, verify=args.verify, gamma=args.gamma,
+        position=args.position, query_aware=args.query_aware, chunk_size=args.chunk_size,
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
+        strict=args.strict, batch_decode=False,
+    ).check()  # every argument checked before the model loads
     if args.context_parallel is not None:  # longlab.cp_generate: the prefill split over processes
         from .cp_generate import cli_generate
 
-        return cli_generate(args, context)
-    from .recipe import parse_recipe
+        return cli_generate(args, request)
+    store = None
+    if docs:
+        from .reuse.cli import default_store_dir
 
-    parse_recipe(args.recipe)  # fail on a bad recipe before loading the model
-    spec = {}
-    if args.speculative is not None or args.verify is not None or args.gamma is not None:
-        from .spec.api import prepare
-
-        prepare(args.speculative, args.verify, args.gamma)  # checked before the model loads
-        spec = dict(speculative=args.speculative, verify=args.verify, gamma=args.gamma)
-    model, tokenizer = load_model(args.model, position=args.position)
-    result = generate(
-        model,
-        tokenizer,
-        context,
-        args.question,
-        args.recipe,
-        max_new_tokens=args.max_new_tokens,
-        chunk_size=args.chunk_size,
-        query_aware=args.query_aware,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        seed=args.seed,
-        strict=args.strict,
-        **spec,
-    )
+        store = args.store or default_store_dir()
+    model, tokenizer = load_model(args.model)
+    result = Engine(model, tokenizer, store=store).run([request])[0]
     print(result.text)
-    summary = result.summary()
+    summary = GenerationResult.of([result]).summary()
     if result.speculation:
         s = result.speculation
         summary += (f" | {s['spec']}: acceptance {s['acceptance_rate']:.2f}, "
                     f"{s['tokens_per_forward']:.2f} tokens/target forward")
+    if result.reuse is not None:
+        pre = result.reuse
+        summary += (f" | fetch {pre.fetch_s:.2f}s assemble {pre.assemble_s:.2f}s compute {pre.compute_s:.2f}s"
+                    f" | recomputed {pre.recompute_fraction:.1%} of document token-layers"
+                    f" | store {pre.store_stats}")
     print(summary, file=sys.stderr if args.quiet_summary else sys.stdout)
-    return 0
-
-
-def _generate_docs(args: argparse.Namespace) -> int:
-    """``longlab generate --docs A B --reuse METHOD [--store DIR]`` (longlab.reuse)."""
-    from .models import load_model
-    from .pipeline import generate
-    from .reuse import DocStore, parse_reuse
-    from .reuse.cli import default_store_dir
-
-    if not args.docs:
-        raise LonglabError("--reuse needs --docs FILE [FILE ...]: the documents whose KV is reused")
-    if args.context_file or args.context is not None:
-        raise LonglabError("give the prompt with --docs or with --context/--context-file, not both")
-    if not args.question:
-        raise LonglabError("--docs needs --question")
-    docs = [read_context_file(f, args.encoding, "--docs") for f in args.docs]
-    method = parse_reuse(args.reuse or "full-prefill")  # checked before the model loads
-    from .reuse.compose import reuse_recipe
-
-    reuse_recipe(args.recipe, method)  # --recipe compresses the assembled cache (longlab.reuse.compose)
-    store = DocStore(args.store or default_store_dir())
-    model, tokenizer = load_model(args.model)
-    result = generate(
-        model, tokenizer, docs=docs, question=args.question, reuse=method, store=store, recipe=args.recipe,
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-    )
-    pre = result.reuse
-    print(result.text)
-    print(
-        f"{result.summary()} | fetch {pre.fetch_s:.2f}s assemble {pre.assemble_s:.2f}s "
-        f"compute {pre.compute_s:.2f}s"
-        f" | recomputed {pre.recompute_fraction:.1%} of document token-layers | store {pre.store_stats}",
-        file=sys.stderr if args.quiet_summary else sys.stdout,
-    )
     return 0
 
 
@@ -195,8 +166,8 @@ def _cmd_methods(args: argparse.Namespace) -> int:
 
 
 def _cmd_example(args: argparse.Namespace) -> int:
+    from .generation import generate
     from .models import load_model
-    from .pipeline import generate
     from .recipe import parse_recipe
 
     recipes = split_recipes(args.recipes)
@@ -263,7 +234,6 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         DEFAULT_CHUNK_SIZE,
         DEFAULT_DEPTHS,
         DEFAULT_LENGTHS,
-        DEFAULT_RECIPES,
         DEFAULT_TASKS,
         GRID_TASK,
     )
@@ -275,8 +245,9 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--model", default="smollm2-135m", help="built-in name, local path or HF id")
     parser.add_argument(
-        "--recipes", type=_recipe_list, default=list(DEFAULT_RECIPES),
-        help="comma-separated recipes, e.g. full,snapkv@0.5 (default: the 15-recipe default sweep)",
+        "--recipes", type=_recipe_list,
+        help="comma-separated recipes, e.g. full,snapkv@0.5 (default: the 15-recipe default sweep; full with "
+             "--reuse or --speculative)",
     )
     parser.add_argument(
         "--tasks", type=_csv(str, "task names"), default=None,
@@ -286,7 +257,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "--lengths", type=_csv(int, "integers"), default=None,
         help=f"comma-separated prompt lengths in tokens (default: {','.join(map(str, DEFAULT_LENGTHS))})",
     )
-    parser.add_argument("--samples", type=int, default=4, help="samples per task and length (default: 4)")
+    parser.add_argument("--samples", type=int,
+                        help="samples per task and length (default: 4; not with --jsonl)")
     parser.add_argument("--out", required=True, metavar="DIR", help="results directory")
     parser.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N samples")
     parser.add_argument("--seed", type=int, default=0, help="task generation seed (default: 0)")
@@ -299,7 +271,7 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--jsonl", metavar="PATH", help="evaluate a JSONL file in the common format instead")
     parser.add_argument(
-        "--chunk-size", type=int, default=DEFAULT_CHUNK_SIZE,
+        "--chunk-size", type=int,
         help=f"prefill chunk size in tokens; the last chunk is per recipe (default: {DEFAULT_CHUNK_SIZE})",
     )
     parser.add_argument(
@@ -307,18 +279,21 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         help="cap each sample's own answer limit at N tokens (the smaller of the two is used)",
     )
     parser.add_argument(
-        "--depths", type=_csv(float, "numbers"), default=list(DEFAULT_DEPTHS),
-        help="needle depths in [0, 1] for the niah_grid task",
+        "--depths", type=_csv(float, "numbers"),
+        help="needle depths in [0, 1] for the niah_grid task "
+             f"(default: {','.join(map(str, DEFAULT_DEPTHS))})",
     )
     parser.add_argument("--backend", choices=("serial", "ray"), default="serial")
-    parser.add_argument("--workers", type=int, default=2, help="Ray workers, one model each (default: 2)")
+    parser.add_argument("--workers", type=int,
+                        help="with --backend ray: workers, one model each (default: 2)")
     parser.add_argument(
         "--threads", type=int, help="torch CPU threads (default: torch's; 1 is faster on a busy machine)"
     )
     parser.add_argument(
-        "--batch-decode", action=argparse.BooleanOptionalAction, default=True,
-        help="decode the recipes of a sample as one batch, finished rows leaving it (default: on; the "
-             "tokens are those of one stream per recipe; --no-batch-decode decodes each alone)",
+        "--batch-decode", action=argparse.BooleanOptionalAction, default=None,
+        help="decode the cells of a sample as one batch, finished rows leaving it (default: on, off with "
+             "--speculative; the tokens are those of one stream per cell; --no-batch-decode decodes each "
+             "alone)",
     )
     parser.add_argument(
         "--prefill-metrics", action="store_true",
@@ -326,8 +301,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
              "and head (metrics table; off by default: normal runs pay nothing)",
     )
     parser.add_argument(
-        "--metric-rows", type=int, default=32,
-        help="query rows sampled per chunk for recall and output error (default: 32)",
+        "--metric-rows", type=int,
+        help="with --prefill-metrics: query rows sampled per chunk for recall and output error (default: 32)",
     )
     parser.add_argument("--no-report", action="store_true", help="do not write report.md and the plots")
     parser.add_argument(
@@ -339,22 +314,33 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "--reuse", type=_recipe_list, metavar="METHODS",
         help="KV-reuse methods as a grid axis, on multi-document tasks "
              "(multidoc_qa_1/2 or a --jsonl of {documents, question, answers}), "
-             "e.g. full-prefill,cacheblend@0.15,prophetkv@0.2; each x every --recipes given (KV recipes "
-             "compressing the assembled cache; default: none)",
+             "e.g. full-prefill,cacheblend:recompute=0.15,prophetkv:recompute=0.2; each x every --recipes "
+             "(KV recipes compressing the assembled cache; default: none)",
     )
-    parser.add_argument("--num-docs", type=int, default=8, help="with --reuse: documents per sample")
+    parser.add_argument("--num-docs", type=int,
+                        help="documents per generated multidoc_qa_* sample (default: 8)")
     parser.add_argument(
         "--speculative", nargs="+", metavar="DRAFT",
-        help="speculative decoding as the grid axis: drafts (lookup, self:streaming:budget=256, model:NAME), "
-             "each x every --verify, next to plain decoding (longlab.eval.spec_grid)",
+        help="speculative decoding as a grid axis: drafts (lookup, self:streaming:budget=256, model:NAME), "
+             "each x every --verify, next to plain decoding (each row decodes alone, timed against plain)",
     )
     parser.add_argument("--verify", nargs="+", metavar="VERIFIER", help="with --speculative: full, dustin")
     parser.add_argument("--gamma", type=int, help="with --speculative: draft tokens per step")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument(
         "--positions", type=_recipe_list, metavar="METHODS",
-        help="position methods as a grid axis, each applied at load (rows' model: NAME|METHOD), plus none: "
-             "e.g. yarn:factor=2,pi:factor=2,drope:weights=DIR",
+        help="position methods as a grid axis, each applied to the model while its rows run (rows' model: "
+             "NAME|METHOD), plus none: e.g. yarn:factor=2,pi:factor=2,drope:weights=DIR",
+    )
+    parser.add_argument(
+        "--score", choices=("decode", "forced"), default="decode",
+        help="decode: the task's metric on the decoded answer (default); forced: teacher forcing, 1 when "
+             "greedy decoding would emit the first answer exactly (one forward, no decoding), with each "
+             "row's agreement with the full cache (fidelity)",
+    )
+    parser.add_argument(
+        "--strict", action=argparse.BooleanOptionalAction, default=True,
+        help="refuse prompts beyond the model's max_position_embeddings (default; --no-strict runs them)",
     )
 
 
@@ -369,133 +355,29 @@ def _print_score_tables(out: str) -> None:
     prefill = prefill_table(rows, load_metrics(out))
     if prefill:
         print(prefill + "\n")
+    from .eval.tables import spec_markdown  # the speculative axis: speed and bytes against plain decoding
 
-
-def _reuse_samples(args: argparse.Namespace, tokenizer: Any, make_samples: Callable) -> list:
-    """The generated samples of ``longlab eval --reuse`` (a generator's ValueError becomes a LonglabError)."""
-    try:
-        return [
-            s
-            for task in args.tasks or ["multidoc_qa_1"]
-            for length in args.lengths or [2048]
-            for s in make_samples(
-                task, tokenizer, length, args.samples, args.seed,
-                **({"num_docs": args.num_docs} if task.startswith("multidoc_") else {}),
-            )
-        ]
-    except LonglabError:
-        raise
-    except ValueError as exc:
-        raise LonglabError(f"--tasks/--lengths: {exc}") from None
-
-
-def _eval_reuse(args: argparse.Namespace) -> int:
-    """``longlab eval --reuse ...`` (longlab.eval.reuse_grid): reuse methods x multi-document samples."""
-    from .eval.config import DEFAULT_RECIPES
-    from .eval.reuse_grid import run_reuse_eval
-    from .eval.store import check_results_dir
-    from .models import load_model
-    from .reuse import parse_reuse
-    from .reuse.compose import reuse_recipe
-    from .tasks import generate as make_samples
-    from .tasks.multidoc import load_multidoc_jsonl
-
-    recipes = ["full"] if args.recipes == list(DEFAULT_RECIPES) else args.recipes  # KV recipes after reuse
-    for spec in args.reuse:
-        method = parse_reuse(spec)  # every method (and method x recipe) checked before the model loads
-        for recipe in recipes:
-            try:
-                reuse_recipe(recipe, method)
-            except LonglabError as exc:
-                raise LonglabError(f"--recipes: {exc}") from None
-    check_results_dir(args.out)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model)
-    if args.jsonl:
-        try:
-            samples = load_multidoc_jsonl(args.jsonl)
-        except ValueError as exc:
-            raise LonglabError(f"--jsonl: {exc}") from None
-    else:
-        samples = _reuse_samples(args, tokenizer, make_samples)
-    samples = samples[: args.limit] if args.limit else samples
-    summary = run_reuse_eval(
-        args.out, args.model, args.reuse, samples, seed=args.seed, max_new_tokens=args.max_new_tokens,
-        model=model, tokenizer=tokenizer, log=None if args.no_progress else print, recipes=recipes,
-    )
-    print(
-        f"longlab eval --reuse: {summary.written} new rows, {summary.skipped} skipped, "
-        f"{summary.total} in the grid; {summary.seconds:.1f}s"
-    )
-    _print_score_tables(args.out)
-    return 0
-
-
-def _eval_spec(args: argparse.Namespace) -> int:
-    """``longlab eval --speculative ...`` (longlab.eval.spec_grid): plain + drafts x verifiers per sample."""
-    from .eval.config import DEFAULT_RECIPES
-    from .eval.spec_grid import run_spec_eval, spec_configs, spec_table
-    from .eval.store import check_results_dir
-    from .models import load_model
-    from .tasks import generate as make_samples
-    from .tasks import load_jsonl
-
-    specs = spec_configs(args.speculative, args.verify, args.gamma)  # checked before the model loads
-    recipes = ["full"] if args.recipes == list(DEFAULT_RECIPES) else args.recipes
-    check_results_dir(args.out)
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model)
-    try:
-        samples = load_jsonl(args.jsonl) if args.jsonl else [
-            s for task in args.tasks or ["passkey"] for length in args.lengths or [1024]
-            for s in make_samples(task, tokenizer, length, args.samples, args.seed)
-        ]
-    except LonglabError:
-        raise
-    except ValueError as exc:
-        raise LonglabError(f"--tasks/--lengths/--jsonl: {exc}") from None
-    samples = samples[: args.limit] if args.limit else samples
-    written, skipped = run_spec_eval(
-        args.out, args.model, recipes, specs, samples, seed=args.seed, max_new_tokens=args.max_new_tokens,
-        model=model, tokenizer=tokenizer, log=None if args.no_progress else print,
-    )
-    print(f"longlab eval --speculative: {written} new rows, {skipped} skipped")
-    print(spec_table(args.out))
-    return 0
+    speculation = spec_markdown(rows)
+    if speculation:
+        print(speculation + "\n")
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
     """``longlab eval``: run the grid, then print the summary table and the report's paths."""
     from .eval.config import EvalConfig
-    from .eval.grid import run_eval
-
-    if args.skip_rows and (args.reuse or args.speculative):
-        raise LonglabError("--skip-rows runs with KV recipes only, not with --reuse or --speculative")
-    if args.compress != "end" and (args.reuse or args.speculative):
-        raise LonglabError("--compress chunk runs with KV recipes only, not with --reuse or --speculative")
-    if args.reuse:
-        return _eval_reuse(args)
-    if args.speculative:
-        return _eval_spec(args)
+    from .eval.driver import run_eval
 
     config = EvalConfig(
-        out=args.out, model=args.model, recipes=list(args.recipes), tasks=args.tasks, lengths=args.lengths,
+        out=args.out, model=args.model, recipes=args.recipes, tasks=args.tasks, lengths=args.lengths,
         samples=args.samples, seed=args.seed, query_aware=args.query_aware, chunk_size=args.chunk_size,
-        max_new_tokens=args.max_new_tokens, limit=args.limit, jsonl=args.jsonl, depths=list(args.depths),
+        max_new_tokens=args.max_new_tokens, limit=args.limit, jsonl=args.jsonl, depths=args.depths,
         backend=args.backend, workers=args.workers, threads=args.threads, batch_decode=args.batch_decode,
         prefill_metrics=args.prefill_metrics, metric_rows=args.metric_rows, compress=args.compress,
-        skip_rows=args.skip_rows, report=not args.no_report,
-        progress=not args.no_progress,
+        skip_rows=args.skip_rows, report=not args.no_report, progress=not args.no_progress,
+        positions=args.positions, reuse=args.reuse, num_docs=args.num_docs, speculative=args.speculative,
+        verify=args.verify, gamma=args.gamma, score=args.score, strict=args.strict,
     )
-    for position in args.positions or []:  # position methods as a grid axis (longlab.position), one store
-        run_eval(dataclasses.replace(config, position=position, report=False))
-    summary = run_eval(config)  # with --positions: the model's own RoPE, last, with the report
+    summary = run_eval(config)
     print(
         f"longlab eval: {summary.written} new rows, {summary.skipped} skipped, {summary.total} in the grid; "
         f"{summary.seconds:.1f}s"
@@ -535,7 +417,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0)
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--strict", action="store_true", help="error (not warn) beyond the model's context length")
+    g.add_argument("--strict", action=argparse.BooleanOptionalAction, default=True,
+                   help="refuse a prompt beyond the model's context length (default; --no-strict: warn, run)")
     g.add_argument("--quiet-summary", action="store_true", help="print the summary line to stderr")
     g.add_argument("--context-parallel", type=int, metavar="N",
                    help="prefill over N processes (ring attention, gloo); needs --recipe full")

@@ -7,7 +7,7 @@ model on its tokens at their true positions, and each attention layer runs
 :func:`~longlab.context_parallel.context_parallel_attention` (Ring-P2P by default; causal, or causal
 sliding-window for sliding layers). The layers' post-RoPE K/V are then all-gathered into rank 0's
 :class:`~longlab.cache.LonglabCache` in position order; the remaining context tokens, the question and
-greedy decoding run on rank 0 exactly as :func:`longlab.pipeline.generate` does with the ``full`` recipe,
+greedy decoding run on rank 0 exactly as :func:`longlab.generation.generate` does with the ``full`` recipe,
 so the answer is token-identical up to floating-point reassociation in attention.
 
 Only the ``full`` recipe (no compression, no sparse prefill), batch 1, no softcapped attention.
@@ -34,8 +34,10 @@ from .context_parallel import (
     _free_port,
     context_parallel_attention,
 )
+from .engine.stream import Stream, eos_token_ids
+from .generation import GenerationResult
 from .masks import make_mask
-from .pipeline import GenerationResult, Stream, encode_prompts, eos_token_ids
+from .prompt import encode_prompts
 from .recipe import LonglabError
 
 __all__ = ["generate_context_parallel", "context_parallel_prefill", "cli_generate"]
@@ -163,7 +165,7 @@ def generate_context_parallel(
     answer_prefix: str = "",
     chat_template: bool = True,
 ) -> GenerationResult:
-    """:func:`longlab.pipeline.generate` with the ``full`` recipe, greedy, its context prefilled over
+    """:func:`longlab.generation.generate` with the ``full`` recipe, greedy, its context prefilled over
     ``world`` processes (see the module docstring). Returns the same :class:`GenerationResult`."""
     if isinstance(world, bool) or not isinstance(world, int) or not 2 <= world <= 64:
         raise LonglabError(f"context_parallel (world size) must be an integer in [2, 64], got {world!r}")
@@ -205,17 +207,24 @@ def generate_context_parallel(
                             f"full (context-parallel {world}, {strategy})", cache)
 
 
-def cli_generate(args: Any, context: str) -> int:
-    """``longlab generate --context-parallel N``: checks, loads the model, prints like the plain command."""
+def cli_generate(args: Any, request: Any) -> int:
+    """``longlab generate --context-parallel N``: checks, loads the model, prints like the plain command.
+    ``request``: the checked :class:`~longlab.request.Request` (a context, the full recipe, greedy)."""
     import sys
 
     from .models import load_model
 
-    if args.recipe != "full":
+    if not request.parsed.recipe.is_empty:
         raise LonglabError(f"--context-parallel runs the full recipe only (no compression yet); pass "
                            f"--recipe full (got --recipe {args.recipe})")
-    if args.temperature != 0.0 or args.query_aware:
-        raise LonglabError("--context-parallel decodes greedily without --query-aware (full recipe)")
+    others = [flag for flag, on in (
+        ("--docs", request.documents is not None), ("--speculative", request.parsed.draft is not None),
+        ("--position", request.parsed.position is not None), ("--query-aware", request.query_aware),
+        ("--temperature", request.temperature != 0.0)) if on]
+    if others:
+        raise LonglabError(f"--context-parallel decodes greedily a context under the full recipe: "
+                           f"{', '.join(others)} cannot be combined with it")
+    context = request.context
     n = args.context_parallel
     if isinstance(n, bool) or not 2 <= n <= 64:
         raise LonglabError(f"--context-parallel must be in [2, 64], got {n}")

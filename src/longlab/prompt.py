@@ -7,9 +7,10 @@ mode) and a *question part* (appended after compression). :func:`build_prompt` r
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["build_prompt", "encode_prompts"]
+__all__ = ["build_prompt", "encode_prompts", "encode_messages", "continuation_ids"]
 
 _SENTINEL = "\u2063LONGLAB_CONTEXT\u2063"
 
@@ -56,3 +57,44 @@ def encode_prompts(
         ctx_ids.append(list(ids))
         q_ids.append(list(tokenizer(q_text, add_special_tokens=False)["input_ids"]) if q_text else [])
     return ctx_ids, q_ids
+
+
+_TURN = "\u2063LONGLAB_LAST_TURN\u2063"
+
+
+def encode_messages(
+    tokenizer: Any, messages: list[dict[str, str]], answer_prefix: str = "", chat_template: bool = True
+) -> tuple[list[int], list[int]]:
+    """Token ids of a chat's context part (every turn before the last user message's content) and its
+    question part (that content, the end of the turn, the assistant header and ``answer_prefix``).
+    Without a chat template (or ``chat_template=False``) the turns are plain text joined by blank lines."""
+    *before, last = messages
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        rendered = tokenizer.apply_chat_template(
+            [*before, {"role": last["role"], "content": _TURN}], tokenize=False, add_generation_prompt=True
+        )
+        head, tail = rendered.split(_TURN, 1)
+        ctx = list(tokenizer(head, add_special_tokens=False)["input_ids"])
+        q = list(tokenizer(last["content"] + tail + answer_prefix, add_special_tokens=False)["input_ids"])
+        return ctx, q
+    head = "\n\n".join(m["content"] for m in before)
+    if answer_prefix and not answer_prefix[0].isspace():
+        answer_prefix = " " + answer_prefix
+    ctx = list(tokenizer(head)["input_ids"]) if head else []
+    q = list(tokenizer(("\n\n" if head else "") + last["content"] + answer_prefix,
+                       add_special_tokens=not head)["input_ids"])
+    return ctx, q
+
+
+def continuation_ids(
+    question_ids: Callable[[str], list[int]], tokenizer: Any, answer_prefix: str, answer: str
+) -> list[int]:
+    """Token ids of ``" " + answer`` as they continue a prompt's question part: the question part is
+    tokenized with ``answer_prefix`` and with ``answer_prefix + " " + answer`` (``question_ids(prefix)``),
+    and the second's extra tail is the answer; where tokenization does not split cleanly, the answer's
+    own ids."""
+    q = question_ids(answer_prefix)
+    joined = question_ids(answer_prefix + " " + answer)
+    if joined[: len(q)] == q and len(joined) > len(q):
+        return joined[len(q) :]
+    return list(tokenizer(" " + answer, add_special_tokens=False)["input_ids"])

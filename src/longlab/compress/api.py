@@ -102,6 +102,11 @@ class Squeeze:
             handle.remove()
 
     @property
+    def rewrites_embeddings(self) -> bool:
+        """Whether the model must read merged embeddings for this compression (:meth:`applied`)."""
+        return self.method is not None and any(r.embeds is not None for r in self.rows)
+
+    @property
     def guides(self) -> bool:
         return self.method is not None and bool(getattr(self.method, "guides_decoding", False))
 
@@ -188,7 +193,7 @@ _MARK = "\u2063LONGLAB_COMPRESS\u2063"
 
 def template_head(tokenizer: Any, ids: list[int]) -> int:
     """Leading tokens of ``ids`` that are the chat template's opening (system turn, user header), as
-    :func:`longlab.pipeline.build_prompt` renders it; 0 without a template or when ``ids`` do not start
+    :func:`longlab.prompt.build_prompt` renders it; 0 without a template or when ``ids`` do not start
     with it (plain completion prompts)."""
     if not getattr(tokenizer, "chat_template", None):
         return 0

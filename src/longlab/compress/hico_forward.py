@@ -3,7 +3,7 @@
 VideoChat-Flash (Li et al., arXiv 2501.00574, ICLR 2026) drops tokens inside the LLM at a few layers
 with cumulative keep ratios, scored by the attention of the last prompt token, so the layers after a
 drop point compute (and cache) only the kept tokens. :class:`HiCoForward` does this for one prefill
-forward on the spine (a :class:`~longlab.pipeline.Stream` over a :class:`~longlab.cache.LonglabCache`,
+forward on the spine (a :class:`~longlab.engine.stream.Stream` over a :class:`~longlab.cache.LonglabCache`,
 the longlab attention hook), without patching any model class:
 
 - ``stages`` (layer fractions, default 1/3 and 2/3) give the first layers ``b_1 < ... < b_S`` of the

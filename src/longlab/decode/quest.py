@@ -20,7 +20,7 @@ the same way: it takes the top ``min(K, n_pages)`` pages, i.e. every page once `
 the last page with the others instead of always reading it; here it is always read).
 
 Page summaries are computed once per complete page and kept in ``layer.state`` (``quest.*``), so
-:meth:`Stream.fork <longlab.pipeline.Stream.fork>` and batch selection carry them and ``nbytes`` counts
+:meth:`Stream.fork <longlab.engine.stream.Stream.fork>` and batch selection carry them and ``nbytes`` counts
 them; they are recomputed if an eviction repacks the layer.
 """
 

@@ -25,11 +25,11 @@ page table ``Last[h, p]`` (the last step page ``p`` was loaded). At step ``t`` (
 
 Implementation notes. The state (window queries, output cache, log-sum-exps, positions, residual inputs,
 RoPE, page table) is kept in each layer's ``layer.state`` under ``retro.*``, batch first, so
-:meth:`Stream.fork <longlab.pipeline.Stream.fork>` copies it, batch selection keeps it right and
+:meth:`Stream.fork <longlab.engine.stream.Stream.fork>` copies it, batch selection keeps it right and
 ``nbytes`` counts it. The refresh needs each window token's residual-stream input of every layer and the
 decoder-layer modules; the inputs are captured by forward pre-hooks on the decoder layers, installed the
 first time RetroAttention decodes with a model attached to the cache (``cache.model_ref``, set by
-:class:`longlab.pipeline.Stream`). The hooks belong to the cache: they act only for it (and its forks),
+:class:`longlab.engine.stream.Stream`). The hooks belong to the cache: they act only for it (and its forks),
 are held in ``cache.resources`` and are removed when the last cache sharing them is closed
 (``cache.close()``, ``with LonglabCache(...) as cache``) or garbage-collected. Supported decoder layers are
 the pre-norm Llama family (``input_layernorm``, ``self_attn``, ``post_attention_layernorm``, ``mlp``:

@@ -1,14 +1,15 @@
 """``longlab eval --backend ray``: the grid sharded by sample over Ray workers.
 
-A shard is one (task, length, sample) with the recipes it still lacks, so each worker keeps the
-prefill-once branching of :class:`~longlab.eval.sample_runner.SampleRunner`. Each worker is a Ray actor that
+A shard is one (task, length, sample, position) with the cells it still lacks, so each worker keeps the
+prefill-once branching of its engine (:class:`~longlab.eval.runner.SampleRunner`). Each worker is a Ray
+actor that
 loads the model once (a GPU each when CUDA is available, else a share of the CPUs); shards go to
 whichever worker is free. Workers only compute and return rows: the driver is the single writer of
 the results store, one transaction per row, so resuming works exactly as with the serial backend.
 
 Ray is an optional dependency (``pip install 'longlab[ray]'``). ``RAY_ADDRESS`` set in the
 environment joins an existing cluster; otherwise a local one is started for the run and shut down.
-The grid driver (:func:`longlab.eval.grid.run_eval`) chooses this backend; nothing here imports it.
+The grid driver (:func:`longlab.eval.driver.run_eval`) chooses this backend; nothing here imports it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 
 from ..recipe import LonglabError
 from .config import EvalConfig
-from .sample_runner import SampleRunner
+from .runner import SampleRunner
 
 __all__ = ["require_ray", "run_ray", "SampleWorker"]
 
@@ -35,9 +36,10 @@ def require_ray() -> Any:
 
 
 class SampleWorker:
-    """One model per worker; ``run(sample, recipes)`` returns that sample's rows."""
+    """One model per worker; ``run(sample, cells, position)`` returns that sample's rows."""
 
-    def __init__(self, config: dict[str, Any], config_hash: str, threads: int, device: str) -> None:
+    def __init__(self, config: dict[str, Any], config_hash: dict[str, str], threads: int,
+                 device: str) -> None:
         import torch
 
         from ..models import load_model
@@ -47,8 +49,8 @@ class SampleWorker:
         model, tokenizer = load_model(cfg.model, device=device)
         self.runner = SampleRunner(model, tokenizer, cfg, config_hash, backend="ray")
 
-    def run(self, sample: Any, recipes: list[str]) -> list[dict[str, Any]]:
-        rows = list(self.runner.run(sample, recipes))
+    def run(self, sample: Any, cells: list[Any], position: str) -> list[dict[str, Any]]:
+        rows = list(self.runner.run(sample, cells, position))
         for row in rows:
             row["extra"]["worker_pid"] = os.getpid()
         return rows
@@ -56,11 +58,12 @@ class SampleWorker:
 
 def run_ray(
     config: EvalConfig,
-    config_hash: str,
-    todo: list[tuple[Any, list[str]]],
+    config_hash: dict[str, str],
+    todo: list[tuple[Any, list[Any], str]],
     write: Callable[[dict[str, Any]], None],
 ) -> None:
-    """Evaluate ``todo`` (sample, missing recipes) on ``config.workers`` Ray workers; ``write`` each row."""
+    """Evaluate ``todo`` (sample, missing cells, position) on ``config.workers`` Ray workers; ``write``
+    each row."""
     if not todo:
         return
     ray = require_ray()
@@ -74,11 +77,11 @@ def run_ray(
         if address:
             ray.init(address=address, **kwargs)
         else:
-            ray.init(num_cpus=max(config.workers, os.cpu_count() or 1), **kwargs)
+            ray.init(num_cpus=max(config.workers or 2, os.cpu_count() or 1), **kwargs)
         started = True
     try:
         use_gpu = torch.cuda.is_available()
-        n_workers = config.workers
+        n_workers = config.workers or 2
         if use_gpu:  # one GPU per worker: more workers than GPUs would wait forever
             n_workers = max(1, min(n_workers, int(ray.available_resources().get("GPU", 0)) or 1))
         cpus = float(ray.available_resources().get("CPU", n_workers))

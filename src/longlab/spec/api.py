@@ -10,7 +10,7 @@ from .base import Draft, Verifier, parse_draft, parse_verifier
 from .loop import speculative_decode
 from .rollback import check_target_recipe
 
-__all__ = ["SpecConfig", "prepare"]
+__all__ = ["SpecConfig", "prepare", "spec_name"]
 
 
 @dataclass
@@ -23,9 +23,7 @@ class SpecConfig:
 
     @property
     def name(self) -> str:
-        d, v = self.draft, self.verifier
-        draft = getattr(d, "spec_name", None) or _draft_name(d)
-        return f"{draft};{_verifier_name(v)};gamma={self.gamma or d.default_gamma}"
+        return spec_name(self.draft, self.verifier, self.gamma)
 
     def check_recipe(self, recipe: Recipe) -> None:
         check_target_recipe(recipe)
@@ -62,6 +60,12 @@ class SpecConfig:
         info = stats.as_dict()
         info["spec"] = self.name
         return tokens, info
+
+
+def spec_name(draft: Draft, verifier: Verifier, gamma: int | None) -> str:
+    """``draft;verifier;gamma=G``: how results name a speculative configuration."""
+    name = getattr(draft, "spec_name", None) or _draft_name(draft)
+    return f"{name};{_verifier_name(verifier)};gamma={gamma or draft.default_gamma}"
 
 
 def _draft_name(d: Draft) -> str:

@@ -25,6 +25,7 @@ One step, per row ``b`` (the pending token ``x`` is the last one produced, not y
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,12 +34,12 @@ from ..recipe import LonglabError, Recipe
 from .base import Proposal, SpecContext, SpecStats, forward_tokens
 from .rollback import CacheSnapshot, check_target_recipe, commit
 
-__all__ = ["speculative_decode", "filtered_probs", "accept_greedy", "accept_sampling"]
+__all__ = ["speculative_decode", "speculative_steps", "filtered_probs", "accept_greedy", "accept_sampling"]
 
 
 def filtered_probs(logits: torch.Tensor, temperature: float, top_p: float) -> torch.Tensor:
     """Sampling distribution ``[..., V]`` of logits at ``temperature`` (> 0) with top-p filtering (the rule
-    of plain sampling in :mod:`longlab.pipeline`)."""
+    of plain sampling in :mod:`longlab.engine.decode`)."""
     probs = torch.softmax(logits.float() / temperature, dim=-1)
     if top_p < 1.0:
         sorted_p, order = probs.sort(dim=-1, descending=True)
@@ -99,8 +100,18 @@ def _first_token(
     return torch.multinomial(filtered_probs(logits, temperature, top_p), 1, generator=gen)[:, 0]
 
 
+def speculative_decode(*args: Any, **kwargs: Any) -> tuple[list[list[int]], SpecStats]:
+    """Run :func:`speculative_steps` to the end; returns ``(tokens per row, stats)``."""
+    steps = speculative_steps(*args, **kwargs)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
 @torch.inference_mode()
-def speculative_decode(
+def speculative_steps(
     model: Any,
     tokenizer: Any,
     stream: Any,
@@ -114,10 +125,13 @@ def speculative_decode(
     temperature: float = 0.0,
     top_p: float = 1.0,
     seed: int = 0,
-) -> tuple[list[list[int]], SpecStats]:
+) -> Iterator[None]:
     """Decode ``max_new_tokens`` per row with speculation; the stream (``cache``, ``seen_mask``,
     ``next_pos``) is the target's after the prompt, ``logits [B, V]`` its last next-token logits,
-    ``prompt_ids`` each row's prompt tokens. Greedy output equals plain greedy decoding's."""
+    ``prompt_ids`` each row's prompt tokens. Greedy output equals plain greedy decoding's.
+
+    A generator: it yields after every verification step (the engine interleaves it with other
+    requests) and returns ``(tokens per row, stats)``."""
     gamma = draft.default_gamma if gamma is None else gamma
     if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
         raise LonglabError(f"gamma (draft tokens per step) must be an integer >= 1, got {gamma!r}")
@@ -151,6 +165,7 @@ def speculative_decode(
     device = stream.device
     try:
         while not bool(done.all()):
+            yield
             left = max(max_new_tokens - len(out[b]) for b in range(B) if not done[b])
             g = max(0, min(gamma, left - 1))
             if g:

@@ -1,10 +1,10 @@
 """The prefix-sharing planner: which recipes of a sample can branch from one shared prefill.
 
-For one sample every context token before the *tail* is fed once, uncompressed, into a stream whose
+For one prompt every context token before the *tail* is fed once, uncompressed, into a stream whose
 recipe holds each observing KV policy of its group (``needs_observe``, e.g. H2O's accumulated
 attention), so their state covers the shared prefix. The tail is the last prefill chunk of the prompt
-as :func:`longlab.pipeline.generate` would chunk it (at least 64 tokens and at least every policy's
-``observation_window``), so a branch equals an independent ``generate(..., compress="end")`` run.
+as a request alone would chunk it (:func:`longlab.engine.stream.chunk_slices`; at least 64 tokens and
+at least every policy's ``observation_window``), so a branch equals the request run alone.
 
 Recipes whose observers collide (two configurations of one observing method, e.g. two H2O settings
 other than the ratio) or that differ in prefill policy or tail start get separate shared prefixes.
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..recipe import LonglabError, Method, Recipe
+from .stream import MIN_LAST_CHUNK, chunk_slices
 
 __all__ = ["PrefixGroup", "Observer", "batchable", "compresses_every_chunk", "observation_need", "plan",
            "replayable", "tail_start", "transforms_prefill"]
@@ -65,16 +66,12 @@ def observers(recipe: Recipe) -> dict[str, Method]:
 
 def observation_need(recipe: Recipe) -> int:
     """Tokens the compressed (last) chunk must hold: 64, and every policy's observation window."""
-    from ..pipeline import MIN_LAST_CHUNK
-
     return max([MIN_LAST_CHUNK, *(int(p.observation_window) for p in recipe.kv)])
 
 
 def tail_start(n_ctx: int, n_q: int, chunk_size: int, query_aware: bool, need: int) -> int:
     """Context tokens before the tail: the start of ``generate``'s last prefill chunk, moved earlier
     when that chunk would hold fewer than ``need`` tokens."""
-    from ..pipeline import chunk_slices
-
     total = n_ctx + (n_q if query_aware and n_q else 0)
     start = chunk_slices(total, chunk_size)[-1].start
     # query-agnostic: the tail needs >= 1 context token; query-aware: the question can be the tail

@@ -1,16 +1,18 @@
-"""The grid driver: ``run_eval`` runs model x recipe x task x length x sample into a results store.
+"""The one grid driver: ``run_eval`` runs every sample under every cell of the sweep into a results store.
 
-It validates the configuration, loads the model once, checks the lengths against the model and this
+A cell is one combination of the axes of :class:`~longlab.eval.config.EvalConfig` — a KV recipe, a reuse
+method over stored documents, a speculative configuration (next to plain decoding), a position method —
+and becomes one :class:`~longlab.request.Request` to the :class:`~longlab.engine.Engine`. The driver
+validates the configuration, loads the model once, checks the lengths against the model and this
 machine's memory, builds the samples, skips the rows already stored (a killed run resumes where it
-stopped) and hands each sample with the recipes it still lacks to a
-:class:`~longlab.eval.sample_runner.SampleRunner` — in this process (``backend="serial"``) or on Ray
-workers (``backend="ray"``, :mod:`longlab.eval.ray_backend`); the choice of backend is made here only.
-The driver is the single writer of the store, one transaction per row.
+stopped) and hands each sample with the cells it still lacks to a
+:class:`~longlab.eval.runner.SampleRunner` — in this process (``backend="serial"``) or on Ray workers
+(``backend="ray"``, :mod:`longlab.eval.ray_backend`). It is the single writer of the store, one
+transaction per row: one row function, one config hash per position, one run key.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 import time
 from collections import Counter, defaultdict
@@ -19,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..recipe import LonglabError
-from .config import DEFAULT_LENGTHS, DEFAULT_TASKS, GRID_TASK, EvalConfig
-from .sample_runner import METRICS_KEY, SampleRunner
+from ..errors import LonglabError
+from .config import DEFAULT_DEPTHS, DEFAULT_LENGTHS, GRID_TASK, Cell, EvalConfig
+from .runner import METRICS_KEY, SampleRunner
 
-__all__ = ["EvalSummary", "build_samples", "check_lengths", "kv_bytes_per_token", "run_eval"]
+__all__ = ["EvalSummary", "build_samples", "check_lengths", "run_eval"]
 
 
 @dataclass
@@ -55,13 +57,10 @@ def build_samples(config: EvalConfig, tokenizer: Any, warn: Callable[[str], None
     A (task, length) cell too short for the task's template is skipped with a warning. Two JSONL
     samples with the same (task, length, sample_id) would be one row of the store: refused, naming them."""
     warn = warn or _stderr
-    from ..tasks import generate, load_jsonl, niah_grid
+    from ..tasks import generate, niah_grid
 
     if config.jsonl is not None:
-        try:
-            samples = load_jsonl(config.jsonl)
-        except (OSError, ValueError) as err:
-            raise LonglabError(f"--jsonl: {err}") from None
+        samples = _load_jsonl(config.jsonl)
         default_task = Path(config.jsonl).stem
         for s in samples:
             s.task = s.task or default_task
@@ -76,13 +75,16 @@ def build_samples(config: EvalConfig, tokenizer: Any, warn: Callable[[str], None
         samples = []
         lengths = list(config.lengths or DEFAULT_LENGTHS)
         too_small: list[str] = []
-        for task in config.tasks or DEFAULT_TASKS:
+        n, depths = config.samples_per_cell, list(config.depths or DEFAULT_DEPTHS)
+        for task in config.tasks or config.default_tasks():
+            multidoc = config.num_docs and task.startswith("multidoc_")
+            options = {"num_docs": config.num_docs} if multidoc else {}
             for length in lengths:
                 try:
                     if task == GRID_TASK:
-                        samples += niah_grid(tokenizer, [length], config.depths, config.samples, config.seed)
+                        samples += niah_grid(tokenizer, [length], depths, n, config.seed)
                     else:
-                        samples += generate(task, tokenizer, length, config.samples, config.seed)
+                        samples += generate(task, tokenizer, length, n, config.seed, **options)
                 except ValueError as err:  # a length below what the task's template needs
                     too_small.append(f"{task}@{length}")
                     last_error = err
@@ -90,7 +92,35 @@ def build_samples(config: EvalConfig, tokenizer: Any, warn: Callable[[str], None
             warn(f"longlab eval: skipping {', '.join(too_small)}: too short for the task with this tokenizer")
         if not samples:
             raise LonglabError(f"no sample could be generated: {last_error}")
-    return samples[: config.limit] if config.limit else samples
+    samples = samples[: config.limit] if config.limit else samples
+    if config.reuse:
+        flat = [s for s in samples if not s.metadata.get("documents")]
+        if flat:
+            raise LonglabError(
+                "--reuse needs multi-document samples ({documents, question, answers}); "
+                f"{flat[0].task} has none: "
+                "use --tasks multidoc_qa_1,multidoc_qa_2 or a --jsonl of documents"
+            )
+    return samples
+
+
+def _load_jsonl(path: str) -> list[Any]:
+    """A JSONL file in the common format: ``context`` rows, or ``documents`` rows (multi-document)."""
+    import json
+
+    from ..tasks import load_jsonl
+    from ..tasks.multidoc import load_multidoc_jsonl
+
+    try:
+        with open(path, encoding="utf-8") as fh:
+            first = next((line for line in fh if line.strip()), "")
+        try:
+            documents = isinstance(json.loads(first), dict) and "documents" in json.loads(first)
+        except ValueError:
+            documents = False
+        return load_multidoc_jsonl(path) if documents else load_jsonl(path)
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        raise LonglabError(f"--jsonl: {err}") from None
 
 
 def _refuse_duplicate_ids(path: str, samples: list[Any]) -> None:
@@ -111,35 +141,6 @@ def _refuse_duplicate_ids(path: str, samples: list[Any]) -> None:
 # lengths vs the model and the machine
 
 
-def _text_config(model: Any) -> Any:
-    config = model.config
-    return getattr(config, "text_config", None) or config
-
-
-def kv_bytes_per_token(model: Any) -> int:
-    """Bytes one token of an uncompressed cache holds (keys and values, every layer)."""
-    cfg = _text_config(model)
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    elem = next(model.parameters()).element_size()
-    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem
-
-
-def _available_bytes(model: Any) -> int | None:
-    """Free memory where the cache lives (GPU memory for a CUDA model, else RAM), None if unknown."""
-    import torch
-
-    device = next(model.parameters()).device
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        import psutil
-    except ImportError:
-        return None
-    return int(psutil.virtual_memory().available)
-
-
 def _gib(n: float) -> str:
     return f"{n / 2**30:.1f} GiB"
 
@@ -154,14 +155,16 @@ def check_lengths(
     ``2 H chunk_size L`` floats): beyond the available memory it is refused with the allowed range.
     Beyond the model's ``max_position_embeddings`` it warns (quality degrades); when the whole sample
     (one branch per recipe, kept for the batched decode) may not fit, it warns too."""
+    from ..engine import available_bytes, kv_bytes_per_token
+
     warn = warn or _stderr
     if config.jsonl is not None and not config.lengths:
         return  # the file's own samples: nothing to generate
     lengths = sorted(set(config.lengths or DEFAULT_LENGTHS))
-    cfg = _text_config(model)
+    cfg = getattr(model.config, "text_config", None) or model.config
     per_token = kv_bytes_per_token(model)
-    work_per_token = 2 * cfg.num_attention_heads * config.chunk_size * 4
-    available = available if available is not None else _available_bytes(model)
+    work_per_token = 2 * cfg.num_attention_heads * config.chunk * 4
+    available = available if available is not None else available_bytes(model)
     longest = lengths[-1]
     if available is not None:
         per_len = 2 * per_token + work_per_token
@@ -172,20 +175,23 @@ def check_lengths(
                 f"about {_gib(longest * per_len)} (two {_gib(longest * per_token)} caches plus the attention "
                 f"workspace) and {_gib(available)} is free; allowed range: 1..{allowed} tokens"
             )
-        whole = (2 + len(config.recipes)) * per_token * longest + work_per_token * longest
+        whole = (2 + len(config.cells())) * per_token * longest + work_per_token * longest
         if whole > available:
             warn(
-                f"longlab eval: --lengths {longest} with {len(config.recipes)} recipes may need about "
+                f"longlab eval: --lengths {longest} with {len(config.cells())} cells may need about "
                 f"{_gib(whole)} (one cache per recipe until the batch decodes) and {_gib(available)} is "
                 "free: fewer recipes per run or --no-batch-decode need less"
             )
     limit = getattr(cfg, "max_position_embeddings", None)
     beyond = [n for n in lengths if limit and n > limit]
     if beyond:
-        warn(
-            f"longlab eval: --lengths {','.join(map(str, beyond))} is beyond {config.model}'s "
+        message = (
+            f"--lengths {','.join(map(str, beyond))} is beyond {config.model}'s "
             f"max_position_embeddings={limit}; quality will degrade"
         )
+        if config.strict and not config.positions:
+            raise LonglabError(f"{message} (--no-strict runs them anyway; --positions extends the positions)")
+        warn(f"longlab eval: {message}")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -193,9 +199,9 @@ def check_lengths(
 
 
 def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) -> EvalSummary:
-    """Run the grid of ``config`` into ``config.out``; rows already stored are skipped."""
+    """Run every cell of ``config`` on every sample into ``config.out``; rows already stored are skipped."""
     from ..models import load_model
-    from .store import ResultStore, config_hash, make_run_key
+    from .store import ResultStore, check_results_dir, config_hash, make_run_key
 
     log = log or (lambda msg: print(msg, flush=True))
     config.validate()
@@ -203,45 +209,51 @@ def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) ->
         from .ray_backend import require_ray
 
         require_ray()  # fail before loading anything
+    check_results_dir(config.out)  # checked before the model loads; created once the samples are
     start = time.perf_counter()
-    if config.threads and config.backend == "serial":
-        import torch
-
-        torch.set_num_threads(config.threads)
-    if config.progress:
-        _stderr(f"longlab eval: loading {config.model} ...")
-    model, tokenizer = load_model(config.model, position=config.position)
-    load_s = time.perf_counter() - start
-    check_lengths(config, model)
-    samples = build_samples(config, tokenizer)
-    chash = config_hash(config.identity())
-    labelled = dataclasses.replace(config, model=config.model_label) if config.position else config
-    runner = SampleRunner(model, tokenizer, labelled, chash, config.backend)
-    store = ResultStore(config.out)
+    store = None
     try:
+        if config.threads and config.backend == "serial":
+            import torch
+
+            torch.set_num_threads(config.threads)
+        if config.progress:
+            _stderr(f"longlab eval: loading {config.model} ...")
+        model, tokenizer = load_model(config.model)
+        load_s = time.perf_counter() - start
+        check_lengths(config, model)
+        samples = build_samples(config, tokenizer)
+        cells = config.cells()
+        positions = ["none"] + [p for p in config.positions or [] if p != "none"]
+        hashes = {p: config_hash(config.identity(p)) for p in positions}
+        runner = SampleRunner(model, tokenizer, config, hashes, config.backend)
+        store = ResultStore(config.out)
         done = store.done_keys()
         elsewhere = config.skipped_cells()  # --skip-rows: measured elsewhere
-        todo: list[tuple[Any, list[str]]] = []
+        todo: list[tuple[Any, list[Cell], str]] = []
         skipped = skipped_elsewhere = 0
-        for s in samples:
-            missing = []
-            for r in config.recipes:
-                if make_run_key(**runner.identity(s, r)) in done:
-                    skipped += 1
-                elif (config.model_label, r, s.task, s.length, str(s.sample_id)) in elsewhere:
-                    skipped_elsewhere += 1
-                else:
-                    missing.append(r)
-            if missing:
-                todo.append((s, missing))
-        total = len(samples) * len(config.recipes)
+        for position in positions[1:] + positions[:1]:  # position methods first, the model's own RoPE last
+            label = EvalConfig.label_of(config.model, position)
+            for s in samples:
+                missing = []
+                for c in cells:
+                    if make_run_key(**runner.identity(s, c, position)) in done:
+                        skipped += 1
+                    elif (label, c.label, s.task, s.length, str(s.sample_id)) in elsewhere:
+                        skipped_elsewhere += 1
+                    else:
+                        missing.append(c)
+                if missing:
+                    todo.append((s, missing, position))
+        total = len(samples) * len(cells) * len(positions)
         also = f", {skipped_elsewhere} in --skip-rows" if config.skip_rows else ""
+        axes = f"{len(cells)} cells" + (f" x {len(positions)} positions" if len(positions) > 1 else "")
         log(
-            f"longlab eval: {len(samples)} samples x {len(config.recipes)} recipes = {total} rows "
+            f"longlab eval: {len(samples)} samples x {axes} = {total} rows "
             f"({skipped} already in {store.path}{also}); model {config.model}, backend {config.backend}"
         )
         skipped += skipped_elsewhere
-        progress = _Progress(todo, len(samples), config.recipes, config.progress)
+        progress = _Progress(todo, len(samples) * len(positions), [c.label for c in cells], config.progress)
         written = 0
         sweep_start, cpu_start = time.perf_counter(), time.process_time()
 
@@ -256,17 +268,18 @@ def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) ->
                 from .ray_backend import run_ray
 
                 del model, runner  # the workers load their own copies
-                run_ray(config, chash, todo, write)
+                run_ray(config, hashes, todo, write)
             else:
-                for sample, recipes in todo:
+                for sample, missing, position in todo:
                     progress.start(sample)
-                    for row in runner.run(sample, recipes):
+                    for row in runner.run(sample, missing, position):
                         write(row)
         finally:
             progress.close()
         sweep_s, sweep_cpu_s = time.perf_counter() - sweep_start, time.process_time() - cpu_start
     finally:
-        store.close()
+        if store is not None:
+            store.close()
     summary = EvalSummary(
         Path(config.out), total, skipped, written, time.perf_counter() - start, load_s, sweep_s, sweep_cpu_s
     )
@@ -283,7 +296,8 @@ class _Progress:
     """A tqdm bar over samples (the rows done in its postfix), and when every row of a (task, length)
     cell has arrived, one line with each recipe's mean score on the cell's new rows."""
 
-    def __init__(self, todo: list[tuple[Any, list[str]]], n_samples: int, recipes: list[str], enabled: bool):
+    def __init__(self, todo: list[tuple[Any, list[Cell], str]], n_samples: int, recipes: list[str],
+                 enabled: bool) -> None:
         from tqdm import tqdm
 
         self.enabled = enabled
@@ -291,8 +305,8 @@ class _Progress:
         self.left: dict[str, int] = defaultdict(int)  # sample key -> rows still to come
         self.cell_left: dict[tuple[str, int], int] = defaultdict(int)
         self.scores: dict[tuple[str, int], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-        for sample, missing in todo:
-            self.left[self._key(sample.task, sample.length, sample.sample_id)] += len(missing)
+        for sample, missing, position in todo:
+            self.left[self._key(sample.task, sample.length, sample.sample_id, position)] += len(missing)
             self.cell_left[(sample.task, sample.length)] += len(missing)
         self.bar = tqdm(
             total=n_samples, initial=n_samples - len(todo), desc="eval", unit="sample", disable=not enabled,
@@ -301,15 +315,16 @@ class _Progress:
         self.rows = 0
 
     @staticmethod
-    def _key(task: str, length: int, sample_id: str) -> str:
-        return f"{task}\0{length}\0{sample_id}"
+    def _key(task: str, length: int, sample_id: str, position: str) -> str:
+        return f"{task}\0{length}\0{sample_id}\0{position}"
 
     def start(self, sample: Any) -> None:
         self.bar.set_postfix_str(f"{sample.task}@{sample.length} {sample.sample_id}", refresh=True)
 
     def row(self, row: dict[str, Any]) -> None:
         self.rows += 1
-        key = self._key(row["task"], row["length"], row["sample_id"])
+        position = row["model"].partition("|")[2] or "none"
+        key = self._key(row["task"], row["length"], row["sample_id"], position)
         self.left[key] -= 1
         if self.left[key] == 0:
             self.bar.update(1)
