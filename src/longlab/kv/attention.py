@@ -3,12 +3,21 @@ window + pooling), PyramidKV (per-layer budgets), AdaKV (head-adaptive budgets).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
 
 from ..recipe import LonglabError, register
-from .base import ScorerPolicy, group_mean, keep_top, snapkv_scores, window_attention
+from .base import (
+    ScorerPolicy,
+    group_mean,
+    keep_top,
+    pool_scores,
+    repeat_kv_heads,
+    snapkv_scores,
+    window_attention,
+)
 
 _H2O_STATE = "h2o_acc"
 
@@ -98,36 +107,129 @@ class SnapKV(ScorerPolicy):
         return snapkv_scores(ctx, self.window_size, self.kernel_size, self.pooling, "sum")
 
 
+def pyramid_layer_budget(
+    capacity: int, n: int, window_size: int, layer_idx: int, num_layers: int, beta: float = 20.0
+) -> int:
+    """Entries one head of layer ``layer_idx`` keeps under PyramidKV's official rule (KVCache-Factory,
+    ``PyramidKVCluster.update_kv``), for a prompt of ``n`` tokens and ``capacity`` = ``max_capacity_prompt``
+    (the average per-layer budget, window included), ``W`` = ``window_size``, ``L`` = ``num_layers``:
+
+    * ``n < C``: keep all ``n``;
+    * ``C <= n < 2(C-W)``: every layer keeps ``C`` (SnapKV's uniform budget);
+    * otherwise ``lo = floor((C-W)/beta)``, ``hi = 2(C-W) - lo``; if ``hi >= n - W`` then ``hi = n - W`` and
+      ``lo = 2(C-W) - hi``; ``step = floor((hi - lo)/(L-1))``; layer ``l`` keeps ``hi - l*step + W``.
+
+    The floor of the step leaves the last layer ``lo`` plus up to ``L - 2`` entries, so the layers average up
+    to ``(L-1)/2`` entries more than ``C`` (as the official code). ``C <= W`` (which the official code
+    refuses; reached only through a ratio on a short prompt) keeps the last ``C`` tokens. ``L = 1`` keeps
+    ``hi + W``."""
+    C, W = capacity, window_size
+    if n < C or C <= W:
+        return min(n, C)
+    rest = C - W
+    if n < 2 * rest:
+        return C
+    lo = math.floor(rest / beta)
+    hi = 2 * rest - lo
+    if hi >= n - W:
+        hi = n - W
+        lo = 2 * rest - hi
+    step = (hi - lo) // (num_layers - 1) if num_layers > 1 else 0
+    return hi - layer_idx * step + W
+
+
 @register("pyramidkv")
 @dataclass
 class PyramidKV(SnapKV):
     """Cai et al. 2024, "PyramidKV: Dynamic KV Cache Compression based on Pyramidal Information
-    Funneling", arXiv:2406.02069. SnapKV scores (per query head, pooled over the non-window slots,
-    then the group mean: kvpress's order) with per-layer budgets decreasing linearly:
-    ``k_{L-1} = (C-W)/beta``, ``k_0 = 2(C-W) - k_{L-1}``, ``k_l = k_0 - l*floor((k_0-k_{L-1})/(L-1))``,
-    each plus W, so the layers average C."""
+    Funneling", arXiv:2406.02069, as its official code (KVCache-Factory ``PyramidKVCluster``, run with
+    ``window_size=8, kernel_size=7, pooling=maxpool, beta=20``). Per-layer budgets decrease linearly with a
+    floored step (:func:`pyramid_layer_budget`; ``budget`` is the code's ``max_capacity_prompt``, the window
+    counted inside it). Score per query head: the last ``W`` queries' attention summed over the window,
+    max-pooled (``kernel_size``, padding ``k//2``) over the non-window prefix; keep the window plus
+    ``torch.topk`` of the prefix, called on the prefix in position order as the code calls it, so ties
+    (max pooling copies each peak to ``k`` slots) break the same way.
+
+    ``compression_ratio=r`` sets ``max_capacity_prompt = ceil((1-r) n)`` for an ``n``-token prompt (the
+    code's ``--max_capacity_prompts_ratio`` rounds ``(1-r) n`` instead; kvpress's ``PyramidKVPress`` uses
+    ``W + (1-r) n``): below about ``r = 0.5`` (``n < 2(C-W)``) the code, and so longlab, keeps ``C`` on every
+    layer. GQA (``gqa``): the code repeats K/V to the ``H`` query heads and keeps a set per query head
+    (``gqa="query"``, the layer then holds ``H/H_kv`` times the bytes); ``gqa="mean"`` (default, kvpress's
+    rule) averages the pooled scores over each KV head's query heads and keeps one set per KV head. The two
+    coincide without GQA."""
 
     paper = "arXiv:2406.02069"
     window_size: int = 8
     kernel_size: int = 7
     pooling: str = "max"
     beta: float = 20.0
+    gqa: str = "mean"  # mean | query: one set per KV head (group mean) or per query head (official code)
+
+    def validate(self) -> None:
+        super().validate()
+        self.check("beta", 1.0)
+        self.check("gqa", choices=("mean", "query"))
+        if self.budget is not None and self.budget <= self.window_size:
+            raise LonglabError(
+                f"pyramidkv: budget (max_capacity_prompt, window included) must be > window_size "
+                f"({self.window_size}), got {self.budget}"
+            )
 
     def target(self, ctx) -> torch.Tensor:
-        C = super().target(ctx)  # [B] average per-layer budget
-        W = self.window_size
-        L = max(ctx.num_layers, 2)
-        rest = torch.clamp(C - W, min=0).double()
-        k_last = rest / self.beta
-        k_first = 2 * rest - k_last
-        # k_0 can hold at most the n - W non-window tokens; then flatten the pyramid (raise k_last)
-        # so the layers still average C instead of silently keeping less.
-        room = (ctx.n_real - W).clamp(min=0).double()
-        k_last = torch.where(k_first > room, 2 * rest - room, k_last)
-        k_first = torch.minimum(k_first, room)
-        step = torch.floor((k_first - k_last) / (L - 1))
-        k_layer = k_first - ctx.layer_idx * step
-        return torch.clamp(k_layer.long() + W, min=1)
+        """``[B]`` entries kept per head in this layer (window included), from ``max_capacity_prompt``:
+        ``budget``, or ``ceil((1 - compression_ratio) n)``."""
+        n = ctx.n_real  # [B]
+        C = super().target(ctx) if self.budget is None else torch.full_like(n, self.budget)
+        L, layer, W = ctx.num_layers, ctx.layer_idx, self.window_size
+        kept = [
+            pyramid_layer_budget(c, m, W, layer, L, self.beta) for c, m in zip(C.tolist(), n.tolist())
+        ]
+        return torch.tensor(kept, dtype=torch.long, device=n.device)
+
+    def select(self, ctx) -> torch.Tensor | None:
+        n_keep = self.target(ctx)  # [B] entries per head, window included
+        valid = ctx.layer.valid  # [B, H_kv, T]
+        if bool((valid.sum(-1) <= n_keep[:, None]).all()):
+            return None
+        recent = torch.clamp(n_keep, max=self.window_size)  # the window never exceeds the budget
+        idx = ctx.key_index
+        prot = idx >= (ctx.n_real - recent)[:, None, None]
+        if self.sink_size:
+            prot |= (idx >= 0) & (idx < self.sink_size)
+        prot &= valid
+        cand = valid & ~prot
+        g = ctx.groups
+        s = self.head_scores(ctx)  # [B, H, T] window attention summed over the window queries
+        cand_h = cand.repeat_interleave(g, dim=1) if g > 1 else cand
+        s = pool_scores(s, self.kernel_size, self.pooling, cand_h)  # over the non-window prefix only
+        if self.gqa == "query" and g > 1:
+            repeat_kv_heads(ctx)  # ctx.layer now holds one KV head per query head: [B, H, T, D]
+            prot, cand, idx = prot.repeat_interleave(g, 1), cand_h, ctx.key_index
+        else:
+            s = group_mean(s, g)  # [B, H_kv, T]
+        keep = prot.clone()
+        for b in range(keep.shape[0]):
+            _keep_top_in_order(s[b], cand[b], idx[b], int(n_keep[b]) - int(prot[b].sum(-1).max()), keep[b])
+        return keep
+
+
+def _keep_top_in_order(
+    scores: torch.Tensor, cand: torch.Tensor, pos: torch.Tensor, k: int, keep: torch.Tensor
+) -> None:
+    """Mark in ``keep`` [h, T] the ``torch.topk(k)`` of each head's candidates, the candidates laid out in
+    position order (as the official code's ``scores[..., :n-W]``). scores, cand, pos: [h, T]."""
+    m = cand.sum(-1)  # [h]
+    if k <= 0:
+        return
+    order = torch.where(cand, pos, pos.new_full((), torch.iinfo(pos.dtype).max)).argsort(dim=-1, stable=True)
+    if bool((m == m[0]).all()):  # heads hold as many candidates: one topk over [h, m]
+        slots = order[:, : int(m[0])]
+        top = scores.gather(-1, slots).topk(min(k, int(m[0])), dim=-1).indices
+        keep.scatter_(-1, slots.gather(-1, top), True)
+        return
+    for h in range(scores.shape[0]):
+        slots = order[h, : int(m[h])]
+        keep[h, slots[scores[h, slots].topk(min(k, int(m[h]))).indices]] = True
 
 
 @register("adakv")
