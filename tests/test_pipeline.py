@@ -113,7 +113,9 @@ def test_context_beyond_max_positions_warns_or_errors(tokenizer):
     from longlab.models import build_tiny_model
 
     small = build_tiny_model("tiny-llama", max_position_embeddings=64)
-    with pytest.warns(UserWarning, match="max_position_embeddings=64"):
+    with pytest.warns(UserWarning, match="max_position_embeddings=64"):  # strict=False: it runs
+        generate(small, tokenizer, "x" * 100, "q?", "full", max_new_tokens=2, strict=False)
+    with pytest.raises(LonglabError, match="max_position_embeddings=64.*strict=False"):  # refused by default
         generate(small, tokenizer, "x" * 100, "q?", "full", max_new_tokens=2)
     with pytest.raises(LonglabError, match="max_position_embeddings=64"):
         generate(small, tokenizer, "x" * 100, "q?", "full", max_new_tokens=2, strict=True)

@@ -56,6 +56,8 @@ class Request:
     - ``continuation``: score this answer text by teacher forcing instead of decoding (the result holds
       the argmax at every answer position);
     - ``batch_decode``: may decode in one batch with other requests (rows that emit EOS leave it);
+    - ``strict``: a prompt + answer beyond the model's ``max_position_embeddings`` is refused (False: a
+      warning, and it runs; a position method lifts the refusal);
     - ``prefill_metrics``: sparse-prefill quality rows sampled per chunk (0: off).
     """
 
@@ -79,7 +81,7 @@ class Request:
     seed: int = 0
     stop: list[str] | None = None
     chat_template: bool = True
-    strict: bool = False
+    strict: bool = True
     continuation: str | None = None
     batch_decode: bool = True
     prefill_metrics: int = 0
