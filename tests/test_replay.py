@@ -5,16 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from longlab.attention import StandIn
 from longlab.cache import LonglabCache
 from longlab.engine.stream import Stream
 from longlab.hook import ChunkRecorder, replay_compression
 from longlab.recipe import Recipe, parse_recipe
 
 
-class _ObserveOnly:
+class _ObserveOnly(StandIn):
     """Runs a policy's ``observe`` in the shared prefill, never its selection."""
 
-    kind = "kv"
     needs_observe = True
 
     def __init__(self, policy) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LayerContext", "dense_attention", "layer_attention", "visibility_mask", "ceil_keep"]
+__all__ = ["LayerContext", "StandIn", "dense_attention", "layer_attention", "visibility_mask", "ceil_keep"]
 
 _MAX_SCORE_BYTES = 256 * 2**20  # bound on one [B, H, t_q, T] float block of attention scores
 
@@ -268,3 +268,22 @@ def _decode_attention(ctx: LayerContext) -> torch.Tensor:
 def ceil_keep(n: torch.Tensor, ratio: float) -> torch.Tensor:
     """Entries kept when removing fraction ``ratio`` of ``n``: ``ceil((1 - ratio) * n)``."""
     return torch.clamp(torch.ceil((1.0 - ratio) * n.double() - 1e-9).long(), min=1)
+
+
+class StandIn:
+    """Base of the harness's stand-in KV policies (recorders and probes placed in a recipe's KV list for
+    one forward): the capabilities the hook reads, declared as a real policy declares them, and no
+    selection (every entry kept). Subclasses override what they do."""
+
+    kind = "kv"
+    name = "stand-in"
+    needs_observe = False  # observe(ctx) on every forward
+    reads_attention = False  # computes attention itself: attend(ctx)
+    acts_during_decode = False
+    batch_select_safe = True
+
+    def select(self, ctx: LayerContext) -> None:
+        return None
+
+    def select_decode(self, ctx: LayerContext) -> None:
+        return None

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .attention import LayerContext, layer_attention, sliding_window_of
+from .attention import LayerContext, StandIn, layer_attention, sliding_window_of
 from .cache import CACHE_KWARG, LonglabCache
 
 __all__ = [
@@ -105,7 +105,7 @@ def longlab_attention(
 
     if recipe is not None:
         for policy in recipe.kv:
-            if getattr(policy, "needs_observe", False):
+            if policy.needs_observe:
                 policy.observe(ctx)
 
     if recipe is not None and ctx.phase == "prefill" and recipe.prefill is not None:
@@ -128,7 +128,7 @@ def longlab_attention(
 def _kv_reader(recipe) -> Any:
     """The first KV policy that computes attention itself (defines ``attend(ctx)``), or None."""
     for policy in recipe.kv:
-        if getattr(policy, "reads_attention", False):
+        if policy.reads_attention:
             return policy
     return None
 
@@ -156,7 +156,7 @@ def _after_attention(ctx: LayerContext, recipe) -> None:
         cache.stats["compress_calls"] += 1
 
 
-class ChunkRecorder:
+class ChunkRecorder(StandIn):
     """Stand-in KV policy that records, per layer, what the compression step of a prefill chunk sees
     (post-RoPE queries, attention output, positions, module) and keeps every entry.
 
@@ -166,8 +166,7 @@ class ChunkRecorder:
     ``compress="end"``. (Attention of a chunk runs before that layer evicts, so the chunk's outputs and
     the next layers' inputs do not depend on the recipe's choice.)"""
 
-    kind = "kv"
-    needs_observe = False
+    name = "chunk-recorder"
 
     def __init__(self) -> None:
         self.records: dict[int, LayerContext] = {}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from .errors import LonglabError, LonglabTypeError, check_choice, check_range, shorten
 from .registry import REGISTRY, LiveView, Registered, build_method, param
@@ -70,6 +70,23 @@ class Method(Registered):
     reports_prefill_metrics: ClassVar[bool] = False  # a prefill policy whose chunks PrefillMetrics measures
     batch_select_safe: ClassVar[bool] = False  # all its decode-time state is in the cache layer's tensors,
     #   batch first, so Cache.batch_select_indices keeps it right when a batched decode drops finished rows
+    # context methods (longlab.compress): what they do besides shortening the prompt
+    guides_decoding: ClassVar[bool] = False  # replaces greedy decoding (guided_decode; Guidance)
+    needs_scorer: ClassVar[bool] = False  # runs a language model over the context: ``scorer``
+    scorer: ClassVar[str] = "self"  # which model scores ("self" or a model name; a field where selectable)
+    transforms_prefill: ClassVar[bool] = False  # acts inside the prefill forward (prefill(); hico-forward)
+
+    def slots_read(self, ctx: Any, held: int) -> int:
+        """K/V slots this method's decode attention reads at this layer, of the ``held`` ones (all,
+        unless a decode policy reads a selection: Quest's pages)."""
+        return held
+
+    def decode_records(self) -> list[dict[str, Any]]:
+        """What a decode policy recorded per step (LoSA's pages and active queries); none by default."""
+        return []
+
+    def reset(self) -> None:
+        """Forget per-block state (a new Jacobi block starts); nothing to forget by default."""
 
     @property
     def observation_window(self) -> int:

@@ -36,9 +36,9 @@ _LOADED: dict[str, Any] = {}
 def scorer_for(method: Method, model: Any) -> Scorer | None:
     """The scorer a compressor asks for: the model itself (``scorer="self"``) or a named model loaded
     once per process with :func:`longlab.load_model` (e.g. ``smollm2-135m``)."""
-    if not getattr(method, "needs_scorer", False):
+    if not method.needs_scorer:
         return None
-    name = getattr(method, "scorer", "self")
+    name = method.scorer
     if name == "self":
         return Scorer(model)
     if name not in _LOADED:
@@ -108,7 +108,7 @@ class Squeeze:
 
     @property
     def guides(self) -> bool:
-        return self.method is not None and bool(getattr(self.method, "guides_decoding", False))
+        return self.method is not None and self.method.guides_decoding
 
     def decode(
         self, stream: Any, logits: torch.Tensor, max_new_tokens: int, eos: set[int], temperature: float = 0.0,
@@ -127,7 +127,7 @@ class Squeeze:
 
     @property
     def transforms_prefill(self) -> bool:
-        return self.method is not None and bool(getattr(self.method, "transforms_prefill", False))
+        return self.method is not None and self.method.transforms_prefill
 
     def feed(self, stream: Any, rows: list[list[int]], chunk_size: int, compress: str) -> torch.Tensor:
         """``stream.feed(rows, ...)`` with the merged embeddings applied; for a method that
@@ -247,7 +247,7 @@ def decode_rows(
     """The harness's decode: ``stream.decode(...)``, or guided decoding for a lone recipe whose context
     method ``guides_decoding``, through ``squeeze``, that method's compression of this sample."""
     method = recipes[0].context if len(recipes) == 1 else None
-    if method is not None and getattr(method, "guides_decoding", False):
+    if method is not None and method.guides_decoding:
         return _squeeze_of(method, squeeze).decode(stream, logits, max_new_tokens, eos)
     return stream.decode(logits, max_new_tokens, eos, **options)
 
@@ -258,7 +258,7 @@ def prefill_rows(recipe: Any, stream: Any, rows: list[list[int]], chunk_size: in
     ``transforms_prefill`` (``hico-forward``), that method's prefill through ``squeeze`` (its
     compression of this sample); ``rows`` are then the whole context (+ the question, query-aware)."""
     method = recipe.context
-    if method is None or not getattr(method, "transforms_prefill", False):
+    if method is None or not method.transforms_prefill:
         return stream.feed(rows, chunk_size, compress)
     return _squeeze_of(method, squeeze).feed(stream, rows, chunk_size, compress)
 

@@ -101,9 +101,6 @@ class ContextCompressor(Method):
     kind: ClassVar[str] = "context"
     batch_select_safe: ClassVar[bool] = True  # acts before prefill; nothing at decode
     query_aware: ClassVar[bool] = False  # reads the question
-    guides_decoding: ClassVar[bool] = False  # replaces greedy decoding (guided_decode; Guidance)
-    needs_scorer: ClassVar[bool] = False  # runs a language model over the context
-    transforms_prefill: ClassVar[bool] = False  # acts inside the prefill forward (prefill(); hico-forward)
 
     compression_ratio: float = 0.0
 

@@ -50,6 +50,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..attention import StandIn
 from ..recipe import LonglabError, Recipe, register
 from .base import Compressed, ContextCompressor, Prompt
 
@@ -65,13 +66,10 @@ def decoder_layers(model: Any) -> Any:
     return layers
 
 
-class _StageScores:
+class _StageScores(StandIn):
     """Stand-in KV policy (first in the recipe for the prefill forward): records the last query's
     head-averaged attention at each scoring layer, then gives the kept slots their true positions."""
 
-    kind = "kv"
-    needs_observe = False
-    batch_select_safe = True
     name = "hico-forward-scores"
 
     def __init__(self, owner: HiCoForward) -> None:

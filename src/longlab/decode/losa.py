@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -99,6 +99,9 @@ class LoSA(Method):
     @property
     def k_pages(self) -> int:
         return max(1, self.budget // self.page_size)
+
+    def decode_records(self) -> list[dict[str, Any]]:
+        return self.trace
 
     def reset(self) -> None:
         """Forget the cached prefix results (a new block starts)."""

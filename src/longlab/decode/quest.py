@@ -27,7 +27,7 @@ them; they are recomputed if an eviction repacks the layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -192,6 +192,10 @@ class Quest(Method):
     def n_pages(self) -> int:
         """Pages read per step, the last page included: ``K = max(min_pages, budget // page_size)``."""
         return max(self.min_pages, self.budget // self.page_size)
+
+    def slots_read(self, ctx: Any, held: int) -> int:
+        """``K * page_size`` slots on a sparse layer (of the ``held`` ones), every slot elsewhere."""
+        return min(held, self.n_pages * self.page_size) if self.is_sparse_layer(ctx) else held
 
     def is_sparse_layer(self, ctx) -> bool:
         return ctx.layer is not None and ctx.layer_idx >= self.dense_layers and ctx.sliding_window is None

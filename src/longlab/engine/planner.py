@@ -18,6 +18,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..attention import StandIn
 from ..recipe import LonglabError, Method, Recipe
 from .stream import MIN_LAST_CHUNK, chunk_slices
 
@@ -25,11 +26,10 @@ __all__ = ["PrefixGroup", "Observer", "batchable", "compresses_every_chunk", "ob
            "replayable", "tail_start", "transforms_prefill"]
 
 
-class Observer:
+class Observer(StandIn):
     """Stands in for an observing KV policy in the shared prefix: runs its ``observe`` and records
     which per-slot state (``layer.extras`` keys) it writes, so each fork keeps only its own."""
 
-    kind = "kv"
     needs_observe = True
 
     def __init__(self, policy: Method) -> None:
@@ -82,7 +82,7 @@ def tail_start(n_ctx: int, n_q: int, chunk_size: int, query_aware: bool, need: i
 def transforms_prefill(recipe: Recipe) -> bool:
     """Whether the recipe's context part acts inside the prefill forward (``hico-forward``): the recipe
     then prefills its whole prompt itself, in one forward (no shared prefix, no replayed tail)."""
-    return bool(getattr(recipe.context, "transforms_prefill", False))
+    return recipe.context is not None and recipe.context.transforms_prefill
 
 
 def compresses_every_chunk(recipe: Recipe, compress: str) -> bool:
@@ -104,7 +104,7 @@ def batchable(recipe: Recipe) -> bool:
     """Whether decoding ``recipe`` is plain attention over its cache (no decode policy, no storage
     policy, nothing acting at decode steps), so its branch can decode in a batch under the empty
     recipe. A recipe with a prefill policy is not: the batched question would bypass it."""
-    guided = getattr(recipe.context, "guides_decoding", False)  # a context part that decodes (Guidance)
+    guided = recipe.context is not None and recipe.context.guides_decoding  # it decodes itself (Guidance)
     return recipe.decode is None and recipe.prefill is None and not guided and all(
         p.kind == "kv" and not p.acts_during_decode and not p.reads_attention for p in recipe.kv
     )

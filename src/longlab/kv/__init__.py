@@ -121,7 +121,7 @@ def kept_indices(
     ctx = LayerContext(layer_idx, num_layers, module, "prefill", q, float(scaling), qidx, None, layer)
     with torch.no_grad():
         for policy in policies:
-            if getattr(policy, "needs_observe", False):
+            if policy.needs_observe:
                 policy.observe(ctx)
         for policy in policies:
             try:

@@ -71,6 +71,10 @@ class PositionMethod(Registered):
     family: ClassVar[str] = "position"
     default_layers: ClassVar[str] = "full"  # per-layer-type models: which layer types it changes
     needs_training: ClassVar[bool] = False  # changes the function enough that weights must be recalibrated
+    # fields some methods have (dataclass fields of the subclasses override these defaults)
+    original: ClassVar[int] = 0  # the trained length L the method scales from (0: max_position_embeddings)
+    layers: ClassVar[str] = ""  # which layer types it changes ("": default_layers)
+    weights: ClassVar[str] = ""  # trained weights it loads ("": none)
     changes_positions: ClassVar[bool] = True
 
     def layer_rope(self, params: dict[str, Any], head_dim: int, original: int) -> LayerRope:
@@ -158,8 +162,8 @@ def apply_position(model: Any, spec: str | PositionMethod | None, *, base_model:
     config = _text_config(model)
     old_params = copy.deepcopy(config.rope_parameters)
     new_params = copy.deepcopy(old_params)
-    original = int(getattr(method, "original", 0) or config.max_position_embeddings)
-    layers = getattr(method, "layers", "") or method.default_layers
+    original = int(method.original or config.max_position_embeddings)
+    layers = method.layers or method.default_layers
     per_type = _per_type(config)
     if per_type:
         targets = sorted(t for t in new_params if t != "rope_type" and new_params[t] is not None)

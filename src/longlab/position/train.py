@@ -247,7 +247,7 @@ def position_train_main(args: argparse.Namespace) -> int:
 
     spec = args.method + (f":{args.params}" if args.params else "")
     method = parse_position(spec)  # checked before the model loads
-    if getattr(method, "weights", ""):
+    if method.weights:
         raise LonglabError("--params: weights= is what training writes (use --out)")
     steps = args.steps if args.steps is not None else 50
     train = args.train or ("added" if args.method == "repo" else "attn")

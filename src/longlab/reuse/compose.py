@@ -61,18 +61,18 @@ def reuse_recipe(recipe: Any, method: Any) -> Recipe | None:
             "stored documents (docs=)"
         )
     for policy in parsed.kv:
-        if getattr(policy, "needs_observe", False):
+        if policy.needs_observe:
             raise LonglabError(
                 f"recipe {shown!r}: {policy.name!r} accumulates attention over every prefill query, but a "
                 f"reuse prefill ({method.spec}) computes queries only for the rows it recomputes; use a "
                 "policy that scores from the last queries (snapkv, pyramidkv, adakv, tova, streaming, ...)"
             )
-        if getattr(policy, "reads_attention", False):
+        if policy.reads_attention:
             raise LonglabError(
                 f"recipe {shown!r}: {policy.name!r} computes attention itself while the prompt is prefilled, "
                 "which a reuse prefill does not run through; it does not compose with docs= yet"
             )
-    if parsed.decode is not None and getattr(method, "parallel", False):
+    if parsed.decode is not None and method.parallel:
         raise LonglabError(
             f"recipe {shown!r}: {method.spec} decodes with its own attention (APE's temperature and scale), "
             f"so a decode policy ({parsed.decode.name!r}) cannot be added"

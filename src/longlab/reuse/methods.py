@@ -23,7 +23,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..attention import LayerContext
+from ..attention import LayerContext, StandIn
 from ..recipe import LonglabError, Recipe, shorten
 from ..registry import REGISTRY, Registered
 from .assemble import QUESTION, ReuseJob
@@ -227,15 +227,12 @@ class CacheBlend(ReuseMethod):
         return job.logits(h)
 
 
-class _AttentionProbe:
-    """Duck-typed KV policy (observe only): per layer, the mean attention of the question rows (the last
+class _AttentionProbe(StandIn):
+    """Stand-in KV policy (observe only): per layer, the mean attention of the question rows (the last
     ``n_query`` rows of the forward) over document tokens, normalised to sum 1: ``r_l [N]``."""
 
-    kind = "kv"
     name = "reuse-probe"
     needs_observe = True
-    reads_attention = False
-    batch_select_safe = True
 
     def __init__(self, job: ReuseJob, n_query: int, layers: set[int] | None = None) -> None:
         self.lookup = job.ctx_position_lookup()

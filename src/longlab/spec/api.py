@@ -64,7 +64,7 @@ class SpecConfig:
 
 def spec_name(draft: Draft, verifier: Verifier, gamma: int | None) -> str:
     """``draft;verifier;gamma=G``: how results name a speculative configuration."""
-    name = getattr(draft, "spec_name", None) or _draft_name(draft)
+    name = draft.spec_name or _draft_name(draft)
     return f"{name};{_verifier_name(verifier)};gamma={gamma or draft.default_gamma}"
 
 

@@ -140,6 +140,9 @@ class Draft(Registered):
     family: ClassVar[str] = "draft"
     default_gamma: ClassVar[int] = 4
 
+    observe_queries: ClassVar[Any] = None  # or a method (layer_idx, q, qidx): sees the verification queries
+    spec_name: ClassVar[str | None] = None  # how results name it (None: from its name and fields)
+
     def start(self, sc: SpecContext) -> None:
         """Called once before the first step (a draft model prefills its own cache here)."""
 

@@ -149,9 +149,7 @@ class _ViewAttention:
             return layer.attend(ctx) if hasattr(layer, "key_store") else layer_attention(ctx, None)
         if policy.kind == "decode":  # the policy reads the cache itself (Quest pages)
             out = policy.attend(ctx)
-            pages = getattr(policy, "n_pages", None)
-            sparse = getattr(policy, "is_sparse_layer", lambda c: True)(ctx)
-            read = min(T, pages * policy.page_size) if pages and sparse else T
+            read = policy.slots_read(ctx, T)
             sc.stats.draft_kv_bytes += read * slot_bytes
             return out
         view = d._views.get(ctx.layer_idx)
@@ -210,7 +208,7 @@ class SelfDraft(Draft):
                 f"self: the view must be a KV eviction policy (e.g. streaming:budget=256, snapkv@0.9) or a "
                 f"decode policy (quest:budget=1024), got {shorten(self.view)} (kind {policy.kind})"
             )
-        if policy.kind == "kv" and (policy.acts_during_decode or getattr(policy, "reads_attention", False)):
+        if policy.kind == "kv" and (policy.acts_during_decode or policy.reads_attention):
             raise LonglabError(
                 f"self: view {shorten(self.view)} acts at decode steps; give a prefill-time policy"
             )

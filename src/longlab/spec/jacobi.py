@@ -58,8 +58,16 @@ class JacobiStats:
 
 
 class _Dense:
+    """Dense attention standing in as the block's prefill and decode policy (the reference)."""
+
     def attend(self, ctx: LayerContext) -> torch.Tensor:
         return layer_attention(ctx, None)
+
+    def reset(self) -> None:
+        pass
+
+    def decode_records(self) -> list[dict[str, Any]]:
+        return []
 
 
 @torch.inference_mode()
@@ -100,14 +108,13 @@ def jacobi_decode(
     while min(len(o) for o in out) < max_new_tokens:
         n = block
         z = x[:, None].repeat(1, n)  # [B, n] guesses start as copies of x
-        if hasattr(policy, "reset"):
-            policy.reset()
+        policy.reset()
         snapshot = CacheSnapshot(cache)
         for step in range(max_steps):
-            mark = len(getattr(policy, "trace", []))
+            mark = len(policy.decode_records())
             lg = forward_tokens(model, cache, z.to(device), stream.seen_mask, stream.next_pos, recipe).cpu()
             stats.forwards += 1
-            trace = getattr(policy, "trace", [])[mark:]
+            trace = policy.decode_records()[mark:]
             if trace:
                 stats.pages += [t["pages"] for t in trace]
                 stats.active_fraction += [t["active"] / t["queries"] for t in trace]

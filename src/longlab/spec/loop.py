@@ -160,7 +160,7 @@ def speculative_steps(
     pend = [[int(x[b])] for b in range(B)]  # per row: tokens produced but not yet in the target's cache
     draft.start(sc)
     verifier.start(sc)
-    reader = _VerifyAttention(verifier, getattr(draft, "observe_queries", None))
+    reader = _VerifyAttention(verifier, draft.observe_queries)
     verify_recipe = Recipe(prefill=reader, decode=reader)  # type: ignore[arg-type]
     device = stream.device
     try:
