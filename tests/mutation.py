@@ -133,6 +133,23 @@ MUTATIONS: list[Mutation] = [
       "state[kq] = q[:, :, -self.window_size :].contiguous()",
       "state[kq] = q[:, :, : self.window_size].contiguous()",
       KV),
+    # ------------------------------------------------------------------------- KV reuse recompute selectors
+    M("prophetkv", "reuse/methods.py",
+      "job, relevance.topk(budget).indices if budget else torch.zeros(0, dtype=torch.long)",
+      "job, (-relevance).topk(budget).indices if budget else torch.zeros(0, dtype=torch.long)",
+      REUSE, issue=True),
+    M("prophetkv-dual", "reuse/methods.py",
+      "top = fused[job.ctx[rows[doc_local]]].topk(count).indices",
+      "top = (-fused[job.ctx[rows[doc_local]]]).topk(count).indices",
+      REUSE),
+    M("cacheblend", "reuse/methods.py",
+      "top = dev.topk(count).indices.cpu()",
+      "top = (-dev).topk(count).indices.cpu()",
+      "tests/test_reuse.py::test_cacheblend_selects_top_value_deviation"),
+    M("epic", "reuse/methods.py",
+      "chosen = [torch.arange(s, s + k) for (s, _), k in zip(job.doc_spans, ks)]",
+      "chosen = [torch.arange(s + n - k, s + n) for (s, n), k in zip(job.doc_spans, ks)]",
+      REUSE),
 ]
 # fmt: on
 
