@@ -150,6 +150,27 @@ MUTATIONS: list[Mutation] = [
       "chosen = [torch.arange(s, s + k) for (s, _), k in zip(job.doc_spans, ks)]",
       "chosen = [torch.arange(s + n - k, s + n) for (s, n), k in zip(job.doc_spans, ks)]",
       REUSE),
+    # ------------------------------------------------------------------------- speculative decoding
+    M("dustin", "spec/dustin.py",
+      "top = pages.topk(k, dim=-1)\n",
+      'top = pages.masked_fill(covered, float("inf")).topk(k, dim=-1, largest=False)\n',
+      SPEC, issue=True),
+    M("dustin-heads", "spec/dustin.py",
+      "for (layer, head), _ in sorted(recall.items(), key=lambda kv: -kv[1]):",
+      "for (layer, head), _ in sorted(recall.items(), key=lambda kv: kv[1]):",
+      SPEC),
+    M("dustin-recall", "spec/dustin.py",
+      "top = pages.topk(k, dim=-1).indices  # [B, H, k]",
+      "top = (-pages).topk(k, dim=-1).indices  # [B, H, k]",
+      "tests/test_spec_decode.py::test_head_recall_by_hand_and_head_file"),
+    M("lookup", "spec/drafts.py",
+      "j = int(hits[-1])  # the most recent occurrence",
+      "j = int(hits[0])  # the most recent occurrence",
+      "tests/test_spec_decode.py::test_lookup_proposal_by_hand"),
+    M("self-draft", "spec/drafts.py",
+      "take = layer.index[..., :base] >= 0 if keep is None else keep[..., :base]",
+      "take = layer.index[..., :base] >= 0 if keep is None else ~keep[..., :base]",
+      "tests/test_spec_decode.py::test_self_draft_view_is_the_policys_selection"),
 ]
 # fmt: on
 
