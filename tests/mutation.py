@@ -171,6 +171,23 @@ MUTATIONS: list[Mutation] = [
       "take = layer.index[..., :base] >= 0 if keep is None else keep[..., :base]",
       "take = layer.index[..., :base] >= 0 if keep is None else ~keep[..., :base]",
       "tests/test_spec_decode.py::test_self_draft_view_is_the_policys_selection"),
+    # ------------------------------------------------------------------------- decode-time page selectors
+    M("quest", "decode/quest.py",
+      "pages = u.topk(k, dim=-1).indices.sort(dim=-1).values  # [B, H, k]",
+      "pages = (-u).topk(k, dim=-1).indices.sort(dim=-1).values  # [B, H, k]",
+      "tests/test_kv_seeds.py::test_quest_small_budget_reads_top_pages_plus_the_last"),
+    M("retro", "decode/retro.py",
+      "new = loaded[:, :, None, :] & (st.last[:, :, None, :] < st.pos[:, None, :, None])",
+      "new = loaded[:, :, None, :] & (st.last[:, :, None, :] >= st.pos[:, None, :, None])",
+      DECODE),
+    M("losa-pages", "decode/losa.py",
+      "chosen.scatter_(-1, u.topk(k_sel, dim=-1).indices, True)",
+      "chosen.scatter_(-1, (-u).topk(k_sel, dim=-1).indices, True)",
+      DECODE),
+    M("losa-active", "decode/losa.py",
+      "active.scatter_(1, delta.topk(n_act, dim=-1).indices, True)",
+      "active.scatter_(1, (-delta).topk(n_act, dim=-1).indices, True)",
+      "tests/test_spec_losa.py::test_reuse_is_exact_when_the_input_is_unchanged"),
 ]
 # fmt: on
 
