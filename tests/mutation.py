@@ -226,6 +226,15 @@ MUTATIONS: list[Mutation] = [
       "blocks = est.view(B, H, i1 - i0, bq, n_kb_hi, bk).amax(dim=(3, 5)) > 0",
       "blocks = est.view(B, H, i1 - i0, bq, n_kb_hi, bk).amax(dim=(3, 5)) < 0",
       "tests/test_sparse_selectors.py::test_sale_matches_brute_force_relative_attention_score"),
+    # ------------------------------------------------------------------------- position methods
+    M("upi", "position/upi.py",
+      "chosen = set(torch.topk(flat, k).indices.tolist())",
+      "chosen = set(torch.topk(-flat, k).indices.tolist())",
+      POSITION, issue=True),
+    M("longrope-search", "position/search.py",
+      "key=lambda k: scores[k])",
+      "key=lambda k: -scores[k])",
+      POSITION),
 ]
 # fmt: on
 
