@@ -235,6 +235,55 @@ MUTATIONS: list[Mutation] = [
       "key=lambda k: scores[k])",
       "key=lambda k: -scores[k])",
       POSITION),
+    # ------------------------------------------------------------------------- context compressors, droppers
+    M("hico-drop", "compress/drop.py",
+      "top = sc.topk(min(k, int(ok.sum()))).indices",
+      'top = sc.masked_fill(~ok, float("inf")).topk(min(k, int(ok.sum())), largest=False).indices',
+      COMPRESS, issue=True),
+    M("hico-forward", "compress/hico_forward.py",
+      "pick = body.topk(k, dim=-1).indices.sort(-1).values if k > 0 else body[:, :0].long()",
+      "pick = (-body).topk(k, dim=-1).indices.sort(-1).values if k > 0 else body[:, :0].long()",
+      COMPRESS, issue=True),
+    M("select-units", "compress/base.py",
+      "for k in sorted(range(len(unit_list)), key=lambda k: (-scores[k], k)):",
+      "for k in sorted(range(len(unit_list)), key=lambda k: (scores[k], k)):",
+      "tests/test_compress.py::test_select_units_keeps_the_best_within_budget", COMPRESS),
+    M("llmlingua-tokens", "compress/lingua.py",
+      "scores = [math.inf if u.text is None else float(f.mean()) for u, f in zip(seg_units, flat)]",
+      "scores = [math.inf if u.text is None else -float(f.mean()) for u, f in zip(seg_units, flat)]",
+      COMPRESS),
+    M("llmlingua-documents", "compress/lingua.py",
+      "order = sorted(range(len(docs)), key=lambda k: -ppl[k])",
+      "order = sorted(range(len(docs)), key=lambda k: ppl[k])",
+      COMPRESS),
+    M("longllmlingua-documents", "compress/lingua.py",
+      "rank_order = sorted(range(len(docs)), key=lambda k: relevance[k])",
+      "rank_order = sorted(range(len(docs)), key=lambda k: -relevance[k])",
+      COMPRESS),
+    M("longllmlingua-contrastive", "compress/lingua.py",
+      "s = plain[k].exp() - cond[k].exp()  # contrastive perplexity [len(doc)]",
+      "s = cond[k].exp() - plain[k].exp()  # contrastive perplexity [len(doc)]",
+      COMPRESS),
+    M("comi-coarse", "compress/comi.py",
+      "pi = torch.softmax(-mig, dim=0)",
+      "pi = torch.softmax(mig, dim=0)",
+      "tests/test_compress.py::test_comi_mig_formulas_by_hand"),
+    M("comi-fine", "compress/comi.py",
+      "return torch.softmax(alpha * rel - beta * sim.max(-1).values, dim=0)",
+      "return torch.softmax(-(alpha * rel - beta * sim.max(-1).values), dim=0)",
+      "tests/test_compress.py::test_comi_mig_formulas_by_hand"),
+    M("hico-tome", "compress/merge.py",
+      "merged_a = best.argsort(descending=True)[:r]  # A rows that merge into B",
+      "merged_a = best.argsort(descending=False)[:r]  # A rows that merge into B",
+      COMPRESS),
+    M("tpp", "compress/merge.py",
+      "if _jaccard(token_sets[i], token_sets[ref]) >= tau:",
+      "if _jaccard(token_sets[i], token_sets[ref]) < tau:",
+      "tests/test_compress.py::test_tpp_backward_builder_hand_example"),
+    M("guidance", "compress/guidance.py",
+      "if f1 >= self.threshold and f1 > best:",
+      "if f1 >= self.threshold and (where is None or f1 < best):",
+      COMPRESS),
 ]
 # fmt: on
 
@@ -376,8 +425,8 @@ def run(mutations: Sequence[Mutation] = MUTATIONS, root: Path = ROOT, jobs: int 
 
     def one(m: Mutation) -> Result:
         r = run_one(m, root, timeout)
-        log(f"{r.status:7s} {m.name:24s} {m.module:28s} {r.seconds:6.1f} s  {r.detail.splitlines()[0][:90]}"
-            if r.detail else f"{r.status:7s} {m.name:24s} {m.module:28s} {r.seconds:6.1f} s")
+        log(f"{r.status:7s} {m.name:26s} {m.module:28s} {r.seconds:6.1f} s  {r.detail.splitlines()[0][:90]}"
+            if r.detail else f"{r.status:7s} {m.name:26s} {m.module:28s} {r.seconds:6.1f} s")
         return r
 
     if jobs > 1:
