@@ -284,6 +284,19 @@ MUTATIONS: list[Mutation] = [
       "if f1 >= self.threshold and f1 > best:",
       "if f1 >= self.threshold and (where is None or f1 < best):",
       COMPRESS),
+    # ------------------------------------------------------------------------- layers lab
+    M("ultramem", "lab/mixers/ultramem.py",
+      "ri = row_approx.topk(self.pre, dim=-1).indices  # [B, T, h, h, pre]",
+      "ri = (-row_approx).topk(self.pre, dim=-1).indices  # [B, T, h, h, pre]",
+      LAB, issue=True),
+    M("mtd-lambda", "lab/tasks.py",
+      "lag = torch.multinomial(lam, 1, generator=gen)[:, 0] + 1  # [B]",
+      "lag = torch.multinomial(torch.ones_like(lam), 1, generator=gen)[:, 0] + 1  # [B]",
+      LAB, issue=True),
+    M("l2a", "lab/mixers/l2a.py",
+      "hard = (g > self.tau).to(g.dtype)",
+      "hard = (g <= self.tau).to(g.dtype)",
+      "tests/test_lab_mixers.py::test_l2a_gate_one_everywhere_is_global_attention"),
 ]
 # fmt: on
 
