@@ -297,6 +297,11 @@ MUTATIONS: list[Mutation] = [
       "hard = (g > self.tau).to(g.dtype)",
       "hard = (g <= self.tau).to(g.dtype)",
       "tests/test_lab_mixers.py::test_l2a_gate_one_everywhere_is_global_attention"),
+    # ------------------------------------------------------------------------- KV quantization bit allocation
+    M("pmkvq-allocation", "quant/calibrate.py",
+      "(cost / scale).reshape(-1), constraints=constraints",
+      "(-cost / scale).reshape(-1), constraints=constraints",
+      "tests/test_quant_calibrate.py::test_integer_program_spends_memory_where_sensitivity_is_highest"),
 ]
 # fmt: on
 
