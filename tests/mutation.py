@@ -433,8 +433,12 @@ def run_one(m: Mutation, root: Path = ROOT, timeout: float = 600) -> Result:
     return Result(m, "ERROR", seconds, f"exit {rc}: {out[-600:]}")
 
 
+def _log(line: str) -> None:
+    print(line, flush=True)
+
+
 def run(mutations: Sequence[Mutation] = MUTATIONS, root: Path = ROOT, jobs: int = 1, timeout: float = 600,
-        log=print) -> list[Result]:
+        log=_log) -> list[Result]:
     """Check the table, run the baseline, then every mutation; returns the results in table order."""
     check_table(mutations, root)
     t0 = time.perf_counter()
