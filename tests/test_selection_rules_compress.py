@@ -24,7 +24,8 @@ from longlab.compress.hico_forward import HiCoForward
 from longlab.compress.lingua import LLMLingua, LongLLMLingua
 from longlab.compress.merge import tome_merge
 from longlab.compress.scorer import Scorer
-from longlab.pipeline import Stream, encode_prompts
+from longlab.engine.stream import Stream
+from longlab.prompt import encode_prompts
 from longlab.recipe import Recipe
 
 D = 8

@@ -109,7 +109,7 @@ def test_pyramidkv_keeps_the_top_max_pooled_window_attention_per_kv_head():
         got = kept[0][h].tolist()
         assert set(range(T - W, T)) <= set(got)
         n_rest = len(got) - W
-        assert n_rest == 15  # C=16, W=8, beta=20, L=2: k_0 = 2*8 - 8/20 = 15.6 -> 15, plus the window
+        assert n_rest == 16  # C=16, W=8, beta=20, L=2 (official rule): k_0 = 2*8 - floor(8/20) = 16, + window
         _assert_top(got, {j: float(score[j]) for j in range(T - W)}, n_rest, margin=None)
         # max pooling spreads a peak to its neighbours: the kept set is unions of 7-wide runs, and the
         # top slot of the raw scores is kept together with its neighbours

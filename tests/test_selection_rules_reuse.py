@@ -102,7 +102,7 @@ def test_prophetkv_recomputes_the_tokens_the_question_attends_to_most(model4, to
 
     job = _job(model4, tokenizer)
     seen = _record_recomputed(job)
-    ProphetKV(ratio=0.2).prefill(job)
+    ProphetKV(recompute=0.2).prefill(job)
     n = job.n_ctx
     want = _top(relevance, math.ceil(0.2 * n))
     for layer in range(4):  # the same rows run through every layer
@@ -124,7 +124,7 @@ def test_prophetkv_dual_stage_keeps_the_best_of_stage_one_after_the_switch(model
     monkeypatch.setattr(reuse_methods, "_AttentionProbe", Probe)
     job = _job(model4, tokenizer)
     seen = _record_recomputed(job)
-    method = ProphetKV(ratio=0.2, dual_stage=True)
+    method = ProphetKV(recompute=0.2, dual_stage=True)
     method.prefill(job)
     n = job.n_ctx
     budget, b1 = math.ceil(0.2 * n), math.ceil(0.4 * n)

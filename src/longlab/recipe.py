@@ -73,7 +73,8 @@ class Method(Registered):
     # context methods (longlab.compress): what they do besides shortening the prompt
     guides_decoding: ClassVar[bool] = False  # replaces greedy decoding (guided_decode; Guidance)
     needs_scorer: ClassVar[bool] = False  # runs a language model over the context: ``scorer``
-    scorer: ClassVar[str] = "self"  # which model scores ("self" or a model name; a field where selectable)
+    scorer = "self"  # which model scores ("self" or a model name; a dataclass field where selectable;
+    #   not annotated here, so a subclass's field keeps its place in the field order)
     transforms_prefill: ClassVar[bool] = False  # acts inside the prefill forward (prefill(); hico-forward)
 
     def slots_read(self, ctx: Any, held: int) -> int:

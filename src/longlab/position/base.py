@@ -71,10 +71,11 @@ class PositionMethod(Registered):
     family: ClassVar[str] = "position"
     default_layers: ClassVar[str] = "full"  # per-layer-type models: which layer types it changes
     needs_training: ClassVar[bool] = False  # changes the function enough that weights must be recalibrated
-    # fields some methods have (dataclass fields of the subclasses override these defaults)
-    original: ClassVar[int] = 0  # the trained length L the method scales from (0: max_position_embeddings)
-    layers: ClassVar[str] = ""  # which layer types it changes ("": default_layers)
-    weights: ClassVar[str] = ""  # trained weights it loads ("": none)
+    # fields some methods have: the subclasses' dataclass fields override these defaults (not annotated
+    # here, so those fields keep their place in each method's field order and spec)
+    original = 0  # the trained length L the method scales from (0: max_position_embeddings)
+    layers = ""  # which layer types it changes ("": default_layers)
+    weights = ""  # trained weights it loads ("": none)
     changes_positions: ClassVar[bool] = True
 
     def layer_rope(self, params: dict[str, Any], head_dim: int, original: int) -> LayerRope:
