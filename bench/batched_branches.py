@@ -47,11 +47,11 @@ def main() -> int:
     from longlab.hook import ChunkRecorder, replay_compression
     from longlab.prompt import encode_prompts
     from longlab.recipe import Recipe
-    from longlab.tasks import generate
+    from longlab.tasks import generate_samples
 
     torch.set_num_threads(1)
     model, tok = load_model("smollm2-135m")
-    s = generate(args.task, tok, args.length, 1, 0)[0]
+    s = generate_samples(args.task, tok, args.length, 1, 0)[0]
     (ctx,), (q,) = encode_prompts(tok, [s.context], [s.question], [s.answer_prefix], True)
     shared = Stream(model, LonglabCache(None), 1)
     rec = ChunkRecorder()

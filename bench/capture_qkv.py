@@ -29,7 +29,7 @@ from longlab.kv.base import KVPolicy
 from longlab.models import load_model
 from longlab.prompt import encode_prompts
 from longlab.recipe import Recipe
-from longlab.tasks import generate as make_samples
+from longlab.tasks import generate_samples as make_samples
 
 
 @dataclass

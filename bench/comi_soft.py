@@ -56,7 +56,7 @@ def main() -> None:
     from longlab.eval.stats import paired_difference, score_estimate
     from longlab.eval.store import ResultStore
     from longlab.prompt import encode_prompts
-    from longlab.tasks import generate as make_samples
+    from longlab.tasks import generate_samples as make_samples
     from longlab.tasks.registry import score_sample
 
     torch.set_num_threads(1)

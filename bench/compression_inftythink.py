@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     import longlab
-    from longlab.tasks import generate as make_samples
+    from longlab.tasks import generate_samples as make_samples
     from longlab.tasks import score_sample
 
     torch.set_num_threads(1)
@@ -108,7 +108,7 @@ def speed(args: argparse.Namespace) -> None:
     import torch
 
     import longlab
-    from longlab.tasks import generate as make_samples
+    from longlab.tasks import generate_samples as make_samples
 
     torch.set_num_threads(1)
     model, tokenizer = longlab.load_model(args.model)

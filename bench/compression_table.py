@@ -176,7 +176,7 @@ def needles(data: dict, ratios: list[float], tokenizer_dir: str) -> str:
     from transformers import AutoTokenizer
 
     from longlab.prompt import encode_prompts
-    from longlab.tasks import generate
+    from longlab.tasks import generate_samples
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     lines = ["| task | method | r | needle kept whole | needle cut (digits kept, number not) |",
@@ -186,7 +186,7 @@ def needles(data: dict, ratios: list[float], tokenizer_dir: str) -> str:
         if not full:
             continue
         length = next(iter(full.values()))["length"]
-        samples = {s.sample_id: s for s in generate(task, tok, length, num_samples=64, seed=0)}
+        samples = {s.sample_id: s for s in generate_samples(task, tok, length, num_samples=64, seed=0)}
         for m in ("llmlingua", "longllmlingua", "tpp"):
             for r in ratios[1:]:
                 rows = cells.get((m, r), {})

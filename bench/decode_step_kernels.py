@@ -106,11 +106,11 @@ def sweep_once(spec: str, model: str = "smollm2-135m") -> dict:
     from longlab.eval.driver import run_eval
     from longlab.eval.store import ResultStore
     from longlab.models import load_model
-    from longlab.tasks import generate, save_jsonl
+    from longlab.tasks import generate_samples, save_jsonl
 
     _, tok = load_model(model)
     parts = [part.split(":") for part in spec.split(",")]
-    samples = [s for t, n, k in parts for s in generate(t, tok, int(n), int(k), 0)]
+    samples = [s for t, n, k in parts for s in generate_samples(t, tok, int(n), int(k), 0)]
     tmp = tempfile.mkdtemp(prefix="ab-")
     save_jsonl(samples, f"{tmp}/s.jsonl")
     load = os.getloadavg()[0]

@@ -51,7 +51,7 @@ def main() -> None:
     from longlab.engine.stream import Stream, eos_token_ids
     from longlab.eval.stats import paired_difference, score_estimate
     from longlab.prompt import encode_prompts
-    from longlab.tasks import generate
+    from longlab.tasks import generate_samples
     from longlab.tasks.registry import score_sample
 
     torch.set_num_threads(1)
@@ -60,7 +60,7 @@ def main() -> None:
     ratios = [float(r) for r in args.ratios.split(",")]
     stages = tuple(float(f) for f in args.stages.split(","))
     names = ["plain"] + [f"hico-forward@{r:g}" for r in ratios]
-    samples = generate(args.task, tok, args.length, num_samples=args.samples, seed=0)
+    samples = generate_samples(args.task, tok, args.length, num_samples=args.samples, seed=0)
     rows: list[dict] = []
     with torch.inference_mode():  # warm-up, untimed
         warm = Stream(model, LonglabCache("full"), 1)

@@ -20,7 +20,7 @@ from longlab.cache import LonglabCache
 from longlab.engine.stream import Stream
 from longlab.models import load_model
 from longlab.prompt import encode_prompts
-from longlab.tasks import generate as make_samples
+from longlab.tasks import generate_samples as make_samples
 
 RECIPES = (
     "snapkv@0.75",

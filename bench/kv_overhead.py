@@ -80,9 +80,9 @@ def _truncate(model, layers: int):
 
 
 def _context_ids(tokenizer, length: int) -> list[int]:
-    from longlab.tasks import generate
+    from longlab.tasks import generate_samples
 
-    sample = generate("niah_single_1", tokenizer, length, 1, 0)[0]
+    sample = generate_samples("niah_single_1", tokenizer, length, 1, 0)[0]
     ids = tokenizer(sample.context, add_special_tokens=False)["input_ids"]
     return (ids * (length // max(1, len(ids)) + 1))[:length]
 

@@ -19,7 +19,7 @@ from longlab.engine.stream import Stream
 from longlab.models import load_model
 from longlab.prompt import encode_prompts
 from longlab.recipe import parse_recipe, split_recipes
-from longlab.tasks import generate
+from longlab.tasks import generate_samples
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     model, tok = load_model(args.model)
-    s = generate(args.task, tok, length=args.length, num_samples=1, seed=0)[0]
+    s = generate_samples(args.task, tok, length=args.length, num_samples=1, seed=0)[0]
     ctx, q = encode_prompts(tok, [s.context], [s.question], [s.answer_prefix or ""])
     out: dict[str, list[float]] = {}
     for recipe in split_recipes(args.recipes):

@@ -32,7 +32,7 @@ import torch
 from common import ROOT, hardware, write_json
 
 from longlab import load_model
-from longlab.tasks import generate as make_samples
+from longlab.tasks import generate_samples as make_samples
 
 OUT = Path(os.environ.get("RAG_REUSE_OUT", ROOT / "bench" / "results" / "rag_reuse"))
 METHODS = ("epic", "cacheblend", "prophetkv")

@@ -19,7 +19,7 @@ import torch
 from common import hardware, write_json
 
 from longlab import generate, load_model
-from longlab.tasks import generate as make_samples
+from longlab.tasks import generate_samples as make_samples
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,7 @@ from longlab.spec.dustin import save_heads, select_heads
 from longlab.spec.jacobi import jacobi_decode
 from longlab.spec.kernels import kv_slot_bytes
 from longlab.tasks import Sample, essay_sentences, score
-from longlab.tasks import generate as make_samples
+from longlab.tasks import generate_samples as make_samples
 
 OUT = ROOT / "bench" / "results" / "spec_decode.json"
 OUT_LOSA = ROOT / "bench" / "results" / "spec_losa.json"

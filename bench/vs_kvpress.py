@@ -467,14 +467,14 @@ def main(argv: list[str] | None = None) -> int:
     from longlab.models import load_model
     from longlab.paths import cache_dir
     from longlab.prompt import encode_prompts
-    from longlab.tasks import generate, save_jsonl, score
+    from longlab.tasks import generate_samples, save_jsonl, score
 
     _, tokenizer = load_model("smollm2-135m")  # also caches the safetensors kvpress loads
     model_dir = cache_dir() / "models" / "smollm2-135m"
     cells = recipes(ratios, methods)
     try:
         samples = [s for t in args.tasks.split(",") for n in lengths
-                   for s in generate(t, tokenizer, n, args.samples, args.seed)]
+                   for s in generate_samples(t, tokenizer, n, args.samples, args.seed)]
     except ValueError as err:
         return fail(str(err))
     plain = sorted({s.task for s in samples if s.metadata.get("prompt", "chat") == "plain"})

@@ -11,7 +11,7 @@ from longlab.eval.config import EvalConfig
 from longlab.eval.driver import check_lengths
 from longlab.eval.store import DB_NAME
 from longlab.recipe import LonglabError
-from longlab.tasks import generate as generate_task
+from longlab.tasks import generate_samples as generate_task
 from longlab.tasks import save_jsonl
 
 EVAL = ["eval", "--model", "tiny-llama", "--tasks", "niah_single_1", "--recipes", "full", "--samples", "1",

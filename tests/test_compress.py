@@ -19,7 +19,7 @@ from longlab.eval.runner import SampleRunner
 from longlab.generation import generate
 from longlab.prompt import encode_prompts
 from longlab.recipe import LonglabError, parse_recipe
-from longlab.tasks import generate as make_samples
+from longlab.tasks import generate_samples as make_samples
 from longlab.tasks import score
 from longlab.tasks.compression import citation_scores
 

@@ -158,7 +158,7 @@ def test_hico_forward_in_the_eval_harness_equals_generate(model6, tokenizer, one
     from longlab import generate
     from longlab.eval.config import EvalConfig
     from longlab.eval.runner import SampleRunner
-    from longlab.tasks import generate as make_samples
+    from longlab.tasks import generate_samples as make_samples
 
     (sample,) = make_samples("redundant_niah", tokenizer, length=600, num_samples=1, seed=0)
     recipes = ["full", "snapkv@0.5", "hico-forward@0", "hico-forward@0.5", "hico-forward@0.5+snapkv@0.5"]

@@ -15,7 +15,7 @@ from longlab.engine.stream import Stream
 from longlab.generation import generate
 from longlab.prompt import encode_prompts
 from longlab.recipe import parse_recipe
-from longlab.tasks import generate as make_samples
+from longlab.tasks import generate_samples as make_samples
 from longlab.tasks.compression import REASON_QUESTION
 
 CTX = " ".join(f"Item {i} is stored in box {i * 7 % 13}." for i in range(14)) + " The code is 4821937."

@@ -6,13 +6,13 @@ import json
 
 import pytest
 
-from longlab.tasks import generate, load_multidoc_jsonl, metric_for, score
+from longlab.tasks import generate_samples, load_multidoc_jsonl, metric_for, score
 
 
 @pytest.mark.parametrize("task", ["multidoc_qa_1", "multidoc_qa_2"])
 def test_multidoc_samples(tokenizer, task):
-    samples = generate(task, tokenizer, 3000, 3, 7, num_docs=6)
-    again = generate(task, tokenizer, 3000, 3, 7, num_docs=6)
+    samples = generate_samples(task, tokenizer, 3000, 3, 7, num_docs=6)
+    again = generate_samples(task, tokenizer, 3000, 3, 7, num_docs=6)
     assert [s.to_dict() for s in samples] == [s.to_dict() for s in again]  # seeded
     assert metric_for(task) == "string_match_all"
     for s in samples:
@@ -32,13 +32,13 @@ def test_multidoc_samples(tokenizer, task):
 @pytest.mark.parametrize("task", ["multidoc_qa_1", "multidoc_qa_2"])
 def test_sample_ids_name_the_length(tokenizer, task):
     """A grid over several lengths stores each length's samples under their own ids."""
-    short, long = (generate(task, tokenizer, n, 2, 0, num_docs=4) for n in (1500, 3000))
+    short, long = (generate_samples(task, tokenizer, n, 2, 0, num_docs=4) for n in (1500, 3000))
     ids = [s.sample_id for s in short + long]
     assert len(set(ids)) == 4 and ids[0] == f"{task}-1500-s0-0"
 
 
 def test_two_hop_facts_are_in_different_documents(tokenizer):
-    for s in generate("multidoc_qa_2", tokenizer, 2400, 4, 1, num_docs=4):
+    for s in generate_samples("multidoc_qa_2", tokenizer, 2400, 4, 1, num_docs=4):
         first, second = s.metadata["gold_docs"]
         assert first != second
         key = s.question.split("the ")[1].split(" archive")[0]
@@ -50,9 +50,9 @@ def test_two_hop_facts_are_in_different_documents(tokenizer):
 
 def test_bad_arguments(tokenizer):
     with pytest.raises(ValueError, match="num_docs"):
-        generate("multidoc_qa_1", tokenizer, 3000, 1, 0, num_docs=1)
+        generate_samples("multidoc_qa_1", tokenizer, 3000, 1, 0, num_docs=1)
     with pytest.raises(ValueError, match="doc_tokens"):
-        generate("multidoc_qa_1", tokenizer, 200, 1, 0, num_docs=16)
+        generate_samples("multidoc_qa_1", tokenizer, 200, 1, 0, num_docs=16)
 
 
 def test_jsonl_round_trip_and_errors(tmp_path):

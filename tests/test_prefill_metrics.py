@@ -121,10 +121,10 @@ def test_metrics_are_off_by_default(tmp_path: Path):
 
 
 def test_two_selectors_never_share_a_prefill(tiny_models, tokenizer):
-    from longlab.tasks import generate
+    from longlab.tasks import generate_samples
 
     model = tiny_models["tiny-llama"][0]
-    sample = generate("niah_single_1", tokenizer, 512, 1, 0)[0]
+    sample = generate_samples("niah_single_1", tokenizer, 512, 1, 0)[0]
     other = "ashape:bq=64,bk=64,n_sink=64,n_local=64,backend=gather"
     recipes = ["full", SPARSE, f"{SPARSE}+snapkv@0.5", other, "snapkv@0.5"]
     config = EvalConfig(out="unused", model="tiny-llama", chunk_size=128, max_new_tokens=2,

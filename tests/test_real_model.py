@@ -49,7 +49,7 @@ def test_access_code_found_in_1k_context(smollm2, recipe, query_aware):
 def test_passkey_at_1k_tokens(smollm2, recipe, query_aware, at_least):
     """Classic pass key (completion prompt, as the task's metadata asks). Measured here: full 6/6;
     query-aware snapkv@0.5 2/6, the other four answers being the key with digits dropped."""
-    from longlab.tasks import generate as make_samples
+    from longlab.tasks import generate_samples as make_samples
     from longlab.tasks import score
 
     model, tokenizer = smollm2
@@ -99,7 +99,7 @@ def test_qwen_loads_with_its_shape_and_finds_pass_keys(qwen):
     """The optional third model (Qwen2.5-Coder-0.5B-Instruct from the split GGUF): its shape, and the
     classic pass key at 1k tokens with the full cache. Measured here: 2/2 found; the batch of two took 159 s
     and the warm load 12 s at load average 8 on 2 cores (one sample alone: 32 s at load 1.6)."""
-    from longlab.tasks import generate as make_samples
+    from longlab.tasks import generate_samples as make_samples
     from longlab.tasks import score
 
     model, tokenizer = qwen

@@ -22,7 +22,7 @@ from longlab.reuse import (
     split_prompt,
 )
 from longlab.reuse.methods import APEAttention, CacheBlend, ProphetKV, _AttentionProbe, _with_probe
-from longlab.tasks import generate as make_task
+from longlab.tasks import generate_samples as make_task
 
 TINY = ("tiny-llama", "tiny-qwen2", "tiny-gemma3")
 DOCS = [" ".join(f"Item {i} is in box {i * 7 % 13}." for i in range(j, j + 6)) for j in (0, 10, 20)]

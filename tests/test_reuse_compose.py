@@ -146,7 +146,7 @@ def test_real_model_full_prefill_plus_recipe_is_plain():
     """SmolLM2-135M: full-prefill + snapkv@0.5 (and cacheblend:recompute=1 + snapkv@0.5) = the plain
     query-aware prefill + snapkv@0.5 of the same token ids, 12 tokens."""
     from longlab import load_model
-    from longlab.tasks import generate as make_task
+    from longlab.tasks import generate_samples as make_task
 
     try:
         model, tok = load_model("smollm2-135m")

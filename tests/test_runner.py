@@ -25,7 +25,7 @@ from longlab.eval.store import DB_NAME, ResultStore
 from longlab.generation import generate
 from longlab.recipe import LonglabError
 from longlab.tasks import Sample, save_jsonl
-from longlab.tasks import generate as generate_task
+from longlab.tasks import generate_samples as generate_task
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 FAST = ["--model", "tiny-llama", "--max-new-tokens", "4", "--no-progress"]

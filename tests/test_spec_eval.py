@@ -7,7 +7,7 @@ import pytest
 
 from longlab.eval.stats import bootstrap_ci, paired_difference, wilson_interval
 from longlab.eval.tables import spec_markdown
-from longlab.tasks import TASKS, generate, metric_for, score_sample
+from longlab.tasks import TASKS, generate_samples, metric_for, score_sample
 
 
 def _row(label: str, spec: str, sample: int, score: float, *, acc=None, tpf=1.0, same=True, speed=1.0):
@@ -64,8 +64,8 @@ def test_paired_cell_says_not_significant():
 
 def test_summ_events_is_registered_seeded_and_scored_by_rouge(tokenizer):
     assert "summ_events" in TASKS and metric_for("summ_events") == "rouge_l"
-    a = generate("summ_events", tokenizer, 600, 2, 0)
-    b = generate("summ_events", tokenizer, 600, 2, 0)
+    a = generate_samples("summ_events", tokenizer, 600, 2, 0)
+    b = generate_samples("summ_events", tokenizer, 600, 2, 0)
     assert [s.context for s in a] == [s.context for s in b] and a[0].context != a[1].context
     s = a[0]
     assert len(tokenizer(s.context + s.question)["input_ids"]) <= 600 + 2
@@ -78,7 +78,7 @@ def test_summ_events_is_registered_seeded_and_scored_by_rouge(tokenizer):
     assert 0.2 < score_sample(s, half) < 0.9
     assert score_sample(s, "The weather was nice.") < 0.2
     with pytest.raises(ValueError, match="num_events"):
-        generate("summ_events", tokenizer, 600, 1, 0, num_events=0)
+        generate_samples("summ_events", tokenizer, 600, 1, 0, num_events=0)
 
 
 def test_cli_eval_grid_drafts_x_verifiers(tmp_path, capsys):

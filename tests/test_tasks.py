@@ -16,7 +16,7 @@ from longlab.tasks import (
     essay_sentences,
     exact_match,
     first_int_match,
-    generate,
+    generate_samples,
     get_task,
     load_hf_dataset,
     load_jsonl,
@@ -89,7 +89,7 @@ def test_unknown_task_lists_valid_names():
     with pytest.raises(ValueError, match="niah_single_1.*qa_2"):
         get_task("niah_single_9")
     with pytest.raises(ValueError, match="unknown task"):
-        generate("nope", WS, 1000)
+        generate_samples("nope", WS, 1000)
 
 
 # --------------------------------------------------------------------------- sizes
@@ -100,7 +100,7 @@ def test_unknown_task_lists_valid_names():
     ("tok", "length"), [(WS, 700), (WS, 3000), (CHAR, 6000)], ids=["ws700", "ws3000", "char6000"]
 )
 def test_length_within_budget(task, tok, length):
-    samples = generate(task, tok, length, num_samples=3, seed=1)
+    samples = generate_samples(task, tok, length, num_samples=3, seed=1)
     assert len(samples) == 3
     for s in samples:
         total = n_tokens(tok, s)
@@ -111,8 +111,8 @@ def test_length_within_budget(task, tok, length):
 
 
 def test_cwe_switches_frequencies_at_4k():
-    short = generate("cwe", WS, 3000, 1, 0)[0].metadata
-    long = generate("cwe", WS, 5000, 1, 0)[0].metadata
+    short = generate_samples("cwe", WS, 3000, 1, 0)[0].metadata
+    long = generate_samples("cwe", WS, 5000, 1, 0)[0].metadata
     assert (short["freq_cw"], short["freq_ucw"]) == (6, 1)
     assert (long["freq_cw"], long["freq_ucw"]) == (30, 3)
 
@@ -122,9 +122,9 @@ def test_cwe_switches_frequencies_at_4k():
 
 @pytest.mark.parametrize("task", list(TASKS))
 def test_deterministic_and_seed_dependent(task):
-    a = [s.to_dict() for s in generate(task, WS, 1500, 2, seed=7)]
-    b = [s.to_dict() for s in generate(task, WS, 1500, 2, seed=7)]
-    c = [s.to_dict() for s in generate(task, WS, 1500, 2, seed=8)]
+    a = [s.to_dict() for s in generate_samples(task, WS, 1500, 2, seed=7)]
+    b = [s.to_dict() for s in generate_samples(task, WS, 1500, 2, seed=7)]
+    c = [s.to_dict() for s in generate_samples(task, WS, 1500, 2, seed=8)]
     assert a == b
     assert [x["context"] for x in a] != [x["context"] for x in c]
     assert a[0]["context"] != a[1]["context"]  # samples differ within a run
@@ -133,8 +133,8 @@ def test_deterministic_and_seed_dependent(task):
 
 def test_sample_prefix_stable():
     """Sample i does not depend on how many samples were asked for."""
-    few = generate("niah_multikey_2", WS, 1200, 2, seed=3)
-    many = generate("niah_multikey_2", WS, 1200, 5, seed=3)
+    few = generate_samples("niah_multikey_2", WS, 1200, 2, seed=3)
+    many = generate_samples("niah_multikey_2", WS, 1200, 5, seed=3)
     assert [s.to_dict() for s in few] == [s.to_dict() for s in many[:2]]
 
 
@@ -145,7 +145,7 @@ NEEDLE = re.compile(r"One of the special magic (numbers|uuids|words) for (\S+) i
 
 @pytest.mark.parametrize("task", [t for t in RULER_13 if t.startswith("niah")])
 def test_niah_needles_hold_the_answers(task):
-    for s in generate(task, WS, 2000, 3, seed=2):
+    for s in generate_samples(task, WS, 2000, 3, seed=2):
         found: dict[str, list[str]] = {}
         for _, key, value in NEEDLE.findall(s.context):
             found.setdefault(key, []).append(value)
@@ -163,31 +163,31 @@ def test_niah_needles_hold_the_answers(task):
 
 
 def test_niah_templates_singular_and_plural():
-    single = generate("niah_single_2", WS, 1000, 1, 0)[0]
+    single = generate_samples("niah_single_2", WS, 1000, 1, 0)[0]
     assert single.context.startswith("A special magic number is hidden within the following text.")
     assert single.question.startswith("What is the special magic number for ")
     assert single.answer_prefix.endswith("mentioned in the provided text is")
-    multi = generate("niah_multivalue", WS, 1000, 1, 0)[0]
+    multi = generate_samples("niah_multivalue", WS, 1000, 1, 0)[0]
     assert multi.context.startswith("Some special magic numbers are hidden within the following text.")
     assert multi.question.startswith("What are all the special magic numbers for ")
     assert len(multi.answers) == 4
-    uu = generate("niah_single_3", WS, 1000, 1, 0)[0]
+    uu = generate_samples("niah_single_3", WS, 1000, 1, 0)[0]
     assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}", uu.answers[0])
-    num = generate("niah_single_1", WS, 1000, 1, 0)[0]
+    num = generate_samples("niah_single_1", WS, 1000, 1, 0)[0]
     assert re.fullmatch(r"\d{7}", num.answers[0])
     assert re.fullmatch(r"[a-z]+-[a-z]+", num.metadata["keys"][0])
     assert "The grass is green. The sky is blue." in num.context
 
 
 def test_niah_depths_come_from_rulers_grid():
-    for s in generate("niah_multikey_1", WS, 2000, 3, 0):
+    for s in generate_samples("niah_multikey_1", WS, 2000, 3, 0):
         depths = s.metadata["needle_depths"]
         assert len(set(depths)) == 4 and all(d in DEPTHS for d in depths) and s.depth is None
 
 
 def test_vt_chain_resolves_to_answers():
     assign = re.compile(r"VAR ([A-Z]{5}) = (VAR ([A-Z]{5})|(\d+))")
-    for s in generate("vt", WS, 2500, 3, seed=4):
+    for s in generate_samples("vt", WS, 2500, 3, seed=4):
         value = s.metadata["value"]
         assert f"value {value}" in s.question
         lines = assign.findall(haystack(s))
@@ -204,7 +204,7 @@ def test_vt_chain_resolves_to_answers():
 
 def test_cwe_answers_are_the_most_common_words():
     for length in (2000, 6000, 12000):  # 12k runs past the shipped word list (made-up words added)
-        for s in generate("cwe", WS, length, 2, seed=5):
+        for s in generate_samples("cwe", WS, length, 2, seed=5):
             items = re.findall(r"\d+\. (\S+)", haystack(s))
             counts = Counter(items)
             top = {w for w, _ in counts.most_common(10)}
@@ -216,7 +216,7 @@ def test_cwe_answers_are_the_most_common_words():
 
 
 def test_fwe_answers_are_the_most_frequent_words():
-    for s in generate("fwe", WS, 3000, 2, seed=6):
+    for s in generate_samples("fwe", WS, 3000, 2, seed=6):
         counts = Counter(haystack(s).split())
         assert counts.most_common(1)[0][0] == "...."
         del counts["...."]
@@ -228,7 +228,7 @@ def test_fwe_answers_are_the_most_frequent_words():
 
 @pytest.mark.parametrize("task", ["qa_1", "qa_2"])
 def test_qa_gold_documents_hold_the_answer(task):
-    for s in generate(task, WS, 2500, 4, seed=8):
+    for s in generate_samples(task, WS, 2500, 4, seed=8):
         docs = dict(re.findall(r"Document (\d+):\n(.*)", s.context))
         gold = [docs[str(i)] for i in s.metadata["gold_documents"]]
         assert len(docs) == s.metadata["num_documents"] > len(gold)
@@ -246,12 +246,12 @@ def test_qa_gold_documents_hold_the_answer(task):
 
 
 def test_passkey():
-    for s in generate("passkey", WS, 1500, 3, seed=9):
+    for s in generate_samples("passkey", WS, 1500, 3, seed=9):
         key = s.answers[0]
         assert 1 <= int(key) <= 50000
         assert f"The pass key is {key}. Remember it. {key} is the pass key." in s.context
         assert s.question == "What is the pass key?" and s.answer_prefix == " The pass key is"
-    fixed = generate("passkey", WS, 1500, 1, 0, depth=0.5)[0]
+    fixed = generate_samples("passkey", WS, 1500, 1, 0, depth=0.5)[0]
     start, end = fixed.metadata["haystack_span"]
     assert abs((fixed.metadata["needle_offsets"][0] - start) / (end - start) - 0.5) < 0.05
 
@@ -285,7 +285,7 @@ def test_niah_grid_classic_needle_and_noise():
 
 def test_single_needle_depth_option():
     for depth in (0.1, 0.9):
-        s = generate("niah_single_2", WS, 4000, 1, 0, depth=depth)[0]
+        s = generate_samples("niah_single_2", WS, 4000, 1, 0, depth=depth)[0]
         start, end = s.metadata["haystack_span"]
         assert s.depth == depth
         assert abs((s.metadata["needle_offsets"][0] - start) / (end - start) - depth) < 0.03
@@ -309,17 +309,17 @@ def test_single_needle_depth_option():
 def test_bad_arguments(kwargs, name):
     args = {"tokenizer": WS, "length": 1000, "num_samples": 1, "seed": 0, **kwargs}
     with pytest.raises(ValueError, match=name):
-        generate("niah_single_1", **args)
+        generate_samples("niah_single_1", **args)
 
 
 def test_too_short_names_minimum():
     with pytest.raises(ValueError, match=r"length=100 .*at least \d+ tokens.*\[\d+, inf\)"):
-        generate("cwe", WS, 100)
+        generate_samples("cwe", WS, 100)
 
 
 def test_bad_task_options():
     with pytest.raises(ValueError, match="freq_ucw"):
-        generate("cwe", WS, 2000, freq_cw=3, freq_ucw=3)
+        generate_samples("cwe", WS, 2000, freq_cw=3, freq_ucw=3)
     with pytest.raises(ValueError, match="lengths"):
         niah_grid(WS, [], [0.5])
     with pytest.raises(ValueError, match="depths"):
@@ -327,9 +327,9 @@ def test_bad_task_options():
     with pytest.raises(ValueError, match="needle"):
         niah_grid(WS, [1000], [0.5], needle="other")
     with pytest.raises(TypeError, match="tokenizer"):
-        generate("vt", object(), 1000)
+        generate_samples("vt", object(), 1000)
     with pytest.raises(ValueError, match="essay_source"):
-        generate("niah_single_2", WS, 1000, essay_source="/no/such/file.txt")
+        generate_samples("niah_single_2", WS, 1000, essay_source="/no/such/file.txt")
 
 
 # --------------------------------------------------------------------------- haystack helpers
@@ -348,7 +348,7 @@ def test_essay_from_file(tmp_path):
     path.write_text(text)
     label, sentences = essay_sentences(str(path))
     assert label == "file:prose.txt" and len(sentences) == 12
-    s = generate("niah_single_2", WS, 500, 1, 0, essay_source=str(path))[0]
+    s = generate_samples("niah_single_2", WS, 500, 1, 0, essay_source=str(path))[0]
     assert s.metadata["haystack_source"] == "file:prose.txt" and "Sentence number" in s.context
 
 
@@ -399,7 +399,7 @@ def test_fit_units_finds_largest_fit():
 
 
 def test_jsonl_round_trip(tmp_path):
-    samples = generate("niah_multivalue", WS, 800, 2, 0) + generate("vt", WS, 800, 1, 0)
+    samples = generate_samples("niah_multivalue", WS, 800, 2, 0) + generate_samples("vt", WS, 800, 1, 0)
     path = tmp_path / "sub" / "s.jsonl"
     save_jsonl(samples, path)
     loaded = load_jsonl(path)
@@ -449,7 +449,7 @@ def test_load_hf_dataset_local_only(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="path must be an existing local"):
         load_hf_dataset("someone/some-hub-dataset")
     path = tmp_path / "d.jsonl"
-    save_jsonl(generate("passkey", WS, 300, 2, 0), path)
+    save_jsonl(generate_samples("passkey", WS, 300, 2, 0), path)
     monkeypatch.setitem(sys.modules, "datasets", None)  # as if not installed
     with pytest.raises(ImportError, match="pip install datasets"):
         load_hf_dataset(path)
@@ -504,7 +504,7 @@ def _touch(path):
 @pytest.mark.slow
 def test_load_hf_dataset_with_datasets(tmp_path):
     datasets = pytest.importorskip("datasets")
-    samples = generate("passkey", WS, 300, 2, 0)
+    samples = generate_samples("passkey", WS, 300, 2, 0)
     rows = [{k: v for k, v in s.to_dict().items() if k != "metadata"} for s in samples]
     ds = datasets.Dataset.from_list(rows)
     ds.save_to_disk(str(tmp_path / "saved"))
@@ -565,7 +565,7 @@ def test_score_picks_rulers_metric():
 
 def test_generated_answers_score_one():
     for task in TASKS:
-        s = generate(task, WS, 1200, 1, 0)[0]
+        s = generate_samples(task, WS, 1200, 1, 0)[0]
         assert score(task, " " + ", ".join(s.answers) + ".", s.answers) == 1.0
         assert score(task, "I do not know.", s.answers) == 0.0
 
@@ -609,7 +609,7 @@ def test_a_new_task_with_a_custom_metric_is_scored_by_it():
         register_metric("last_word")(last_word)
         register_task("tiny_task", metric="last_word")(tiny_task)
         assert "tiny_task" in TASKS and metric_for("tiny_task") == "last_word"
-        (s,) = generate("tiny_task", WS, 100)
+        (s,) = generate_samples("tiny_task", WS, 100)
         # string_match_all would give 1.0 to the first prediction and 0.0 to the second
         assert score(s.task, "blue, not red", s.answers) == 0.0
         assert score(s.task, "It is blue.", s.answers) == 1.0

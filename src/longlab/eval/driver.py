@@ -57,7 +57,7 @@ def build_samples(config: EvalConfig, tokenizer: Any, warn: Callable[[str], None
     A (task, length) cell too short for the task's template is skipped with a warning. Two JSONL
     samples with the same (task, length, sample_id) would be one row of the store: refused, naming them."""
     warn = warn or _stderr
-    from ..tasks import generate, niah_grid
+    from ..tasks import generate_samples, niah_grid
 
     if config.jsonl is not None:
         samples = _load_jsonl(config.jsonl)
@@ -84,7 +84,7 @@ def build_samples(config: EvalConfig, tokenizer: Any, warn: Callable[[str], None
                     if task == GRID_TASK:
                         samples += niah_grid(tokenizer, [length], depths, n, config.seed)
                     else:
-                        samples += generate(task, tokenizer, length, n, config.seed, **options)
+                        samples += generate_samples(task, tokenizer, length, n, config.seed, **options)
                 except ValueError as err:  # a length below what the task's template needs
                     too_small.append(f"{task}@{length}")
                     last_error = err

@@ -60,7 +60,7 @@ SINKS, WINDOW, QUERIES = 4, 32, 64
 def training_texts(tokenizer: Any, seq_len: int, seed: int = 0) -> Iterator[tuple[str, list[int]]]:
     """Endless ``(source, token ids)`` of at most ``seq_len`` tokens: essay haystack and RULER prompts
     (context + question + answer prefix + answer) from tasks outside the standard sweep."""
-    from ..tasks import essay_sentences, generate
+    from ..tasks import essay_sentences, generate_samples
 
     label, sentences = essay_sentences()
     rng = random.Random(seed)
@@ -71,7 +71,7 @@ def training_texts(tokenizer: Any, seq_len: int, seed: int = 0) -> Iterator[tupl
         if kind < len(RULER_TRAIN_TASKS):
             task = RULER_TRAIN_TASKS[kind]
             try:
-                (s,) = generate(task, tokenizer, max(16, seq_len - 48), 1, 10_000 + seed * 1000 + i)
+                (s,) = generate_samples(task, tokenizer, max(16, seq_len - 48), 1, 10_000 + seed * 1000 + i)
                 text = s.context + s.question + s.answer_prefix + " " + (s.answers[0] if s.answers else "")
                 ids = tokenizer(text, add_special_tokens=False)["input_ids"]
                 yield task, ids[-seq_len:]

@@ -5,8 +5,8 @@ the common JSONL format (:class:`Sample`). ``length`` counts the tokens of ``con
 (encoded separately, no special tokens) and is never exceeded; the answer prefix (a few tokens), the
 chat template and ``max_new_tokens`` come on top. Quick use::
 
-    from longlab.tasks import generate, score
-    samples = generate("niah_single_2", tokenizer, length=4096, num_samples=10, seed=0)
+    from longlab.tasks import generate_samples, score
+    samples = generate_samples("niah_single_2", tokenizer, length=4096, num_samples=10, seed=0)
     score(samples[0].task, prediction, samples[0].answers)
 
 Every task is registered once with its metric (:mod:`longlab.tasks.registry`): a new generator takes
@@ -80,7 +80,7 @@ __all__ = [
     "RULER_TASKS",
     "DEPTHS",
     "get_task",
-    "generate",
+    "generate_samples",
     "niah",
     "niah_single_1",
     "niah_single_2",
@@ -119,7 +119,7 @@ __all__ = [
     "first_int_match",
 ]
 
-def generate(
+def generate_samples(
     task: str, tokenizer: Tokenizer, length: int, num_samples: int = 1, seed: int = 0, **options: Any
 ) -> list[Sample]:
     """Generate ``num_samples`` samples of ``task`` whose context + question fit in ``length`` tokens."""
