@@ -193,7 +193,7 @@ def test_methods_lists_the_families_outside_recipes(capsys):
     """Reuse methods, drafts and verifiers have their own registries; `longlab methods` lists them too."""
     from longlab.lab.mixers import MIXERS
     from longlab.position import POSITIONS
-    from longlab.reuse.methods import REUSE_METHODS
+    from longlab.reuse.policies import REUSE_METHODS
     from longlab.spec.base import DRAFTS, VERIFIERS
 
     assert main(["methods"]) == 0

@@ -13,7 +13,7 @@ from longlab.attention import LayerContext
 from longlab.cache import LonglabCache, LonglabLayer
 from longlab.decode.quest import Quest
 from longlab.kv import kept_indices
-from longlab.kv.attention import AdaKV
+from longlab.kv.attention_scores import AdaKV
 from longlab.quant.pmkvq import code_bytes, layer_bytes, memory_report
 from longlab.recipe import LonglabError
 

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from longlab.kv import kept_indices
-from longlab.kv.attention import pyramid_layer_budget
+from longlab.kv.attention_scores import pyramid_layer_budget
 from longlab.recipe import LonglabError, parse_method
 
 D = 8

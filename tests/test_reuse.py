@@ -21,7 +21,7 @@ from longlab.reuse import (
     reuse_prefill,
     split_prompt,
 )
-from longlab.reuse.methods import APEAttention, CacheBlend, ProphetKV, _AttentionProbe, _with_probe
+from longlab.reuse.policies import APEAttention, CacheBlend, ProphetKV, _AttentionProbe, _with_probe
 from longlab.tasks import generate_samples as make_task
 
 TINY = ("tiny-llama", "tiny-qwen2", "tiny-gemma3")

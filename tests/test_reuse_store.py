@@ -15,7 +15,7 @@ import torch
 
 from longlab import LonglabError
 from longlab.reuse import DocStore, encode_document, model_fingerprint
-from longlab.reuse.store import INDEX
+from longlab.reuse.docstore import INDEX
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TEXTS = [f"Document {i}: " + " ".join(f"fact {i}-{j} is {j * i % 17}." for j in range(12)) for i in range(4)]
@@ -238,7 +238,7 @@ def test_two_writer_processes(tmp_path):
 def test_unwritable_directory_simulated(tmp_path, monkeypatch):
     """As root chmod does not stop writes, so the OS refusal is simulated: the store reports a read-only
     directory and removes what it created."""
-    import longlab.reuse.store as store_mod
+    import longlab.reuse.docstore as store_mod
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")

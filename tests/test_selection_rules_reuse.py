@@ -15,8 +15,8 @@ import torch
 
 from longlab.recipe import Recipe
 from longlab.reuse import Runner, build_job, doc_segment, encode_document, split_prompt
-from longlab.reuse import methods as reuse_methods
-from longlab.reuse.methods import EPIC, ProphetKV
+from longlab.reuse import policies as reuse_methods
+from longlab.reuse.policies import EPIC, ProphetKV
 
 DOCS = [" ".join(f"Item {i} is in box {i * 7 % 13}." for i in range(j, j + 6)) for j in (0, 10, 20)]
 QUESTION = "Where is item 12?"

@@ -5,7 +5,7 @@ name is registered before any is looked up. A new method file is added here, and
 # recipe: context compressors, prefill attention, KV policies, quantizers, decode attention
 from .compress import comi, drop, guidance, inftythink, lingua, merge  # noqa: F401
 from .decode import losa, quest, retro  # noqa: F401
-from .kv import attention, decoding, indexmem, obcache, restkv, simple  # noqa: F401
+from .kv import attention_scores, decoding, indexmem, obcache, restkv, simple  # noqa: F401
 
 # lab mixers (the layers lab's token mixers)
 from .lab.mixers import l2a, lact, lssa, race, recurrent, softmax, ultramem  # noqa: F401
@@ -15,7 +15,7 @@ from .position import repo, rope, upi, variants  # noqa: F401
 from .quant import kivi, pmkvq  # noqa: F401
 
 # reuse methods (KV reuse over stored documents)
-from .reuse import methods as reuse_methods  # noqa: F401
+from .reuse import policies as reuse_policies  # noqa: F401
 from .sparse import prefill  # noqa: F401
 
 # speculative decoding: drafts and verifiers

@@ -402,7 +402,7 @@ class Engine:
     def _admit_documents(self, pending: _Pending) -> list[Result]:
         """A ``documents=`` request: its prompt's KV assembled from the store by its reuse method."""
         from ..reuse.api import reuse_prefill
-        from ..reuse.store import MemoryStore
+        from ..reuse.docstore import MemoryStore
 
         req = pending.request
         if self.store is None:

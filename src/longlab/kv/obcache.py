@@ -37,7 +37,7 @@ from typing import ClassVar
 import torch
 
 from ..recipe import LonglabError, register
-from .attention import H2O, TOVA, SnapKV
+from .attention_scores import H2O, TOVA, SnapKV
 from .base import outside_window, pool_scores
 
 __all__ = ["obc_scores", "probs_and_logits", "OBCScore", "H2OOBC", "TOVAOBC", "SnapKVOBC"]

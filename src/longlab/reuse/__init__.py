@@ -13,7 +13,9 @@ CacheBlend, ProphetKV, APE) compared against full prefill.
 from .api import ReusePrefill, doc_segment, open_store, reuse_prefill, split_prompt
 from .assemble import ReuseCache, ReuseJob, ReuseLayer, build_job
 from .compose import reuse_recipe
-from .methods import (
+from .docstore import DocEntry, DocStore, MemoryStore, doc_id_for
+from .modelio import DocKV, Runner, encode_document, model_fingerprint, tokenizer_fingerprint
+from .policies import (
     APE,
     EPIC,
     REUSE_METHODS,
@@ -26,8 +28,6 @@ from .methods import (
     parse_reuse,
     register_reuse,
 )
-from .modelio import DocKV, Runner, encode_document, model_fingerprint, tokenizer_fingerprint
-from .store import DocEntry, DocStore, MemoryStore, doc_id_for
 
 __all__ = [
     "APE",

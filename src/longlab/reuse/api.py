@@ -20,9 +20,9 @@ from ..hook import ATTN_NAME
 from ..recipe import LonglabError, LonglabTypeError, shorten
 from .assemble import ReuseCache, build_job
 from .compose import compress_assembled, record_last_forward, reuse_recipe
-from .methods import ReuseMethod, parse_reuse
+from .docstore import DocStore, MemoryStore
 from .modelio import Runner
-from .store import DocStore, MemoryStore
+from .policies import ReuseMethod, parse_reuse
 
 __all__ = ["ReusePrefill", "reuse_prefill", "split_prompt", "doc_segment", "open_store"]
 

@@ -53,7 +53,7 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
 def store_main(args: argparse.Namespace, read_text=None) -> int:
     """Run one ``longlab store`` command; ``read_text(name, encoding, flag)`` reads a document file."""
     from .api import doc_segment
-    from .store import DocStore
+    from .docstore import DocStore
 
     root = Path(args.store) if args.store else default_store_dir()
     cmd = args.store_command
