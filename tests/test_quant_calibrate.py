@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from longlab.cli.calibrate import add_calibrate_arguments
 from longlab.generation import generate
 from longlab.quant import QuantizedLayer
-from longlab.quant.calibrate import add_calibrate_arguments, calibrate_pmkvq, fake_quant, solve_allocation
+from longlab.quant.calibrate import calibrate_pmkvq, fake_quant, solve_allocation
 from longlab.quant.pmkvq import layer_bytes
 from longlab.recipe import LonglabError
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
+from ..errors import LonglabError
 from ..paths import cache_dir
-from ..recipe import LonglabError
 
-__all__ = ["add_store_arguments", "store_main", "default_store_dir"]
+__all__ = ["add_store_parser", "add_store_arguments", "store_main", "default_store_dir"]
 
 
 def default_store_dir() -> Path:
@@ -30,6 +31,14 @@ def _nonneg_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
     return value
+
+
+def add_store_parser(sub: Any) -> None:
+    from .common import read_context_file
+
+    st = sub.add_parser("store", help="per-document KV store for --docs: add | list | rm | gc")
+    add_store_arguments(st)
+    st.set_defaults(func=lambda a: store_main(a, read_context_file))
 
 
 def add_store_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,8 +61,8 @@ def add_store_arguments(parser: argparse.ArgumentParser) -> None:
 
 def store_main(args: argparse.Namespace, read_text=None) -> int:
     """Run one ``longlab store`` command; ``read_text(name, encoding, flag)`` reads a document file."""
-    from .api import doc_segment
-    from .docstore import DocStore
+    from ..reuse.api import doc_segment
+    from ..reuse.docstore import DocStore
 
     root = Path(args.store) if args.store else default_store_dir()
     cmd = args.store_command

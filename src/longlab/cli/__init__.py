@@ -1,0 +1,61 @@
+"""``longlab`` command line: all of its argparse, one module per command.
+
+``generate`` / ``example`` (:mod:`.generate`), ``eval`` (:mod:`.eval`), ``report``, ``methods``, ``store``
+(the document KV store), ``calibrate`` (PM-KVQ), ``train`` (IndexMem; DroPE, RoPE-ID, RePo) and ``lab``
+(the layers lab). Each module builds its parser and calls library functions. User errors (bad arguments,
+unknown names, missing files) print one line and exit 2, no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from ..errors import LonglabError
+from .common import read_context_file
+from .generate import EXAMPLE_QUESTION, EXAMPLE_RECIPES, example_context
+
+__all__ = ["main", "build_parser", "read_context_file", "EXAMPLE_QUESTION", "EXAMPLE_RECIPES",
+           "example_context"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .calibrate import add_calibrate_parser
+    from .eval import add_eval_parser
+    from .generate import add_example_arguments, add_generate_arguments
+    from .methods import add_methods_arguments
+    from .report import add_report_arguments
+    from .store import add_store_parser
+    from .train import add_train_parser
+
+    parser = argparse.ArgumentParser(prog="longlab", description="Long-context inference methods, measured.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_generate_arguments(sub)
+    add_store_parser(sub)
+    add_methods_arguments(sub)
+    add_example_arguments(sub)
+    add_eval_parser(sub)
+    add_calibrate_parser(sub)
+    add_train_parser(sub)
+    from ..lab.cli import add_lab_arguments  # longlab.lab: the layers lab (train/eval small LMs on CPU)
+
+    add_lab_arguments(sub.add_parser("lab", help="layers lab: train/test small LMs with swappable mixers"))
+    add_report_arguments(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except LonglabError as exc:
+        print(f"longlab: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("longlab: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `longlab methods | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
