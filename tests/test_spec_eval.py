@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from longlab.eval.spec_tables import spec_markdown
 from longlab.eval.stats import bootstrap_ci, paired_difference, wilson_interval
-from longlab.eval.tables import spec_markdown
 from longlab.tasks import TASKS, generate_samples, metric_for, score_sample
 
 
@@ -43,10 +43,10 @@ def test_spec_markdown_intervals_and_paired_difference():
     md = spec_markdown(rows)
     by_label = {line.split(" | ")[2]: line for line in md.splitlines() if line.startswith("| passkey |")}
     low, high = wilson_interval(4, 6)
-    assert f"0.67 [{low:.2f}, {high:.2f}]" in by_label["full"]
+    assert f"66.7 [{100 * low:.1f}, {100 * high:.1f}]" in by_label["full"]  # as every score table writes it
     assert "identical tokens (6/6)" in by_label["full~a"]
     d = paired_difference(lossy, plain)
-    assert f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}]" in by_label["full~b"]
+    assert f"{100 * d.mean:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}]" in by_label["full~b"]
     mean, lo, hi = bootstrap_ci([acc])
     assert f"{mean:.2f} [{lo:.2f}, {hi:.2f}]" in by_label["full~a"]
     pooled = {line.split(" | ")[1]: line for line in md.splitlines() if line.startswith("| 1024 |")}
@@ -59,7 +59,7 @@ def test_paired_cell_says_not_significant():
     rows = [_row("full", "plain", i, s) for i, s in enumerate([1.0, 0.0, 1.0])]
     rows += [_row("full~x", "x", i, s, acc=0.5, same=False) for i, s in enumerate([0.0, 1.0, 1.0])]
     line = next(x for x in spec_markdown(rows).splitlines() if "| full~x |" in x)
-    assert "+0.00" in line and "n.s." in line
+    assert "+0.0" in line and "n.s." in line
 
 
 def test_summ_events_is_registered_seeded_and_scored_by_rouge(tokenizer):

@@ -144,7 +144,7 @@ def _print_score_tables(out: str) -> None:
     prefill = prefill_table(rows, load_metrics(out))
     if prefill:
         print(prefill + "\n")
-    from ..eval.tables import spec_markdown  # the speculative axis: speed and bytes against plain decoding
+    from ..eval.spec_tables import spec_markdown  # the speculative axis: speed, bytes against plain decoding
 
     speculation = spec_markdown(rows)
     if speculation:

@@ -6,7 +6,8 @@
 - :mod:`longlab.engine.core`: :class:`Engine` (submit / step / run) and :class:`Result`.
 """
 
-from .core import Engine, Result, available_bytes, kv_bytes_per_token
+from .core import Engine, Result
+from .limits import available_bytes, kv_bytes_per_token
 from .stream import Stream
 
 __all__ = ["Engine", "Result", "Stream", "available_bytes", "kv_bytes_per_token"]

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -33,10 +32,11 @@ import torch
 from ..errors import LonglabError
 from ..request import Request
 from .decode import Lane, OneShotLane, Row, Sampler, SpecLane, StreamLane, stack_streams
+from .limits import check_attention, check_model, check_size
 from .prefill import Branch, PromptGroup, prefill_group
 from .stream import Stream, eos_token_ids
 
-__all__ = ["Engine", "Result", "kv_bytes_per_token", "available_bytes"]
+__all__ = ["Engine", "Result"]
 
 
 @dataclass
@@ -103,7 +103,7 @@ class Engine:
     (a :class:`~longlab.reuse.DocStore`, a directory, or None: documents encoded in memory)."""
 
     def __init__(self, model: Any, tokenizer: Any, *, store: Any = None) -> None:
-        _check_model(model, tokenizer)
+        check_model(model, tokenizer)
         self.model, self.tokenizer = model, tokenizer
         self.store = store
         self.eos = eos_token_ids(model, tokenizer)
@@ -126,9 +126,10 @@ class Engine:
             raise LonglabError(f"submit takes a longlab.Request, got {request.__class__.__name__}")
         request.check()
         if request.parsed.recipe.is_empty is False:
-            _check_attention(self.model, request.parsed.recipe)
+            check_attention(self.model, request.parsed.recipe)
         ctx, q = self._tokenize(request)
-        self._check_size(request, len(ctx) + len(q))
+        if request.documents is None:  # a reuse prefill checks each document and the whole prompt itself
+            check_size(self.model, request, len(ctx) + len(q))
         key = self._next
         self._next += 1
         self._waiting.append(_Pending(key, request, ctx, q))
@@ -195,31 +196,6 @@ class Engine:
             request.chat_template,
         )
         return ctx, q
-
-    def _check_size(self, request: Request, n_prompt: int) -> None:
-        """The prompt + answer against the model's positions (refused unless ``strict=False``, or a
-        position method extends them: then a warning) and the cache against this machine's memory."""
-        config = getattr(self.model.config, "text_config", None) or self.model.config
-        limit = getattr(config, "max_position_embeddings", None)
-        total = n_prompt + request.max_new_tokens
-        if request.documents is not None:
-            return  # checked by the reuse prefill, per document and in total
-        if limit and total > limit:
-            message = (
-                f"prompt + max_new_tokens is {total} tokens, beyond the model's max_position_embeddings="
-                f"{limit}; quality will degrade"
-            )
-            if request.strict and request.parsed.position is None:
-                raise LonglabError(message + " (pass strict=False / --no-strict to run it anyway)")
-            warnings.warn(message, stacklevel=3)
-        free = available_bytes(self.model)
-        need = total * kv_bytes_per_token(self.model)
-        if free is not None and need > free:
-            raise LonglabError(
-                f"a {total}-token prompt needs about {need / 2**30:.1f} GiB of KV cache and "
-                f"{free / 2**30:.1f} "
-                "GiB is free: give a shorter context or a recipe with compress='chunk' and a budget"
-            )
 
     # ------------------------------------------------------------------------------------- positions
     def _can_admit(self) -> bool:
@@ -558,63 +534,3 @@ def _branch_info(branch: Branch) -> dict[str, Any]:
 
 def _cache_of(stream: Any) -> Any:
     return stream.cache if stream is not None else None
-
-
-def _check_model(model: Any, tokenizer: Any) -> None:
-    from ..errors import LonglabTypeError
-
-    if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
-        raise LonglabTypeError(
-            "model must be a transformers causal LM (e.g. from longlab.load_model), "
-            f"got {model.__class__.__name__}"
-        )
-    if tokenizer is None or not callable(tokenizer) or not hasattr(tokenizer, "decode"):
-        raise LonglabTypeError(
-            "tokenizer must be the model's transformers tokenizer (e.g. from longlab.load_model), "
-            f"got {tokenizer.__class__.__name__}"
-        )
-
-
-def _check_attention(model: Any, recipe: Any) -> None:
-    """A recipe acts only through the longlab attention hook: refuse up front a model that runs another
-    attention implementation."""
-    from ..hook import ATTN_NAME
-
-    attn = getattr(model.config, "_attn_implementation", None)
-    if attn != ATTN_NAME:
-        raise LonglabError(
-            f"recipe {recipe.name!r} needs a model whose attention is 'longlab', but this one runs "
-            f"{attn!r}, so the recipe would compress nothing. Load the model with longlab.load_model(...) "
-            "(attn_implementation='longlab', the default), or wrap your own model: "
-            "`with longlab.use_longlab_attention(model): ...`"
-        )
-
-
-# ------------------------------------------------------------------------------------------ limits
-def kv_bytes_per_token(model: Any) -> int:
-    """Bytes one token of an uncompressed cache holds (keys and values, every layer)."""
-    cfg = getattr(model.config, "text_config", None) or model.config
-    heads = cfg.num_attention_heads
-    kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    elem = next(model.parameters()).element_size()
-    return 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem
-
-
-def available_bytes(model: Any) -> int | None:
-    """Free memory where the cache lives (GPU memory for a CUDA model, else RAM), None if unknown."""
-    device = next(model.parameters()).device
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        import psutil
-    except ImportError:
-        return None
-    return int(psutil.virtual_memory().available)

@@ -125,7 +125,7 @@ def _render(
     if prefill:
         md += ["", "## Sparse prefill", "", "\n\n".join(table_md(t) for t in prefill)]
         html_parts += ["<h2>Sparse prefill</h2>", *(table_html(t) for t in prefill)]
-    from .tables import spec_markdown  # rows of `longlab eval --speculative` (longlab.spec)
+    from .spec_tables import spec_markdown  # rows of `longlab eval --speculative` (longlab.spec)
 
     speculation = spec_markdown(rows)
     if speculation:
