@@ -27,6 +27,8 @@ from pathlib import Path
 from .recipe import LonglabError, shorten
 
 __all__ = [
+    "read_user_file",
+    "read_json",
     "check_output_dir",
     "check_output_file",
     "publish_dir",
@@ -189,3 +191,45 @@ def write_file_atomic(path: str | os.PathLike[str], data: str | bytes, flag: str
         with contextlib.suppress(FileNotFoundError):
             os.unlink(name)  # our own temporary file (gone already once renamed)
     return out
+
+
+def read_user_file(path: str | os.PathLike[str], flag: str, max_bytes: int = 64 << 20) -> bytes:
+    """The bytes of a file a user named, checked first: a regular file (not a directory, a FIFO that would
+    block forever, or a device), at most ``max_bytes`` long, readable."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise LonglabError(f"{flag}: no such file: {shorten(str(p))}") from None
+    except OSError as exc:
+        raise os_error(exc, flag, p, "read") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file (a pipe or a device)"
+        raise LonglabError(f"{flag}: {shorten(str(p))} is {kind}; give a file")
+    if st.st_size > max_bytes:
+        raise LonglabError(f"{flag}: {shorten(str(p))} has {st.st_size:,} bytes, more than {max_bytes:,}")
+    try:
+        with open(p, "rb") as fh:
+            return fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise os_error(exc, flag, p, "read") from None
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_json(path: str | os.PathLike[str], flag: str, max_bytes: int = 64 << 20) -> object:
+    """A JSON file a user named, parsed strictly: :func:`read_user_file`'s checks, UTF-8, no ``NaN`` or
+    ``Infinity``, not nested deeper than Python can parse; any fault is a :class:`LonglabError`."""
+    import json
+
+    data = read_user_file(path, flag, max_bytes)
+    try:
+        return json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError as err:
+        raise LonglabError(f"{flag}: {shorten(str(path))} is not UTF-8 text (byte {err.start})") from None
+    except RecursionError:
+        raise LonglabError(f"{flag}: {shorten(str(path))} is nested too deeply to be JSON data") from None
+    except ValueError as err:
+        raise LonglabError(f"{flag}: {shorten(str(path))} is not JSON ({err})") from None

@@ -227,15 +227,16 @@ class EvalConfig:
         directories are not committed); fields other than these are ignored."""
         import json
 
+        from ..safeio import read_json
+
         if self.skip_rows is None:
             return set()
         where = f"--skip-rows {self.skip_rows}"
         try:
-            rows = json.loads(Path(self.skip_rows).read_text(encoding="utf-8"))
-        except OSError as err:
-            raise LonglabError(f"{where}: cannot read it ({err.strerror or err})") from None
-        except ValueError as err:
-            raise LonglabError(f"{where}: not JSON ({err})") from None
+            rows = read_json(self.skip_rows, "--skip-rows")
+        except LonglabError as err:
+            message = str(err).replace("no such file", "cannot read it: no such file")
+            raise LonglabError(message) from None
         if not isinstance(rows, list):
             raise LonglabError(f"{where}: expected a JSON list of rows, got {json.dumps(rows)[:60]}")
         need = ("model", "recipe", "task", "length", "sample_id")
@@ -243,13 +244,20 @@ class EvalConfig:
         for i, row in enumerate(rows):
             if not isinstance(row, dict) or any(k not in row for k in need):
                 raise LonglabError(f"{where}: row {i} is not an object with the fields {', '.join(need)}")
-            other_sweep = row.get("compress", "end") != self.compress
-            if other_sweep or bool(row.get("query_aware")) != self.query_aware:
+            query_aware, compress = row.get("query_aware", False), row.get("compress", "end")
+            if query_aware not in (True, False, 0, 1) or isinstance(query_aware, float):  # not "false"
+                got = json.dumps(query_aware)[:40]
+                raise LonglabError(f"{where}: row {i}: query_aware must be true or false, got {got}")
+            if compress not in ("end", "chunk"):
+                raise LonglabError(f"{where}: row {i}: compress must be 'end' or 'chunk', got {compress!r}")
+            if compress != self.compress or bool(query_aware) != self.query_aware:
                 continue
+            length = row["length"]
+            if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+                raise LonglabError(f"{where}: row {i}: length must be an integer >= 0, got {length!r}")
             try:
                 recipe = _label(str(row["recipe"]))  # the name the store gives the recipe
-                length = int(row["length"])
-            except (LonglabError, TypeError, ValueError) as err:
+            except LonglabError as err:
                 raise LonglabError(f"{where}: row {i}: {err}") from None
             cells.add((str(row["model"]), recipe, str(row["task"]), length, str(row["sample_id"])))
         return cells

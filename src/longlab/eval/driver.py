@@ -25,7 +25,7 @@ from ..errors import LonglabError
 from .config import DEFAULT_DEPTHS, DEFAULT_LENGTHS, GRID_TASK, Cell, EvalConfig
 from .runner import METRICS_KEY, SampleRunner
 
-__all__ = ["EvalSummary", "build_samples", "check_lengths", "run_eval"]
+__all__ = ["EvalSummary", "build_samples", "check_lengths", "check_samples", "run_eval"]
 
 
 @dataclass
@@ -102,6 +102,29 @@ def build_samples(config: EvalConfig, tokenizer: Any, warn: Callable[[str], None
                 "use --tasks multidoc_qa_1,multidoc_qa_2 or a --jsonl of documents"
             )
     return samples
+
+
+def check_samples(config: EvalConfig, samples: list[Any], tokenizer: Any, model: Any) -> None:
+    """Before any sample runs: each has an answer to score against, and (from a file) its prompt fits
+    the model's positions (``--no-strict`` lets a longer one run) and longlab's input bound."""
+    from ..request import MAX_CONTEXT_CHARS
+
+    cfg = getattr(model.config, "text_config", None) or model.config
+    limit = getattr(cfg, "max_position_embeddings", None)
+    for s in samples:
+        name = f"sample {s.sample_id or '?'} (task {s.task})"
+        if not s.answers or not any(a.strip() for a in s.answers):
+            raise LonglabError(f"--jsonl: {name} has no answer to score against ('answers' is empty)")
+        if config.jsonl is None:
+            continue  # generated to fit --lengths, checked against the model already
+        text = s.context + (s.question or "")
+        if len(text) > MAX_CONTEXT_CHARS:
+            raise LonglabError(f"--jsonl: {name} has {len(text):,} characters, beyond longlab's input limit "
+                               f"of {MAX_CONTEXT_CHARS:,}")
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"]) + config.max_new_for(s.max_new_tokens)
+        if limit and n > limit and config.strict and not config.positions:
+            raise LonglabError(f"--jsonl: {name} needs {n} tokens, beyond {config.model}'s "
+                               f"max_position_embeddings={limit} (--no-strict runs it anyway)")
 
 
 def _load_jsonl(path: str) -> list[Any]:
@@ -223,6 +246,7 @@ def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) ->
         load_s = time.perf_counter() - start
         check_lengths(config, model)
         samples = build_samples(config, tokenizer)
+        check_samples(config, samples, tokenizer, model)
         cells = config.cells()
         positions = ["none"] + [p for p in config.positions or [] if p != "none"]
         hashes = {p: config_hash(config.identity(p)) for p in positions}
