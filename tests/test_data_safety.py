@@ -149,3 +149,41 @@ def test_check_output_helpers_name_the_flag(tmp_path):
     assert check_output_file(tmp_path / "new.json", "--save", owned=lambda p: False) == tmp_path / "new.json"
     assert check_output_dir(tmp_path / "a" / "b", "--save", owned=lambda p: False) == tmp_path / "a" / "b"
     assert not (tmp_path / "a").exists()  # a check creates nothing
+
+
+def test_store_rm_and_gc_on_a_missing_store_create_nothing(tmp_path, capsys):
+    missing = tmp_path / "nostore"
+    for argv in (["store", "rm", "--store", str(missing), "abc"], ["store", "gc", "--store", str(missing)]):
+        assert main(argv) == 2
+        assert "no document store at" in capsys.readouterr().err
+    assert not missing.exists()
+
+
+def test_a_refused_docs_run_does_not_create_the_store(tmp_path, capsys):
+    from longlab.models import build_tiny_model, tiny_tokenizer
+    from longlab.reuse import reuse_prefill
+
+    model = build_tiny_model("tiny-llama", max_position_embeddings=64)
+    store = tmp_path / "s"
+    with pytest.raises(LonglabError, match="max_position_embeddings"):
+        reuse_prefill(model, tiny_tokenizer(), ["x" * 200], "q?", "no-recompute", store=store)
+    assert not store.exists()
+
+
+def test_gc_removes_the_temporary_object_of_a_dead_writer_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    from longlab.reuse import DocStore
+
+    store = DocStore(tmp_path / "s")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    folder = store.objects / "ab"
+    folder.mkdir(parents=True)
+    orphan = folder / f".abcdef-{dead}-x1y2.tmp"  # written by a process that no longer runs
+    orphan.write_bytes(b"half")
+    live = folder / f".abcdef-{os.getpid()}-z9.tmp"  # a writer that is running (this test)
+    live.write_bytes(b"half")
+    out = store.gc()
+    assert not orphan.exists() and live.exists() and out["orphan_files"] == 1

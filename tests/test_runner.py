@@ -430,3 +430,21 @@ def test_ray_backend_rows_equal_serial(tmp_path: Path) -> None:
     with ResultStore(tmp_path / "ray") as store:
         extras = [r["extra"] for r in store.rows()]
     assert {e["backend"] for e in extras} == {"ray"} and len({e["worker_pid"] for e in extras}) == 2
+
+
+def test_a_second_eval_on_the_same_out_is_told_and_writes_nothing(tmp_path: Path) -> None:
+    """Two runs on one --out would redo each other's rows: the second is refused while the first writes."""
+    from longlab.eval.driver import _WriterLock
+
+    base = dict(model="tiny-llama", recipes=["full"], tasks=["niah_single_1"], lengths=[512], samples=1,
+                max_new_tokens=2, progress=False, report=False)
+    run_eval(EvalConfig(out=str(tmp_path), **base), log=lambda m: None)  # creates the store
+    first = _WriterLock(tmp_path)  # a run holding the directory
+    try:
+        with pytest.raises(LonglabError, match=r"another longlab eval \(pid \d+\) is writing these results"):
+            run_eval(EvalConfig(out=str(tmp_path), **{**base, "samples": 2}), log=lambda m: None)
+    finally:
+        first.close()
+    summary = run_eval(EvalConfig(out=str(tmp_path), **{**base, "samples": 2}), log=lambda m: None)
+    assert (summary.written, summary.skipped) == (1, 1)
+    assert not (tmp_path / _WriterLock.NAME).exists()

@@ -92,6 +92,8 @@ def store_main(args: argparse.Namespace, read_text=None) -> int:
             print(f"{e.doc_id}  {e.n_tokens:>6} tok  {e.nbytes / 2**20:8.2f} MiB  {e.dtype:<8}  {used}  "
                   f"{e.model_name[:24]:<24}  {preview}")
         return 0
+    if not (root / "index.sqlite").is_file():  # rm and gc never create a store
+        raise LonglabError(f"store {cmd}: no document store at {root}")
     store = DocStore(root)
     if cmd == "rm":
         missing = [i for i in args.ids if not store.remove(i)]

@@ -234,7 +234,7 @@ def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) ->
         require_ray()  # fail before loading anything
     check_results_dir(config.out)  # checked before the model loads; created once the samples are
     start = time.perf_counter()
-    store = None
+    store = writer = None
     try:
         if config.threads and config.backend == "serial":
             import torch
@@ -252,6 +252,7 @@ def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) ->
         hashes = {p: config_hash(config.identity(p)) for p in positions}
         runner = SampleRunner(model, tokenizer, config, hashes, config.backend)
         store = ResultStore(config.out)
+        writer = _writer_lock(store.path.parent)  # one run writes a results directory at a time
         done = store.done_keys()
         elsewhere = config.skipped_cells()  # --skip-rows: measured elsewhere
         todo: list[tuple[Any, list[Cell], str]] = []
@@ -304,6 +305,8 @@ def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) ->
     finally:
         if store is not None:
             store.close()
+        if writer is not None:
+            writer.close()
     summary = EvalSummary(
         Path(config.out), total, skipped, written, time.perf_counter() - start, load_s, sweep_s, sweep_cpu_s
     )
@@ -314,6 +317,44 @@ def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) ->
             _stderr("longlab eval: writing the report and plots ...")
         summary.report = write_report(config.out)
     return summary
+
+
+class _WriterLock:
+    """An exclusive lock on a results directory (``.longlab-eval.lock``, an advisory ``flock`` that the
+    kernel releases when the process dies): a second ``longlab eval`` on the same ``--out`` is told so
+    instead of redoing the first one's rows."""
+
+    NAME = ".longlab-eval.lock"
+
+    def __init__(self, directory: Path) -> None:
+        import fcntl
+        import os
+
+        self.path = directory / self.NAME
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(self._fd, 32, 0).decode("ascii", "replace").strip() or "?"
+            os.close(self._fd)
+            raise LonglabError(
+                f"--out {directory}: another longlab eval (pid {holder}) is writing these results; wait for "
+                "it to finish (a re-run then skips its rows) or give another --out"
+            ) from None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, str(os.getpid()).encode(), 0)
+
+    def close(self) -> None:
+        import os
+
+        if self._fd is not None:
+            self.path.unlink(missing_ok=True)  # longlab's own lock file
+            os.close(self._fd)  # releases the lock
+            self._fd = None
+
+
+def _writer_lock(directory: Path) -> _WriterLock:
+    return _WriterLock(directory)
 
 
 class _Progress:

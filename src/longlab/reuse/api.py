@@ -136,7 +136,6 @@ def reuse_prefill(
             )
     docs = _check_texts(docs, question)
     runner = Runner(model)
-    store = open_store(store) if method.uses_store else None
     prefix_ids, q_ids = split_prompt(tokenizer, question, answer_prefix, chat_template)
     segments = [doc_segment(d) for d in docs]
     doc_ids = [list(tokenizer(s, add_special_tokens=False)["input_ids"]) for s in segments]
@@ -154,6 +153,7 @@ def reuse_prefill(
             f"prompt of {total} positions is longer than the model's max_position_embeddings={limit}"
         )
 
+    store = open_store(store) if method.uses_store else None  # after every check: a refusal creates nothing
     start = time.perf_counter()
     stored = None
     if store is not None:

@@ -175,6 +175,11 @@ class DocStore:
                     raise LonglabError(f"store: no document store at {self.root} (no {INDEX})")
                 uri = "file:" + str((self.root / INDEX).resolve()) + "?mode=ro"
                 self._conn = sqlite3.connect(uri, uri=True, timeout=timeout)
+                try:
+                    self._conn.execute("SELECT COUNT(*) FROM docs").fetchone()
+                except sqlite3.OperationalError:  # read-only media: WAL's shared memory cannot be made
+                    self._conn.close()
+                    self._conn = sqlite3.connect(uri + "&immutable=1", uri=True, timeout=timeout)
             else:
                 if self.root.exists() and not self.root.is_dir():
                     raise LonglabError(f"store: {self.root} is a file, not a directory")
@@ -336,10 +341,16 @@ class DocStore:
         final: Path | None = None
         try:
             folder.mkdir(parents=True, exist_ok=True)
-            fd, name = tempfile.mkstemp(dir=folder, prefix=f".{doc_id}-", suffix=".tmp")
+            fd, name = tempfile.mkstemp(dir=folder, prefix=f".{doc_id}-{os.getpid()}-", suffix=".tmp")
             os.close(fd)
             tmp = Path(name)
-            save_file(tensors, str(tmp), metadata=meta)
+            try:
+                save_file(tensors, str(tmp), metadata=meta)
+            except Exception as exc:  # safetensors reports a full disk as its own error type
+                if isinstance(exc, OSError):
+                    raise
+                full = "28" in str(exc) or "space" in str(exc).lower()
+                raise OSError(28 if full else 5, str(exc)) from None
             with tmp.open("rb+") as fh:
                 os.fsync(fh.fileno())
             digest = _file_digest(tmp)
@@ -394,6 +405,10 @@ class DocStore:
             if tmp is not None:
                 tmp.unlink(missing_ok=True)
             raise LonglabError(f"store: cannot index {doc_id} in {self.root} (SQLite: {err})") from None
+        except BaseException:  # an interrupt: our temporary file never outlives this call
+            if tmp is not None:
+                tmp.unlink(missing_ok=True)
+            raise
         for p in old_paths:
             (self.root / p).unlink(missing_ok=True)
         return doc_id
@@ -540,8 +555,8 @@ class DocStore:
         for f in self.objects.rglob("*"):
             if not f.is_file() or str(f) in named:
                 continue
-            if f.name.endswith(".tmp") and now - f.stat().st_mtime < older_than_s:
-                continue  # maybe another process writing right now
+            if f.name.endswith(".tmp") and _writer_alive(f) and now - f.stat().st_mtime < older_than_s:
+                continue  # another process writing right now
             f.unlink(missing_ok=True)
             out["orphan_files"] += 1
         saved = self.max_bytes
@@ -561,3 +576,18 @@ class DocStore:
             (self.root / p).unlink(missing_ok=True)
         out["evicted"] = len(paths)
         return out
+
+
+def _writer_alive(tmp: Path) -> bool:
+    """Whether the process that is writing a temporary object (its pid is in the name:
+    ``.<doc_id>-<pid>-<random>.tmp``) still runs; names without a pid count as alive."""
+    parts = tmp.name.split("-")
+    if len(parts) < 3 or not parts[1].isdigit():
+        return True
+    try:
+        os.kill(int(parts[1]), 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
