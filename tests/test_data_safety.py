@@ -187,3 +187,42 @@ def test_gc_removes_the_temporary_object_of_a_dead_writer_at_once(tmp_path):
     live.write_bytes(b"half")
     out = store.gc()
     assert not orphan.exists() and live.exists() and out["orphan_files"] == 1
+
+
+def test_a_full_disk_while_eval_writes_keeps_earlier_rows_and_resumes(tmp_path):
+    """SQLite's page limit stands in for a full disk: the failing row is a clear error, the rows already
+    stored stay, and the same store takes rows again once there is room."""
+    from longlab.eval.store import ResultStore
+
+    row = dict(model="m", recipe="full", task="t", length=1, query_aware=False, seed=0, config_hash="h",
+               score=1.0, prediction="x" * 4000)
+    with ResultStore(tmp_path) as store:
+        assert store.add({**row, "sample_id": "0"})
+        pages = store.conn.execute("PRAGMA page_count").fetchone()[0]
+        store.conn.execute(f"PRAGMA max_page_count = {pages}")
+        with pytest.raises(LonglabError, match=r"the disk is full .*rows stored so far are kept"):
+            for i in range(1, 50):
+                store.add({**row, "sample_id": str(i)})
+        kept = len(store.rows())
+        assert kept >= 1
+        store.conn.execute("PRAGMA max_page_count = 1073741823")  # space freed
+        assert store.add({**row, "sample_id": "resumed"})
+        assert len(store.rows()) == kept + 1
+
+
+def test_a_store_that_cannot_be_made_leaves_no_empty_database_in_a_users_directory(tmp_path, monkeypatch):
+    import sqlite3
+
+    from longlab.eval.store import ResultStore
+
+    users = tmp_path / "results"
+    users.mkdir()
+    (users / "notes.txt").write_text("mine")
+
+    def full(self):
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(ResultStore, "_create_schema", full)
+    with pytest.raises(LonglabError, match="--out"):
+        ResultStore(users)
+    assert _tree(users) == ["notes.txt"]

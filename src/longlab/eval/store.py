@@ -253,6 +253,7 @@ class ResultStore:
         self._tables: set[str] = set()
         self.out_dir, self.path, created = _results_dir(out_dir, what, create=not self.readonly)
         sidecars = [p for p in _sidecars(self.path) if not p.exists()]  # -wal/-shm this open may make
+        new_db = not self.path.exists()  # made by this open: removed again if the open fails
         try:
             if self.readonly:
                 self._conn = _connect_readonly(self.path, timeout)
@@ -277,6 +278,9 @@ class ResultStore:
             _remove_sidecars(sidecars)  # SQLite leaves them behind when the open fails
             if created:  # leave no empty directory (or half-made database) behind
                 _remove_new(self.path, self.out_dir)
+            elif new_db:  # the directory was the user's: remove only the database this open made
+                for p in (self.path, *_sidecars(self.path)):
+                    p.unlink(missing_ok=True)
             if isinstance(err, LonglabError):
                 raise
             raise _fault(err, self.path, what, self.readonly) from None
@@ -391,17 +395,32 @@ class ResultStore:
         (nothing is written then, metrics included).
         """
         record = self.prepare(row)
-        with self.conn:
-            inserted = self._insert(record)
-            if inserted and metrics is not None:
-                self._insert_metrics(record["run_key"], metrics)
+        try:
+            with self.conn:
+                inserted = self._insert(record)
+                if inserted and metrics is not None:
+                    self._insert_metrics(record["run_key"], metrics)
+        except sqlite3.Error as err:  # the transaction rolled back: rows stored so far are kept
+            raise self._write_fault(err) from None
         return inserted
+
+    def _write_fault(self, err: sqlite3.Error) -> LonglabError:
+        text = str(err)
+        if "full" in text or "disk I/O" in text:
+            return LonglabError(
+                f"{self.what}: cannot write {self.path}: the disk is full (SQLite: {text}); the rows stored "
+                "so far are kept — free some space and run the same command again to resume"
+            )
+        return _fault(err, self.path, self.what, self.readonly)
 
     def add_many(self, rows: Iterable[Mapping[str, Any]]) -> int:
         """Store many rows in one transaction; returns how many were new."""
         records = [self.prepare(r) for r in rows]
-        with self.conn:
-            return sum(self._insert(rec) for rec in records)
+        try:
+            with self.conn:
+                return sum(self._insert(rec) for rec in records)
+        except sqlite3.Error as err:
+            raise self._write_fault(err) from None
 
     def add_metrics(self, run_key: str, items: Iterable[Mapping[str, Any]]) -> int:
         """Store metric items ``{layer, head, name, value}`` for ``run_key`` in one transaction.
