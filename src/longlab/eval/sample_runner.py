@@ -96,9 +96,9 @@ class SampleRunner:
         ``batch_decode``)."""
         from ..pipeline import encode_prompts
 
-        chat = sample.metadata.get("prompt", "chat") != "plain"  # completion-style tasks opt out
+        layout = sample.metadata.get("prompt", True)  # a layout of longlab.prompt.LAYOUTS, e.g. "plain"
         prompt = encode_prompts(
-            self.tokenizer, [sample.context], [sample.question], [sample.answer_prefix], chat
+            self.tokenizer, [sample.context], [sample.question], [sample.answer_prefix], layout
         )
         (ctx,), (q,) = prompt  # token ids of the context part and of the question part
         from ..compress.api import compressed_rows  # a context compressor's recipes run on its shorter ids
