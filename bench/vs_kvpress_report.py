@@ -104,6 +104,13 @@ def layout_tables() -> list[str]:
                 text += "<br>" + _diff(a, [ref[recipe][i] for i in ids])
             cells.append(text)
         out.append(f"| {label} | " + " | ".join(cells) + " |")
+    by_label = {label: scores for label, scores, _ in rows}
+    before = next((v for k, v in by_label.items() if "default before" in k), None)
+    now = next((v for k, v in by_label.items() if "default now" in k), None)
+    if before is not None and now is not None:
+        out += ["", "**longlab's former default minus the new one** (`chat-sep` − `chat`, paired, samples): "
+                + ", ".join(f"`{r}` " + _diff([before[r][i] for i in ids], [now[r][i] for i in ids])
+                            for r in RECIPES) + "; n.s. = not significant."]
     # the engines on identical ids: predictions equal, per recipe
     kv, ll = _load("kvpress_layout-kvpress.json"), _load("kvpress_layout-longlab128.json")
     if kv is not None and ll is not None:
