@@ -8,7 +8,8 @@ Both sides run SmolLM2-135M-Instruct from the same local files (the safetensors 
 context is compressed alone, then the question is asked), the same prompt token ids (checked id for
 id, every sample) and the same torch thread count. Samples: longlab's generated RULER tasks saved as
 JSONL; ``--samples`` counts samples per (task, length), so each recipe is scored on
-``len(tasks) x len(lengths) x samples`` samples.
+``len(tasks) x len(lengths) x samples`` samples; or any common-format file with ``--jsonl`` (e.g. the
+unseen cases of ``bench/kvpress_cases.py``), scored with each row's metric.
 
 - **kvpress** runs in its own venv through a subprocess (this file, with ``--kvpress-driver``), with
   its ``"kv-press-text-generation"`` pipeline: one call per (press, sample), each prefilling the
@@ -19,10 +20,13 @@ JSONL; ``--samples`` counts samples per (task, length), so each recipe is scored
   (``--longlab-modes`` adds the unbatched path, ``plain``, and ``chunked``: ``longlab.generate`` with
   ``compress="chunk"``, compressing after every ``--chunk-size`` prefill chunk).
 
-The prompt both sides see is longlab's: chat template, user turn = context + ``"\\n\\n"`` + question,
-then ``answer_prefix`` after the assistant header; kvpress is handed ``question="\\n\\n" + question``
-so its pipeline builds exactly these ids (``--kvpress-question raw`` hands it the bare question, the
-pipeline's own default layout). Each sample's own ``max_new_tokens`` is used on both sides
+The prompt layout (``--kvpress-question``): ``raw`` (the default) hands kvpress's pipeline the bare
+question and the row's ``answer_prefix`` verbatim (as kvpress's own ``evaluation/evaluate.py`` does),
+its default layout (user turn = context + question, the
+prefix after the assistant header), and longlab runs its default layout ``"chat"``, which is that
+layout (``longlab.prompt``); ``longlab`` hands kvpress ``question="\\n\\n" + question`` and longlab runs
+``"chat-sep"``, longlab's former default (user turn = context + ``"\\n\\n"`` + question). Either way
+both sides see the same ids (checked). Each sample's own ``max_new_tokens`` is used on both sides
 (``--max-new-tokens`` caps both). Tasks with a plain-completion prompt (``passkey``) are refused:
 kvpress's pipeline always applies the chat template, so the ids could not match.
 
@@ -68,7 +72,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RATIOS = (0.5, 0.75)
-LONGLAB_SEPARATOR = "\n\n"  # longlab's user turn is context + "\n\n" + question
+LONGLAB_SEPARATOR = "\n\n"  # longlab's former layout ("chat-sep"): user turn = context + "\n\n" + question
+# --kvpress-question -> longlab's prompt layout (longlab.prompt) that gives the ids kvpress builds
+LAYOUT_OF = {"raw": "chat", "longlab": "chat-sep"}
 # longlab method -> (kvpress press class, longlab parameters mirroring the press's defaults)
 METHODS: dict[str, tuple[str, str]] = {
     "snapkv": ("SnapKVPress", ":window_size=64"),
@@ -251,7 +257,7 @@ def run_generate(args: argparse.Namespace, samples: list, cells: list) -> dict:
 
     from longlab.generation import generate
     from longlab.models import load_model
-    from longlab.tasks import score
+    from longlab.tasks import score_sample
 
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -267,7 +273,7 @@ def run_generate(args: argparse.Namespace, samples: list, cells: list) -> dict:
                 max_new_tokens=max_new, compress="chunk", chunk_size=args.chunk_size,
             )
             rows.append({"recipe": recipe, "sample_id": s.sample_id, "prediction": result.text,
-                         "score": score(s.task, result.text, s.answers),
+                         "score": score_sample(s, result.text),
                          "generated_tokens": len(result.token_ids[0])})
     return {
         "rows": rows, "load_s": load_s, "sweep_s": time.perf_counter() - t1,
@@ -415,8 +421,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--longlab-modes", default="batched",
                    help="comma-separated: batched (the default eval path), plain (unbatched decode), "
                    "chunked (generate with compress='chunk' after every --chunk-size chunk)")
-    p.add_argument("--kvpress-question", choices=("longlab", "raw"), default="longlab",
-                   help="longlab: hand kvpress '\\n\\n' + question (longlab's ids); raw: the bare question")
+    p.add_argument("--kvpress-question", choices=("raw", "longlab"), default="raw",
+                   help="raw: kvpress gets the bare question (its pipeline's own layout) and longlab runs "
+                   "its default layout 'chat', the same ids; longlab: kvpress gets '\\n\\n' + question and "
+                   "longlab runs its layout 'chat-sep' (longlab's former default), the same ids")
+    p.add_argument("--jsonl", type=Path, default=None,
+                   help="samples from this common-format JSONL file (e.g. bench/kvpress_cases.py's) instead "
+                   "of --tasks/--lengths/--samples; blocks are its (task, length) pairs")
     p.add_argument("--kept-check", action="store_true",
                    help="compare kept indices of knorm/streaming on both sides instead of the sweep")
     p.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "vs_kvpress.json")
@@ -467,22 +478,36 @@ def main(argv: list[str] | None = None) -> int:
     from longlab.models import load_model
     from longlab.paths import cache_dir
     from longlab.prompt import encode_prompts
-    from longlab.tasks import generate_samples, save_jsonl, score
+    from longlab.tasks import generate_samples, load_jsonl, save_jsonl, score_sample
 
     _, tokenizer = load_model("smollm2-135m")  # also caches the safetensors kvpress loads
     model_dir = cache_dir() / "models" / "smollm2-135m"
     cells = recipes(ratios, methods)
     try:
-        samples = [s for t in args.tasks.split(",") for n in lengths
-                   for s in generate_samples(t, tokenizer, n, args.samples, args.seed)]
+        if args.jsonl is not None:
+            samples = load_jsonl(args.jsonl)
+            for s in samples:
+                s.task = s.task or args.jsonl.stem
+        else:
+            samples = [s for t in args.tasks.split(",") for n in lengths
+                       for s in generate_samples(t, tokenizer, n, args.samples, args.seed)]
     except ValueError as err:
         return fail(str(err))
+    if "chunked" in modes and args.kvpress_question != "raw":
+        return fail("--longlab-modes chunked runs longlab.generate, whose layout is the default ('chat'): "
+                    "use it with --kvpress-question raw")
+    if args.kept_check and args.kvpress_question != "raw":
+        return fail("--kept-check runs longlab.generate, whose layout is the default ('chat'): "
+                    "use it with --kvpress-question raw")
     plain = sorted({s.task for s in samples if s.metadata.get("prompt", "chat") == "plain"})
     if plain:
         return fail(f"tasks {plain} use a plain completion prompt in longlab; kvpress's pipeline always "
                     "applies the chat template, so the prompts would differ: leave them out")
     if len({s.sample_id for s in samples}) != len(samples):
         return fail("sample ids repeat across tasks/lengths; the sides are matched by sample id")
+    layout = LAYOUT_OF[args.kvpress_question]
+    for s in samples:  # longlab's runner reads the layout from each sample (longlab.prompt)
+        s.metadata["prompt"] = layout
     args.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="vs_kvpress-") as tmp_name:
         tmp = Path(tmp_name)
@@ -491,7 +516,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.kept_check:
             args.max_new_tokens = 1  # the kept sets are fixed before decoding starts
             return kept_check(args, samples, jsonl, model_dir, tmp)
-        print(f"{len(samples)} samples ({args.tasks} at {args.lengths} tokens) x {len(cells)} recipes, "
+        source = str(args.jsonl) if args.jsonl is not None else f"{args.tasks} at {args.lengths} tokens"
+        print(f"{len(samples)} samples ({source}) x {len(cells)} recipes, layout {layout!r}, "
               f"{args.threads} thread(s); load average {_load()}", flush=True)
         # interleaved: per (task, length) block, kvpress then each longlab mode, so both sides run under
         # the same load as it drifts; the sweep times are the sums over blocks (model loads excluded)
@@ -591,11 +617,11 @@ def main(argv: list[str] | None = None) -> int:
     by_id = {s.sample_id: s for s in samples}
     for row in kv["rows"]:
         s = by_id[row["sample_id"]]
-        row["score"] = score(s.task, row["prediction"], s.answers)
+        row["score"] = score_sample(s, row["prediction"])
     # the ids longlab's runner builds (chat template: every task here) against kvpress's
     mismatched = []
     for s in samples:
-        (ctx,), (q,) = encode_prompts(tokenizer, [s.context], [s.question], [s.answer_prefix], True)
+        (ctx,), (q,) = encode_prompts(tokenizer, [s.context], [s.question], [s.answer_prefix], layout)
         if [ctx, q] != kv["prompt_ids"][s.sample_id]:
             mismatched.append(s.sample_id)
     order = [s.sample_id for s in samples]
@@ -632,6 +658,7 @@ def main(argv: list[str] | None = None) -> int:
         },
         "setup": {
             "model": "smollm2-135m (fp32, CPU)", "tasks": args.tasks, "lengths": lengths,
+            "jsonl": str(args.jsonl) if args.jsonl is not None else None, "longlab_layout": layout,
             "samples_per_task_length": args.samples, "samples_per_recipe": len(order), "seed": args.seed,
             "ratios": list(ratios), "chunk_size": args.chunk_size, "max_new_tokens_cap": args.max_new_tokens,
             "query_aware": False, "kvpress_question": args.kvpress_question,

@@ -80,7 +80,7 @@ class Request:
     top_p: float = 1.0
     seed: int = 0
     stop: list[str] | None = None
-    chat_template: bool = True
+    chat_template: bool | str = True  # True: the default layout; False: plain text; or a layout name
     strict: bool = True
     continuation: str | None = None
     batch_decode: bool = True
@@ -108,7 +108,13 @@ class Request:
         if not 0 <= self.seed < 2**64:
             raise LonglabError(f"seed must be an integer in [0, 2**64 - 1], got {shorten(self.seed)}")
         check_choice("compress", self.compress, ("chunk", "end"))
-        for name in ("query_aware", "chat_template", "strict", "batch_decode"):
+        from .prompt import resolve_layout
+
+        try:
+            resolve_layout(self.chat_template)
+        except ValueError as exc:
+            raise LonglabError(str(exc)) from None
+        for name in ("query_aware", "strict", "batch_decode"):
             if not isinstance(getattr(self, name), bool):
                 raise LonglabTypeError(f"{name} must be True or False, got {shorten(getattr(self, name))}")
         if self.stop is not None:

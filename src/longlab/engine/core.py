@@ -377,6 +377,7 @@ class Engine:
 
     def _admit_documents(self, pending: _Pending) -> list[Result]:
         """A ``documents=`` request: its prompt's KV assembled from the store by its reuse method."""
+        from ..prompt import resolve_layout
         from ..reuse.api import reuse_prefill
         from ..reuse.docstore import MemoryStore
 
@@ -391,7 +392,7 @@ class Engine:
             req.parsed.reuse,
             store=self.store,
             answer_prefix=req.answer_prefix,
-            chat_template=req.chat_template,
+            chat_template=resolve_layout(req.chat_template, self.tokenizer) != "plain",
             recipe=req.parsed.recipe,
         )
         stream = Stream(self.model, pre.cache, 1)
@@ -447,13 +448,14 @@ class Engine:
 
     def _question_ids(self, pending: _Pending) -> Any:
         """``answer_prefix -> question-part ids`` of a request's prompt (for :func:`continuation_ids`)."""
-        from ..prompt import encode_messages, encode_prompts
+        from ..prompt import encode_messages, encode_prompts, resolve_layout
 
         req, tok = pending.request, self.tokenizer
         if req.documents is not None:
             from ..reuse.api import split_prompt
 
-            return lambda prefix: split_prompt(tok, req.question, prefix, req.chat_template)[1]
+            templated = resolve_layout(req.chat_template, tok) != "plain"
+            return lambda prefix: split_prompt(tok, req.question, prefix, templated)[1]
         if req.messages is not None:
             return lambda prefix: encode_messages(tok, req.messages, prefix, req.chat_template)[1]
         return lambda prefix: encode_prompts(tok, [req.context], [req.question], [prefix], req.chat_template)[

@@ -42,7 +42,8 @@ GRID_TASK = "niah_grid"  # the depth x length grid (uses --depths)
 DEFAULT_DEPTHS: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
 # Bump when a change alters what a row measures (part of the config hash).
 # 2: --max-new-tokens caps each sample's limit (min of the two) instead of replacing it.
-HARNESS_VERSION = 2
+# 3: the default prompt layout is kvpress's ("chat": question glued to the context, no "\n\n").
+HARNESS_VERSION = 3
 
 
 @dataclass

@@ -76,7 +76,7 @@ class SampleRunner:
             query_aware=cfg.query_aware if not docs else False,
             compress=cfg.compress if not docs else "chunk", chunk_size=cfg.chunk,
             max_new_tokens=cfg.max_new_for(sample.max_new_tokens), strict=cfg.strict,
-            chat_template=sample.metadata.get("prompt", "chat") != "plain",  # completion-style tasks opt out
+            chat_template=sample.metadata.get("prompt", True),  # a layout of prompt.LAYOUTS, e.g. "plain"
             continuation=sample.answers[0] if forced and sample.answers else None,
             batch_decode=cfg.decode_in_batch,
             prefill_metrics=(cfg.metric_rows or 32) if cfg.prefill_metrics else 0,

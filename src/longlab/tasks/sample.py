@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..prompt import LAYOUTS
 from .scoring import METRICS
 
 __all__ = ["Sample", "DEFAULT_MAX_NEW_TOKENS"]
@@ -38,7 +39,9 @@ class Sample:
 
     The prompt is ``context`` followed by ``question`` (query-aware mode puts both in the prefill;
     query-agnostic mode compresses ``context`` alone, then appends ``question``); decoding starts
-    after ``answer_prefix``. ``length`` is the target prompt size in the model's tokens (0 when
+    after ``answer_prefix``. ``metadata["prompt"]`` (a top-level ``"prompt"`` key of a file lands there)
+    names the prompt layout of :mod:`longlab.prompt` (``"chat"``, the default; ``"chat-sep"``;
+    ``"plain"``). ``length`` is the target prompt size in the model's tokens (0 when
     unknown); ``depth`` is the needle's relative position in [0, 1] for single-needle tasks.
     ``metric`` names the scorer of this sample (a name in :data:`~longlab.tasks.scoring.METRICS`) when
     the file declares one; empty means the metric its task is registered with.
@@ -120,6 +123,12 @@ class Sample:
         for key, value in data.items():
             if key not in _FIELDS and key != "answer":
                 metadata[key] = value
+        layout = metadata.get("prompt")
+        if layout is not None and (not isinstance(layout, str) or layout not in LAYOUTS):
+            raise ValueError(
+                f"'prompt' names the prompt layout, one of {', '.join(map(repr, LAYOUTS))} "
+                f"(longlab.prompt), got {str(layout)[:40]!r}; rename the key if it holds something else"
+            )
         return cls(
             context=data["context"],
             question=data["question"],
