@@ -4,9 +4,9 @@ plain completion text as options, chosen per sample through ``metadata["prompt"]
 from __future__ import annotations
 
 import pytest
-from longlab.eval.runner import SampleRunner
 
 from longlab.eval.config import EvalConfig
+from longlab.eval.runner import SampleRunner
 from longlab.models import tiny_tokenizer
 from longlab.prompt import DEFAULT_LAYOUT, build_prompt, encode_prompts, resolve_layout
 from longlab.tasks import Sample
