@@ -249,7 +249,7 @@ def _exec_call(backend: str, q, k, v, m, scaling: float):
 
         return grouped_block_sparse_attention(q, k, v, m, scaling, split_common=int(backend[14:] or 1))
     if backend == "flex-prebuilt":  # the flex kernel alone: its BlockMask built before the timed call
-        from longlab.sparse.executor import _compiled_flex
+        from longlab.attention import compiled_flex
 
         bm = _PREBUILT.get(id(m))
         if bm is None or bm[0] is not m:
@@ -257,7 +257,7 @@ def _exec_call(backend: str, q, k, v, m, scaling: float):
 
             bm = _PREBUILT[id(m)] = (m, to_flex_block_mask(m, compute_q_blocks=False))
         with torch._dynamo.config.patch(recompile_limit=64):
-            return _compiled_flex()(q, k, v, block_mask=bm[1], scale=scaling, enable_gqa=True)
+            return compiled_flex()(q, k, v, block_mask=bm[1], scale=scaling, enable_gqa=True)
     return block_sparse_attention(q, k, v, m, scaling, backend=backend)
 
 

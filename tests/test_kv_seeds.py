@@ -11,9 +11,9 @@ import pytest
 import torch
 from scipy.stats import spearmanr
 
+from longlab.attention import lse_merge
 from longlab.cache import LonglabCache
 from longlab.decode.quest import Quest, attend_slots, page_scores, page_summary
-from longlab.decode.retro import lse_merge
 from longlab.engine.stream import Stream
 from longlab.generation import generate
 from longlab.kv.obcache import VARIANTS, obc_scores

@@ -9,15 +9,27 @@ Shapes: ``q [B, H, T_q, D]`` post-RoPE queries, ``k, v [B, H_kv, T, D]`` what th
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LayerContext", "StandIn", "dense_attention", "layer_attention", "visibility_mask", "ceil_keep"]
+__all__ = [
+    "LayerContext",
+    "StandIn",
+    "MAX_SCORE_BYTES",
+    "compiled_flex",
+    "dense_attention",
+    "layer_attention",
+    "lse_merge",
+    "merge_by_lse",
+    "visibility_mask",
+    "ceil_keep",
+]
 
-_MAX_SCORE_BYTES = 256 * 2**20  # bound on one [B, H, t_q, T] float block of attention scores
+MAX_SCORE_BYTES = 256 * 2**20  # bound on one [B, H, rows, T] fp32 block of attention scores (every kernel)
 
 
 @dataclass
@@ -117,7 +129,7 @@ class LayerContext:
         """Row blocks small enough that ``[B, H, rows, T]`` fp32 stays under a fixed size."""
         B, H, T_q, _ = self.q.shape
         per_row = max(1, B * H * self.key_index.shape[-1] * 4)
-        step = max(1, min(T_q, _MAX_SCORE_BYTES // per_row))
+        step = max(1, min(T_q, MAX_SCORE_BYTES // per_row))
         return [slice(i, min(i + step, T_q)) for i in range(0, T_q, step)]
 
 
@@ -287,3 +299,38 @@ class StandIn:
 
     def select_decode(self, ctx: LayerContext) -> None:
         return None
+
+
+# ------------------------------------------------------------------------------ shared attention primitives
+def lse_merge(
+    o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention over two disjoint key sets, merged: ``o = w1 o1 + w2 o2`` with ``w_i = exp(lse_i - lse)``,
+    ``lse = log(exp(lse1) + exp(lse2))``. o: ``[..., D]``, lse: ``[...]``. Exact when each ``(o_i, lse_i)``
+    is the softmax attention over its set; an empty set (``lse = -inf``, its ``o`` possibly NaN) adds
+    nothing, and a row that sees nothing gets ``o = 0``. The one online-softmax merge of the package
+    (RetroAttention, LoSA, sparse verification, the block-sparse executor, context parallelism)."""
+    lse = torch.logaddexp(lse1, lse2)
+    safe = lse.masked_fill(torch.isinf(lse), 0.0)
+    w1 = torch.exp(lse1 - safe)[..., None].to(o1.dtype)
+    w2 = torch.exp(lse2 - safe)[..., None].to(o2.dtype)
+    return torch.where(w1 > 0, o1 * w1, 0.0) + torch.where(w2 > 0, o2 * w2, 0.0), lse
+
+
+def merge_by_lse(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Outputs over disjoint key sets combined by their row log-sum-exp (:func:`lse_merge` folded over
+    ``parts``; a row seeing nothing -> 0)."""
+    o, lse = parts[0]
+    if len(parts) == 1:
+        return torch.where(torch.isinf(lse)[..., None], 0.0, o)
+    for o2, l2 in parts[1:]:
+        o, lse = lse_merge(o, lse, o2, l2)
+    return o
+
+
+@functools.cache
+def compiled_flex() -> Any:
+    """``torch.compile(flex_attention)``, compiled once per process (~30 s on CPU) for every caller."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    return torch.compile(flex_attention, dynamic=False)

@@ -46,6 +46,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from longlab.attention import MAX_SCORE_BYTES, lse_merge
 from longlab.masks import SliceMask
 from longlab.recipe import LonglabError
 
@@ -178,12 +179,11 @@ def _expand(x: torch.Tensor, g: int) -> torch.Tensor:
     return x if g == 1 else x.repeat_interleave(g, 1)
 
 
-_MAX_SCORE_BYTES = 256 * 2**20  # one [B, H, rows, tk] fp32 score block
 
 
 def _row_chunks(q: torch.Tensor, tk: int) -> list[slice]:
     B, H, tq, _ = q.shape
-    step = max(1, min(tq, _MAX_SCORE_BYTES // max(1, B * H * tk * 4)))
+    step = max(1, min(tq, MAX_SCORE_BYTES // max(1, B * H * tk * 4)))
     return [slice(i, min(i + step, tq)) for i in range(0, tq, step)]
 
 
@@ -234,15 +234,6 @@ def _fused_block(q, k, v, m, scaling):
     lse = lse.masked_fill(~m.any(-1), float("-inf"))
     o = torch.where(torch.isinf(lse)[..., None], 0.0, o.reshape(B, H, r, -1))
     return o, lse
-
-
-def _merge(o, lse, o2, lse2):
-    """Online-softmax merge of two partial results over disjoint key sets."""
-    new = torch.logaddexp(lse, lse2)
-    safe = torch.where(torch.isinf(new), 0.0, new)
-    w1 = torch.exp(lse - safe)[..., None]
-    w2 = torch.exp(lse2 - safe)[..., None]
-    return o * w1 + o2 * w2, new
 
 
 def _block_backward(q, k, v, mrows, scaling, lse, do, delta):
@@ -308,7 +299,7 @@ class _RingP2P(torch.autograd.Function):
             if table.any(qpos, kpos_all[src]):
                 mrows = table.rows_fn(qpos, kpos_all[src], q.device)
                 o2, lse2 = _block_forward(qf, cur[0].float(), cur[1].float(), mrows, scaling)
-                o, lse = _merge(o, lse, o2, lse2)
+                o, lse = lse_merge(o, lse, o2, lse2)
             for w in works:
                 w.wait()
             if s < n - 1:

@@ -42,21 +42,19 @@ Mask construction is separate (:func:`prepare`, timed by the benchmark) from exe
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from longlab.attention import compiled_flex, merge_by_lse
 from longlab.masks import BlockLayout, SliceMask
 from longlab.recipe import LonglabError
 from longlab.sparse.executor import (
     block_sparse_attention,
-    merge_by_lse,
     sdpa_with_lse,
     split_block_sparse_attention,
 )
@@ -181,7 +179,7 @@ def run(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared: Prepared,
     if kernel in ("flex", "flex-eager"):
         from torch.nn.attention.flex_attention import flex_attention
 
-        fn = _compiled_flex() if kernel == "flex" else flex_attention
+        fn = compiled_flex() if kernel == "flex" else flex_attention
         with torch._dynamo.config.patch(recompile_limit=_RECOMPILE_LIMIT):
             return fn(q, k, v, block_mask=payload, scale=scaling, enable_gqa=gqa)
     if kernel == "gather":
@@ -249,13 +247,6 @@ def _naive(q, k, v, dense, scaling):
     probs = torch.softmax(logits, -1)
     probs = torch.where(dense.any(-1, keepdim=True), probs, torch.zeros((), dtype=probs.dtype))
     return torch.matmul(probs.to(v.dtype), vr)
-
-
-@functools.cache
-def _compiled_flex() -> Callable[..., torch.Tensor]:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
 
 
 @dataclass(frozen=True)

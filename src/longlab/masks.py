@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from longlab.recipe import LonglabError
-from longlab.sparse.blockmask import BlockSparseMask, causal_allowed, required_blocks
+from longlab.sparse.blockmask import BlockSparseMask, causal_allowed, encode_blocks, required_blocks
 
 __all__ = [
     "TYPES",
@@ -274,8 +274,8 @@ class SliceMask:
         from torch.nn.attention.flex_attention import BlockMask
 
         lay = layout if layout is not None else self.to_block_layout(bq, bk)
-        num, idx = _encode_blocks(lay.partial)
-        fnum, fidx = _encode_blocks(lay.full)
+        num, idx = encode_blocks(lay.partial)
+        fnum, fidx = encode_blocks(lay.full)
         lo_t, hi_t = lay.lo.to(device), lay.hi.to(device)
         full_t = lay.full.to(device)
         bq_, bk_ = lay.bq, lay.bk
@@ -337,13 +337,6 @@ def _merge_adjacent(row: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor):
     n = int(gid[-1]) + 1
     new_hi = torch.zeros(n, dtype=torch.int64).scatter_reduce(0, gid, hi, reduce="amax", include_self=False)
     return row[start], lo[start], new_hi
-
-
-def _encode_blocks(sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # sel: [n_qb, n_kb] bool -> num [n_qb] int32, idx [n_qb, n_kb] int32 (selected first, ascending)
-    num = sel.sum(-1, dtype=torch.int32)
-    idx = torch.argsort(sel.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
-    return num.contiguous(), idx.contiguous()
 
 
 def mask_from_dense(dense: torch.Tensor, name: str = "dense") -> SliceMask:

@@ -30,9 +30,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..attention import dense_attention
+from ..attention import dense_attention, lse_merge
 from ..recipe import Method, register
-from .retro import lse_merge
 
 __all__ = ["LoSA", "merge_parts", "part_attention", "prefix_pages"]
 

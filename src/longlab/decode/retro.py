@@ -48,23 +48,11 @@ from typing import Any
 
 import torch
 
-from ..attention import dense_attention
+from ..attention import dense_attention, lse_merge
 from ..recipe import register
 from .quest import Quest, attend_slots
 
-__all__ = ["RetroAttention", "lse_merge"]
-
-
-def lse_merge(
-    o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor, lse2: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Merge attention over two disjoint key sets: o: [..., D], lse: [...]. Exact when each ``(o, lse)`` is
-    the softmax attention over its set; an empty set has ``lse = -inf``."""
-    lse = torch.logaddexp(lse1, lse2)
-    safe = lse.masked_fill(torch.isinf(lse), 0.0)
-    w1 = torch.exp(lse1 - safe).nan_to_num(0.0)[..., None]
-    w2 = torch.exp(lse2 - safe).nan_to_num(0.0)[..., None]
-    return w1 * o1.nan_to_num(0.0) + w2 * o2.nan_to_num(0.0), lse
+__all__ = ["RetroAttention"]
 
 
 _PREFIX = "retro."

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "encode_blocks",
     "BlockSparseMask",
     "BlockGeometry",
     "block_geometry",
@@ -197,3 +198,12 @@ def element_mask_rows(mask: BlockSparseMask, rows: torch.Tensor) -> torch.Tensor
     pos = rows + mask.q_offset  # [R]
     causal = torch.arange(mask.k_len, device=rows.device)[None, :] <= pos[:, None]  # [R, T_k]
     return elem & causal
+
+
+def encode_blocks(sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A block selection ``sel [..., n_qb, n_kb]`` (bool) as the tables flex attention and the block-sparse
+    kernels read: ``num [..., n_qb]`` (int32, blocks per query block) and ``idx [..., n_qb, n_kb]`` (int32,
+    the selected blocks first, in ascending order, then the others)."""
+    num = sel.sum(-1, dtype=torch.int32)
+    idx = torch.argsort(sel.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
+    return num.contiguous(), idx.contiguous()

@@ -32,21 +32,21 @@ Backends behind :func:`block_sparse_attention`:
 
 from __future__ import annotations
 
-import functools
 import math
 import warnings
-from collections.abc import Callable
 from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
 
+from longlab.attention import compiled_flex, merge_by_lse
 from longlab.sparse.block_flash import available as flash_available
 from longlab.sparse.block_flash import block_flash_attention
 from longlab.sparse.blockmask import (
     BlockSparseMask,
     density_per_head,
     element_mask_rows,
+    encode_blocks,
     enforce_required,
     fully_visible,
 )
@@ -63,7 +63,6 @@ __all__ = [
     "split_block_sparse_attention",
     "grouped_block_sparse_attention",
     "sdpa_with_lse",
-    "merge_by_lse",
 ]
 
 Backend = Literal["auto", "flash", "flex", "gather", "split", "grouped", "dense"]
@@ -151,20 +150,6 @@ def _mark_flex_broken(exc: Exception) -> None:
                   RuntimeWarning, stacklevel=3)
 
 
-@functools.cache
-def _compiled_flex() -> Callable[..., torch.Tensor]:
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def _encode_blocks(sel: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    # sel: [B, H, n_qb, n_kb] bool -> num [B, H, n_qb] int32, idx [B, H, n_qb, n_kb] int32 (selected first)
-    num = sel.sum(-1, dtype=torch.int32)
-    idx = torch.argsort(sel.to(torch.int8), dim=-1, descending=True, stable=True).to(torch.int32)
-    return num.contiguous(), idx.contiguous()
-
-
 def to_flex_block_mask(mask: BlockSparseMask, compute_q_blocks: bool = True):  # -> flex BlockMask
     """Convert to a flex ``BlockMask``: fully visible blocks as full blocks, others get a causal mask_mod.
 
@@ -174,8 +159,8 @@ def to_flex_block_mask(mask: BlockSparseMask, compute_q_blocks: bool = True):  #
     full_vis = fully_visible(mask.q_len, mask.k_len, mask.bq, mask.bk, mask.mask.device)
     partial = mask.mask & ~full_vis
     full = mask.mask & full_vis
-    num, idx = _encode_blocks(partial)
-    fnum, fidx = _encode_blocks(full)
+    num, idx = encode_blocks(partial)
+    fnum, fidx = encode_blocks(full)
     # A tensor (not a Python int) in the closure, so a new offset does not force a recompile.
     offset = torch.tensor(mask.q_offset, device=mask.mask.device, dtype=torch.int64)
 
@@ -189,7 +174,7 @@ def to_flex_block_mask(mask: BlockSparseMask, compute_q_blocks: bool = True):  #
 def _flex_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: BlockSparseMask, scaling: float
 ) -> torch.Tensor:
-    fn = _compiled_flex()
+    fn = compiled_flex()
     grad = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
     block_mask = to_flex_block_mask(mask, compute_q_blocks=grad)
     with torch._dynamo.config.patch(recompile_limit=_FLEX_RECOMPILE_LIMIT):
@@ -338,21 +323,6 @@ def split_block_sparse_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
             parts.append((o_f, l_f))
         out[:, :, r0:r1] = merge_by_lse(parts)
     return out
-
-
-def merge_by_lse(parts: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """Combine outputs over disjoint key sets by their row log-sum-exp (a row seeing nothing -> 0)."""
-    o, lse = parts[0]
-    if len(parts) == 1:
-        return torch.where(torch.isinf(lse)[..., None], 0.0, o)
-    for o2, l2 in parts[1:]:
-        new = torch.logaddexp(lse, l2)
-        safe = torch.where(torch.isinf(new), 0.0, new)
-        w1 = torch.exp(lse - safe)[..., None].to(o.dtype)
-        w2 = torch.exp(l2 - safe)[..., None].to(o.dtype)
-        o = torch.where(w1 > 0, o * w1, 0.0) + torch.where(w2 > 0, o2 * w2, 0.0)
-        lse = new
-    return o
 
 
 class _Selector(Protocol):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..decode.retro import lse_merge
+from ..attention import lse_merge
 
 __all__ = ["attend_kv", "lse_merge", "kv_slot_bytes", "SlotView"]
 
