@@ -577,15 +577,39 @@ def theoretical_bytes(strategy: str, T: int, world: int, H: int, H_kv: int, D: i
 
 # ---- launching ------------------------------------------------------------------------------------------
 def _free_port() -> int:
+    check_loopback()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
+INIT_TIMEOUT_S = 60.0  # a process group that has not formed by then fails instead of waiting forever
+
+
+def check_loopback(timeout: float = 5.0) -> None:
+    """The process group meets on 127.0.0.1: check that a TCP connection there works (a sandbox without a
+    loopback interface would make gloo wait forever) and keep gloo on the loopback interface."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    try:
+        with socket.socket() as server:
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+            with socket.create_connection(server.getsockname(), timeout=timeout):
+                pass
+    except OSError as exc:
+        raise LonglabError(
+            f"context parallelism needs a loopback network (a TCP connection to 127.0.0.1 failed: "
+            f"{exc.strerror or exc}); run without --context-parallel here"
+        ) from None
+
+
 def _worker(rank: int, world: int, port: int, backend: str, fn: Callable, args: tuple, out_dir: str) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(max(1, int(os.environ.get("LONGLAB_CP_THREADS", "1"))))
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    from datetime import timedelta
+
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=INIT_TIMEOUT_S))
     try:
         result = fn(rank, world, *args)
         with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
