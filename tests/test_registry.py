@@ -195,3 +195,15 @@ def test_capture_restores_the_model_after_an_exception(one_thread):
             raise RuntimeError("boom")
     assert model.config._attn_implementation == "eager"
     assert _registered() == before
+
+
+def test_the_readme_methods_table_is_generated_from_the_registry():
+    """The README table of every family is the registry's (`longlab methods --readme README.md`)."""
+    from pathlib import Path
+
+    from longlab.cli.methods import README_MARKERS, methods_markdown
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    start, end = README_MARKERS
+    region = text.split(start, 1)[1].split(end, 1)[0].strip()
+    assert region == methods_markdown(), "README.md is stale: run `longlab methods --readme README.md`"

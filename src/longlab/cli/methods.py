@@ -6,14 +6,50 @@ import argparse
 import dataclasses
 from typing import Any
 
-__all__ = ["add_methods_arguments", "cmd_methods"]
+__all__ = ["add_methods_arguments", "cmd_methods", "methods_markdown", "update_readme", "README_MARKERS"]
+
+#: The README's generated region: ``longlab methods --readme README.md`` rewrites what lies between them.
+README_MARKERS = ("<!-- generated: longlab methods --markdown -->", "<!-- /generated -->")
 
 
 def add_methods_arguments(sub: Any) -> None:
     m = sub.add_parser("methods", help="list every registered method")
     m.add_argument("--markdown", action="store_true",
                    help="one Markdown table of every family (the README's)")
+    m.add_argument("--readme", metavar="FILE",
+                   help="rewrite the table between the README's generated-region markers in FILE")
     m.set_defaults(func=cmd_methods)
+
+
+def methods_markdown() -> str:
+    """One Markdown table of every registered method: name, family (with a recipe part's kind), paper,
+    parameters with their defaults and declared ranges."""
+    from ..registry import REGISTRY
+
+    lines = ["| method | family | paper | parameters (default, valid range) |", "|---|---|---|---|"]
+    for fam, name, cls in REGISTRY.entries():
+        kind, _, paper, params, _ = _method_row(fam, name, cls)
+        lines.append(f"| `{name}` | {kind} | {paper} | {params.replace('|', '&#124;')} |")
+    return "\n".join(lines)
+
+
+def update_readme(path: str) -> bool:
+    """Rewrite the README's generated region with :func:`methods_markdown`; True if it changed."""
+    from pathlib import Path
+
+    from ..errors import LonglabError
+    from ..safeio import write_file_atomic
+
+    text = Path(path).read_text(encoding="utf-8")
+    start, end = README_MARKERS
+    if start not in text or end not in text.split(start, 1)[1]:
+        raise LonglabError(f"--readme: {path} has no generated region ({start} ... {end})")
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{start}\n{methods_markdown()}\n{end}{tail}"
+    if new != text:
+        write_file_atomic(path, new, "--readme")
+    return new != text
 
 
 def _method_row(family: str, name: str, cls: type) -> tuple[str, str, str, str, str]:
@@ -37,10 +73,12 @@ def cmd_methods(args: argparse.Namespace) -> int:
     from ..registry import FAMILIES, REGISTRY
 
     rows = [_method_row(fam, name, cls) for fam, name, cls in REGISTRY.entries()]
+    if args.readme:
+        changed = update_readme(args.readme)
+        print(f"{args.readme}: the methods table {'rewritten' if changed else 'is current'}")
+        return 0
     if args.markdown:
-        print("| method | family | paper | parameters (default, valid range) |\n|---|---|---|---|")
-        for kind, name, paper, params, _ in rows:
-            print(f"| `{name}` | {kind} | {paper} | {params} |")
+        print(methods_markdown())
         return 0
     for fam in FAMILIES.values():
         print(f"# {fam.what}s ({fam.where})")
