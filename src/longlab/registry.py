@@ -50,6 +50,10 @@ __all__ = [
     "param",
     "param_range",
     "check_params",
+    "MAX_TOKENS",
+    "MAX_BLOCK",
+    "MAX_LAYERS",
+    "MAX_SEED",
 ]
 
 
@@ -78,6 +82,12 @@ FAMILIES: dict[str, Family] = {
 
 # ------------------------------------------------------------------------------------------ parameters
 _RANGE = "longlab_range"
+
+# The shared upper bounds of declared ranges (each method's fields use them, so one number is one meaning):
+MAX_TOKENS = 1 << 20  # a count of tokens (budget, window, segment, sink): no context longlab runs is longer
+MAX_BLOCK = 1 << 14  # a block, page or group of tokens: executors pad to whole blocks, so a block is memory
+MAX_LAYERS = 1 << 10  # a layer index or count: no model has more layers
+MAX_SEED = 2**63 - 1  # a seed: a non-negative int64
 
 
 def param(
