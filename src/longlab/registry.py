@@ -120,6 +120,8 @@ def param_range(f: dataclasses.Field) -> str:
     if not rng:
         return ""
     if rng["choices"] is not None:
+        if list(rng["choices"]) == [True, False]:
+            return "true or false"
         return "one of " + ", ".join(json.dumps(c) if not isinstance(c, str) else c for c in rng["choices"])
     return range_text(rng["low"], rng["high"], rng["integer"], rng["low_open"], rng["high_open"])
 
@@ -287,7 +289,7 @@ def build_method(
         tp = hints.get(key)
         if tp is not None and not _matches(value, tp):
             rng = param_range(fields[key])
-            also = f" ({rng})" if rng else ""
+            also = f" ({rng})" if rng and rng != _describe(tp) else ""
             raise LonglabError(f"{name}: {key} must be {_describe(tp)}{also}, got {shorten(value)}")
     try:
         return cls(**kwargs)
