@@ -120,7 +120,7 @@ def param_range(f: dataclasses.Field) -> str:
     if not rng:
         return ""
     if rng["choices"] is not None:
-        if list(rng["choices"]) == [True, False]:
+        if all(isinstance(c, bool) for c in rng["choices"]) and set(rng["choices"]) == {True, False}:
             return "true or false"
         return "one of " + ", ".join(json.dumps(c) if not isinstance(c, str) else c for c in rng["choices"])
     return range_text(rng["low"], rng["high"], rng["integer"], rng["low_open"], rng["high_open"])
