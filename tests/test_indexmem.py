@@ -224,10 +224,10 @@ def test_missing_weights_name_the_train_command(llama, tokenizer, text, tmp_path
     [
         ("indexmem@1.5", ("compression_ratio", "[0, 1)")),
         ("indexmem:gamma=0", ("gamma", "(0, 1]")),
-        ("indexmem:window_size=0", ("window_size", ">= 1")),
-        ("indexmem:sink_size=-1", ("sink_size", ">= 0")),
+        ("indexmem:window_size=0", ("window_size", "[1, 1048576]")),
+        ("indexmem:sink_size=-1", ("sink_size", "[0, 1048576]")),
         ("indexmem:memory=3", ("memory", "true or false")),
-        ("indexmem:budget=0", ("budget", "positive")),
+        ("indexmem:budget=0", ("budget", "[1, 1048576]")),
     ],
 )
 def test_bad_parameters(spec, words):

@@ -137,7 +137,7 @@ def test_every_method_cites_its_paper_and_documents_its_formula():
     [
         ("snapkv@1.0", "compression_ratio must be in [0, 1)"),
         ("snapkv@-0.1", "compression_ratio must be in [0, 1)"),
-        ("snapkv:budget=0", "budget must be a positive integer"),
+        ("snapkv:budget=0", "budget must be an integer in [1, 1048576]"),
         ("snapkv@0.5:budget=10", "not both"),
         ("nosuch@0.5", "unknown recipe method 'nosuch'; valid names:"),
         ("snapkv:window=3", "has no parameter window"),

@@ -50,6 +50,10 @@ __all__ = [
     "param",
     "param_range",
     "check_params",
+    "MAX_TOKENS",
+    "MAX_BLOCK",
+    "MAX_LAYERS",
+    "MAX_SEED",
 ]
 
 
@@ -78,6 +82,12 @@ FAMILIES: dict[str, Family] = {
 
 # ------------------------------------------------------------------------------------------ parameters
 _RANGE = "longlab_range"
+
+# The shared upper bounds of declared ranges (each method's fields use them, so one number is one meaning):
+MAX_TOKENS = 1 << 20  # a count of tokens (budget, window, segment, sink): no context longlab runs is longer
+MAX_BLOCK = 1 << 14  # a block, page or group of tokens: executors pad to whole blocks, so a block is memory
+MAX_LAYERS = 1 << 10  # a layer index or count: no model has more layers
+MAX_SEED = 2**63 - 1  # a seed: a non-negative int64
 
 
 def param(
@@ -110,6 +120,8 @@ def param_range(f: dataclasses.Field) -> str:
     if not rng:
         return ""
     if rng["choices"] is not None:
+        if all(isinstance(c, bool) for c in rng["choices"]) and set(rng["choices"]) == {True, False}:
+            return "true or false"
         return "one of " + ", ".join(json.dumps(c) if not isinstance(c, str) else c for c in rng["choices"])
     return range_text(rng["low"], rng["high"], rng["integer"], rng["low_open"], rng["high_open"])
 
@@ -277,7 +289,7 @@ def build_method(
         tp = hints.get(key)
         if tp is not None and not _matches(value, tp):
             rng = param_range(fields[key])
-            also = f" ({rng})" if rng else ""
+            also = f" ({rng})" if rng and rng != _describe(tp) else ""
             raise LonglabError(f"{name}: {key} must be {_describe(tp)}{also}, got {shorten(value)}")
     try:
         return cls(**kwargs)

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..recipe import LonglabError, Method
+from ..registry import param
 
 __all__ = ["ContextCompressor", "Compressed", "Prompt", "Unit", "units", "select_units", "token_bytes",
            "split_documents", "keep_budget"]
@@ -102,10 +103,7 @@ class ContextCompressor(Method):
     batch_select_safe: ClassVar[bool] = True  # acts before prefill; nothing at decode
     query_aware: ClassVar[bool] = False  # reads the question
 
-    compression_ratio: float = 0.0
-
-    def validate(self) -> None:
-        self.check("compression_ratio", 0, 1, high_open=True)
+    compression_ratio: float = param(0.0, low=0, high=1, high_open=True)
 
     def compress(self, prompt: Prompt, scorer: Any) -> Compressed:  # pragma: no cover - abstract
         raise NotImplementedError

@@ -35,6 +35,7 @@ from typing import ClassVar
 import torch
 
 from ..recipe import LonglabError, register
+from ..registry import MAX_LAYERS, param
 from .base import Compressed, ContextCompressor, Prompt, check_prompt, keep_budget
 
 __all__ = ["COMI", "Fusion", "reallocate", "group_weights", "load_fusion", "save_fusion", "answer_loss",
@@ -188,15 +189,13 @@ class COMI(ContextCompressor):
     query_aware: ClassVar[bool] = True
 
     scorer: str = "self"
-    layer: int = -1  # hidden-state layer of the scorer (-1: the last)
-    alpha: float = 1.0
-    beta: float = 1.0
+    # hidden-state layer of the scorer (-1: the last; Python indexing, checked against the model when it runs)
+    layer: int = param(-1, low=-MAX_LAYERS, high=MAX_LAYERS, integer=True)
+    # weights of cosine similarities (in [-1, 1]) inside a softmax: at 100 the softmax is already a hard
+    # max (a cosine gap of 0.1 is a factor e^10); larger weights change nothing but the rounding
+    alpha: float = param(1.0, low=0, high=100)
+    beta: float = param(1.0, low=0, high=100)
     fusion: str = ""  # a trained Fusion layer (safetensors): the soft variant; "" = the hard variant
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("alpha", 0, None)
-        self.check("beta", 0, None)
 
     def merge(self, prompt: Prompt, scorer: object
               ) -> tuple[torch.Tensor, torch.Tensor, list[int], list[int]]:

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..recipe import LonglabError, register
+from ..registry import MAX_TOKENS, param
 from .base import Compressed, ContextCompressor, Prompt, check_prompt
 from .merge import sentences
 
@@ -104,12 +105,13 @@ class Guidance(ContextCompressor):
     paper: ClassVar[str] = "Sentence-Level Citation Enforcement via Prefix-Tail Guidance, ICML 2026 (abs)"
     guides_decoding: ClassVar[bool] = True
 
-    prefix_tokens: int = 6
-    lookahead: int = 6
-    threshold: float = 0.8
-    min_tokens: int = 8
+    prefix_tokens: int = param(6, low=1, high=MAX_TOKENS, integer=True)
+    lookahead: int = param(6, low=1, high=MAX_TOKENS, integer=True)  # greedy tokens (max_new_tokens caps it)
+    threshold: float = param(0.8, low=0, high=1, low_open=True)
+    min_tokens: int = param(8, low=1, high=MAX_TOKENS, integer=True)
     marker: str = " [{id}]"
-    empty_pool: bool = False  # no sentence enters the pool: plain greedy decoding (the identity test)
+    # no sentence enters the pool: plain greedy decoding (the identity test)
+    empty_pool: bool = param(False, choices=(True, False))
 
     def validate(self) -> None:
         if self.compression_ratio != 0:
@@ -117,10 +119,6 @@ class Guidance(ContextCompressor):
                 f"guidance: compression_ratio must be 0 (it removes nothing; write guidance+snapkv@r to "
                 f"compress the KV cache), got {self.compression_ratio!r}"
             )
-        self.check("prefix_tokens", 1, None, integer=True)
-        self.check("lookahead", 1, None, integer=True)
-        self.check("threshold", 0, 1, low_open=True)
-        self.check("min_tokens", 1, None, integer=True)
 
     def compress(self, prompt: Prompt, scorer: Any = None) -> Compressed:
         check_prompt(prompt)

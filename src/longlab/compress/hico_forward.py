@@ -52,6 +52,7 @@ import torch
 
 from ..attention import StandIn
 from ..recipe import LonglabError, Recipe, register
+from ..registry import MAX_TOKENS, param
 from .base import Compressed, ContextCompressor, Prompt
 
 __all__ = ["HiCoForward", "decoder_layers"]
@@ -111,22 +112,16 @@ class HiCoForward(ContextCompressor):
     transforms_prefill: ClassVar[bool] = True  # its work happens inside the prefill forward (Squeeze.feed)
     query_aware: ClassVar[bool] = True  # the last prompt token (the question's, when fed with it) scores
 
-    compression_ratio: float = 0.0
-    stages: tuple[float, ...] = (1 / 3, 2 / 3)
-    protect: int = 1
+    compression_ratio: float = param(0.0, low=0, high=1, high_open=True)
+    stages: tuple[float, ...] = (1 / 3, 2 / 3)  # increasing layer fractions in (0, 1): checked in validate
+    protect: int = param(1, low=1, high=MAX_TOKENS, integer=True)  # at least the scoring token
     info: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def validate(self) -> None:
-        if isinstance(self.compression_ratio, bool) or not isinstance(self.compression_ratio, (int, float)) \
-                or not 0 <= self.compression_ratio < 1:
-            raise LonglabError(
-                f"hico-forward: compression_ratio must be in [0, 1), got {self.compression_ratio}")
         fracs = list(self.stages)
         if not fracs or any(not 0 < f < 1 for f in fracs) or fracs != sorted(set(fracs)):
             raise LonglabError(
                 f"hico-forward: stages must be increasing layer fractions in (0, 1), got {fracs}")
-        if isinstance(self.protect, bool) or not isinstance(self.protect, int) or self.protect < 1:
-            raise LonglabError(f"hico-forward: protect must be >= 1 (the scoring token), got {self.protect}")
 
     def __post_init__(self) -> None:
         super().__post_init__()

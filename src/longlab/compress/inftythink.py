@@ -55,6 +55,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..recipe import LonglabError, register
+from ..registry import MAX_TOKENS, param
 from .base import Compressed, ContextCompressor, Prompt, check_prompt
 
 __all__ = ["InftyThink", "ask_turn", "split_summary"]
@@ -92,22 +93,24 @@ class InftyThink(ContextCompressor):
     paper: ClassVar[str] = "InftyThink, Yan et al., arXiv 2503.06692, ICLR 2026"
     guides_decoding: ClassVar[bool] = True
 
-    segment: int = 256
-    iterations: int = 8
-    summarise: str = "tags"
+    # the reasoning budget is iterations x segment tokens (max_new_tokens does not apply): at most MAX_TOKENS
+    segment: int = param(256, low=1, high=MAX_TOKENS, integer=True)
+    iterations: int = param(8, low=1, high=1024, integer=True)
+    summarise: str = param("tags", choices=("tags", "ask"))
     instruction: str | None = None  # None: TAGS_INSTRUCTION with "tags", nothing with "ask"
     ask: str = ASK
-    summary_tokens: int = 64
+    summary_tokens: int = param(64, low=1, high=MAX_TOKENS, integer=True)
     history: str | None = None  # None: HISTORY with "tags", ASK_HISTORY with "ask"
 
     def validate(self) -> None:
         if self.compression_ratio != 0:
             raise LonglabError(f"inftythink: compression_ratio must be 0 (it removes nothing), got "
                                f"{self.compression_ratio!r}")
-        self.check("segment", 1, None, integer=True)
-        self.check("iterations", 1, None, integer=True)
-        self.check("summarise", choices=("tags", "ask"))
-        self.check("summary_tokens", 1, None, integer=True)
+        if self.iterations * self.segment > MAX_TOKENS:
+            raise LonglabError(
+                f"inftythink: iterations x segment (the reasoning budget) must be at most {MAX_TOKENS} "
+                f"tokens, got {self.iterations} x {self.segment}"
+            )
         if self.history is not None and "{summary}" not in self.history:
             raise LonglabError(f"inftythink: history must contain {{summary}}, got {self.history!r}")
         if self.summarise == "ask" and not self.ask.strip():

@@ -16,6 +16,7 @@ from typing import ClassVar
 import torch
 
 from ..recipe import LonglabError, register
+from ..registry import MAX_TOKENS, param
 from .base import (
     Compressed,
     ContextCompressor,
@@ -93,14 +94,9 @@ class LLMLingua(ContextCompressor):
     needs_scorer: ClassVar[bool] = True
 
     scorer: str = "self"
-    segment: int = 128
-    coarse: float = 0.5
-    iterative: bool = True
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("segment", 8, None, integer=True)
-        self.check("coarse", 0, 1)
+    segment: int = param(128, low=8, high=MAX_TOKENS, integer=True)
+    coarse: float = param(0.5, low=0, high=1)  # share of the removal done by dropping whole documents
+    iterative: bool = param(True, choices=(True, False))
 
     def compress(self, prompt: Prompt, scorer: Scorer) -> Compressed:
         check_prompt(prompt)
@@ -175,18 +171,12 @@ class LongLLMLingua(ContextCompressor):
     query_aware: ClassVar[bool] = True
 
     scorer: str = "self"
-    delta_tau: float = 0.3
-    coarse: float = 0.5
-    reorder: bool = True
-    recover: bool = True
-    doc_tokens: int = 256
+    delta_tau: float = param(0.3, low=0, high=1)  # spread of the per-document kept fractions
+    coarse: float = param(0.5, low=0, high=1)
+    reorder: bool = param(True, choices=(True, False))
+    recover: bool = param(True, choices=(True, False))
+    doc_tokens: int = param(256, low=16, high=MAX_TOKENS, integer=True)
     restrict: str = "We can get the answer to this question in the given documents."
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("delta_tau", 0, 1)
-        self.check("coarse", 0, 1)
-        self.check("doc_tokens", 16, None, integer=True)
 
     def compress(self, prompt: Prompt, scorer: Scorer) -> Compressed:
         check_prompt(prompt)

@@ -21,6 +21,7 @@ from typing import ClassVar
 import torch
 
 from ..recipe import register
+from ..registry import MAX_TOKENS, param
 from .base import Compressed, ContextCompressor, Prompt, Unit, check_prompt, keep_budget
 
 __all__ = ["HiCo", "TPP", "tome_merge", "tpp_replace", "sentences"]
@@ -83,11 +84,7 @@ class HiCo(ContextCompressor):
     )
     needs_scorer: ClassVar[bool] = True  # reads the model's input embeddings
 
-    chunk: int = 64
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("chunk", 2, None, integer=True)
+    chunk: int = param(64, low=2, high=MAX_TOKENS, integer=True)
 
     def compress(self, prompt: Prompt, scorer: object) -> Compressed:
         check_prompt(prompt)
@@ -170,12 +167,8 @@ class TPP(ContextCompressor):
 
     paper: ClassVar[str] = "MM-TPP, Li et al., arXiv 2602.01125, ICLR 2026"
 
-    min_similarity: float = 0.5
+    min_similarity: float = param(0.5, low=0, high=1)  # a Jaccard similarity
     marker: str = " [similar]"
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("min_similarity", 0, 1)
 
     def compress(self, prompt: Prompt, scorer: object = None) -> Compressed:
         check_prompt(prompt)

@@ -32,6 +32,7 @@ import torch
 
 from ..attention import dense_attention, lse_merge
 from ..recipe import Method, register
+from ..registry import MAX_BLOCK, MAX_TOKENS, param
 
 __all__ = ["LoSA", "merge_parts", "part_attention", "prefix_pages"]
 
@@ -84,16 +85,11 @@ class LoSA(Method):
 
     kind: ClassVar[str] = "decode"
     paper: ClassVar[str] = "arXiv:2604.12056"
-    budget: int = 512
-    page_size: int = 16
-    rho: float = 0.25
+    budget: int = param(512, low=1, high=MAX_TOKENS, integer=True)
+    page_size: int = param(16, low=1, high=MAX_BLOCK, integer=True)
+    rho: float = param(0.25, low=0, high=1, low_open=True)  # share of queries that are active
     _prev: dict = field(default_factory=dict, init=False, repr=False, compare=False)
     trace: list = field(default_factory=list, init=False, repr=False, compare=False)
-
-    def validate(self) -> None:
-        self.check("budget", 1, integer=True)
-        self.check("page_size", 1, integer=True)
-        self.check("rho", 0.0, 1.0, low_open=True)
 
     @property
     def k_pages(self) -> int:

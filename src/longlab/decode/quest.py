@@ -33,6 +33,7 @@ import torch
 
 from ..attention import dense_attention
 from ..recipe import Method, register
+from ..registry import MAX_BLOCK, MAX_LAYERS, MAX_TOKENS, param
 
 __all__ = ["Quest", "PageSummary", "page_summary", "page_scores", "attend_slots", "page_slots"]
 
@@ -179,10 +180,10 @@ class Quest(Method):
 
     kind: ClassVar[str] = "decode"
     paper = "arXiv:2406.10774"
-    budget: int = 1024
-    page_size: int = 16
-    min_pages: int = 3
-    dense_layers: int = 2
+    budget: int = param(1024, low=1, high=MAX_TOKENS, integer=True)
+    page_size: int = param(16, low=1, high=MAX_BLOCK, integer=True)
+    min_pages: int = param(3, low=2, high=MAX_TOKENS, integer=True)
+    dense_layers: int = param(2, low=0, high=MAX_LAYERS, integer=True)
 
     def validate(self) -> None:
         for name, low in (("budget", 1), ("page_size", 1), ("min_pages", 2), ("dense_layers", 0)):

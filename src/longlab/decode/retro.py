@@ -50,6 +50,7 @@ import torch
 
 from ..attention import dense_attention, lse_merge
 from ..recipe import register
+from ..registry import MAX_TOKENS, param
 from .quest import Quest, attend_slots
 
 __all__ = ["RetroAttention"]
@@ -203,8 +204,8 @@ class RetroAttention(Quest):
     K/V rows of the layer above refreshed from the corrected outputs."""
 
     paper = "arXiv:2508.09001"
-    window: int = 8
-    refresh: bool = True
+    window: int = param(8, low=1, high=MAX_TOKENS, integer=True)
+    refresh: bool = param(True, choices=(True, False))
 
     def validate(self) -> None:
         super().validate()

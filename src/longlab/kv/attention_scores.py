@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from ..recipe import LonglabError, register
+from ..registry import MAX_BLOCK, MAX_TOKENS, param
 from .base import (
     ScorerPolicy,
     group_mean,
@@ -36,11 +37,7 @@ class H2O(ScorerPolicy):
 
     paper = "arXiv:2306.14048"
     needs_observe = True
-    recent_fraction: float = 0.5
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("recent_fraction", 0.0, 1.0)
+    recent_fraction: float = param(0.5, low=0, high=1)
 
     def observe(self, ctx) -> None:
         layer = ctx.layer
@@ -85,19 +82,16 @@ class SnapKV(ScorerPolicy):
     the top ``target - W`` others (:func:`~longlab.kv.base.snapkv_scores`)."""
 
     paper = "arXiv:2404.14469"
-    window_size: int = 32
-    kernel_size: int = 5
-    pooling: str = "avg"
+    window_size: int = param(32, low=1, high=MAX_TOKENS, integer=True)
+    kernel_size: int = param(5, low=1, high=MAX_BLOCK, integer=True)  # odd (checked below)
+    pooling: str = param("avg", choices=("avg", "max"))
 
     def validate(self) -> None:
         super().validate()
-        self.check("pooling", choices=("avg", "max"))
-        self.check("kernel_size", 1, integer=True)
         if self.kernel_size % 2 == 0:
             raise LonglabError(
                 f"{self.name}: kernel_size must be an odd integer >= 1, got {self.kernel_size!r}"
             )
-        self.check("window_size", 1, integer=True)
 
     def head_scores(self, ctx) -> torch.Tensor:
         """Window attention summed over the window queries, per query head: [B, H, T]."""
@@ -159,16 +153,16 @@ class PyramidKV(SnapKV):
     coincide without GQA."""
 
     paper = "arXiv:2406.02069"
-    window_size: int = 8
-    kernel_size: int = 7
-    pooling: str = "max"
-    beta: float = 20.0
-    gqa: str = "mean"  # mean | query: one set per KV head (group mean) or per query head (official code)
+    window_size: int = param(8, low=1, high=MAX_TOKENS, integer=True)
+    kernel_size: int = param(7, low=1, high=MAX_BLOCK, integer=True)
+    pooling: str = param("max", choices=("avg", "max"))
+    # the last layer keeps (C - W) / beta: beyond MAX_TOKENS (every budget's bound) that is 0 for any budget
+    beta: float = param(20.0, low=1, high=MAX_TOKENS)
+    # one set per KV head (group mean) or per query head (official code)
+    gqa: str = param("mean", choices=("mean", "query"))
 
     def validate(self) -> None:
         super().validate()
-        self.check("beta", 1.0)
-        self.check("gqa", choices=("mean", "query"))
         if self.budget is not None and self.budget <= self.window_size:
             raise LonglabError(
                 f"pyramidkv: budget (max_capacity_prompt, window included) must be > window_size "
@@ -243,14 +237,10 @@ class AdaKV(SnapKV):
     its own top ``B_h`` plus the window — heads really hold different numbers of entries."""
 
     paper = "arXiv:2407.11550"
-    window_size: int = 32
-    kernel_size: int = 7
-    pooling: str = "max"
-    alpha: float = 0.2
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("alpha", 0.0, 1.0)
+    window_size: int = param(32, low=1, high=MAX_TOKENS, integer=True)
+    kernel_size: int = param(7, low=1, high=MAX_BLOCK, integer=True)
+    pooling: str = param("max", choices=("avg", "max"))
+    alpha: float = param(0.2, low=0, high=1)  # the floor's share of each head's budget
 
     def score(self, ctx, region: torch.Tensor | None = None) -> torch.Tensor:  # [B, H_kv, T]
         return snapkv_scores(ctx, self.window_size, self.kernel_size, self.pooling, "mean", region)

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 
 from ..cache import LonglabLayer
 from ..recipe import LonglabError, Method
+from ..registry import MAX_TOKENS, param
 
 if TYPE_CHECKING:
     from ..attention import LayerContext
@@ -49,8 +50,8 @@ class KVPolicy(Method):
     acts_during_decode: ClassVar[bool] = False
     batch_select_safe: ClassVar[bool] = True  # per-slot state lives in layer.extras (batch first)
 
-    compression_ratio: float = 0.0
-    budget: int | None = None
+    compression_ratio: float = param(0.0, low=0, high=1, high_open=True)
+    budget: int | None = param(None, low=1, high=MAX_TOKENS, integer=True)  # entries kept per head
 
     @property
     def observation_window(self) -> int:
@@ -58,11 +59,8 @@ class KVPolicy(Method):
         return int(getattr(self, "window_size", 0) or 0)
 
     def validate(self) -> None:
-        self.check("compression_ratio", 0.0, 1.0, high_open=True)
-        if self.budget is not None:
-            self.check("budget", 0, integer=True, low_open=True)  # entries kept per head
-            if self.compression_ratio > 0:
-                raise LonglabError(f"{self.name}: set compression_ratio or budget, not both")
+        if self.budget is not None and self.compression_ratio > 0:
+            raise LonglabError(f"{self.name}: set compression_ratio or budget, not both")
 
     def target(self, ctx: LayerContext) -> torch.Tensor:
         """``[B]`` entries to keep per head in this layer."""
@@ -232,13 +230,8 @@ class ScorerPolicy(KVPolicy):
     """Score every held entry, protect the last ``window_size`` and first ``sink_size`` tokens of the
     stream, keep the ``target`` best per head."""
 
-    window_size: int = 0
-    sink_size: int = 0
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("window_size", 0, integer=True)
-        self.check("sink_size", 0, integer=True)
+    window_size: int = param(0, low=0, high=MAX_TOKENS, integer=True)
+    sink_size: int = param(0, low=0, high=MAX_TOKENS, integer=True)
 
     def score(self, ctx: LayerContext) -> torch.Tensor:  # [B, H_kv, T]
         raise NotImplementedError

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..recipe import LonglabError, parse_method, register
+from ..registry import MAX_TOKENS, param
 from .base import KVPolicy
 
 __all__ = ["DecodingCompression", "StreamingH2O", "StreamingTOVA"]
@@ -43,16 +44,15 @@ class DecodingCompression(KVPolicy):
     acts_during_decode = True  # capability: evicts at decode steps
     batch_select_safe = True  # capability: the decode-query buffer lives in layer.state (batch first)
     base: str = "snapkv"
-    interval: int = 64
-    window_size: int = 32  # decode queries buffered as the base's observation window
+    interval: int = param(64, low=1, high=MAX_TOKENS, integer=True)
+    # decode queries buffered as the base's observation window
+    window_size: int = param(32, low=1, high=MAX_TOKENS, integer=True)
     _base: KVPolicy | None = field(default=None, init=False, repr=False, compare=False)
 
     def validate(self) -> None:
         super().validate()
         if self.budget is None:
             raise LonglabError(f"{self.name}: set budget (entries kept per head after each compression)")
-        self.check("interval", 1, integer=True)
-        self.check("window_size", 1, integer=True)
         if not isinstance(self.base, str) or "@" in self.base:
             raise LonglabError(
                 f"{self.name}: base must be a method name such as 'snapkv' (no '@ratio'), got {self.base!r}"
@@ -103,7 +103,7 @@ class StreamingH2O(DecodingCompression):
 
     paper = "arXiv:2306.14048"
     base: str = "h2o"
-    interval: int = 1
+    interval: int = param(1, low=1, high=MAX_TOKENS, integer=True)
 
 
 @register("tova-stream")
@@ -114,4 +114,4 @@ class StreamingTOVA(DecodingCompression):
 
     paper = "arXiv:2401.06104"
     base: str = "tova"
-    interval: int = 1
+    interval: int = param(1, low=1, high=MAX_TOKENS, integer=True)

@@ -51,6 +51,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..recipe import LonglabError, register
+from ..registry import MAX_TOKENS, param
 from .base import KVPolicy, keep_top
 
 __all__ = [
@@ -307,21 +308,16 @@ class IndexMem(KVPolicy):
     reads_attention: ClassVar[bool] = True  # the hook calls attend(ctx) (see hook._kv_reader)
     acts_during_decode: ClassVar[bool] = True  # updates importance (and with decode_evict evicts) per step
 
-    window_size: int = 32
-    sink_size: int = 4
-    gamma: float = 0.95
+    window_size: int = param(32, low=1, high=MAX_TOKENS, integer=True)
+    sink_size: int = param(4, low=0, high=MAX_TOKENS, integer=True)
+    gamma: float = param(0.95, low=0, high=1, low_open=True)
     weights: str | None = None
-    memory: bool = True
-    gate: bool = True
-    decode_evict: bool = False
+    memory: bool = param(True, choices=(True, False))
+    gate: bool = param(True, choices=(True, False))
+    decode_evict: bool = param(False, choices=(True, False))
 
     def validate(self) -> None:
         super().validate()
-        self.check("window_size", 1, integer=True)
-        self.check("sink_size", 0, integer=True)
-        self.check("gamma", 0.0, 1.0, low_open=True)
-        for name in ("memory", "gate", "decode_evict"):
-            self.check(name, choices=(True, False))
         if self.weights is not None and not (isinstance(self.weights, str) and self.weights):
             raise LonglabError(
                 f"indexmem: weights must be a path to a .safetensors file, got {self.weights!r}"

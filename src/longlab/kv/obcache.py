@@ -37,6 +37,7 @@ from typing import ClassVar
 import torch
 
 from ..recipe import LonglabError, register
+from ..registry import param
 from .attention_scores import H2O, TOVA, SnapKV
 from .base import outside_window, pool_scores
 
@@ -121,14 +122,12 @@ class OBCScore:
     ``cross`` are hyper-parameters."""
 
     score_type: ClassVar[str] = "vk"
-    p: int = 2
-    cross: bool = True
+    p: int = param(2, choices=(1, 2))
+    cross: bool = param(True, choices=(True, False))
 
     def _validate_obc(self) -> None:
-        self.check("p", choices=(1, 2))
         if self.p == 1 and self.score_type != "v":
             raise LonglabError(f"{self.name}: p=1 exists only for the value score (obcv), got p={self.p!r}")
-        self.check("cross", choices=(True, False))
         if not self.cross and self.score_type != "vk":
             raise LonglabError(f"{self.name}: cross=false applies only to the joint score (obcvk)")
 
@@ -178,12 +177,11 @@ class TOVAOBC(OBCScore, TOVA):
 
     paper = "arXiv:2510.07651"
     pipeline: ClassVar[str] = "tova"
-    share_heads: bool = False
+    share_heads: bool = param(False, choices=(True, False))
 
     def validate(self) -> None:
         super().validate()
         self._validate_obc()
-        self.check("share_heads", choices=(True, False))
 
     def score(self, ctx) -> torch.Tensor:
         T_q = ctx.q.shape[-2]

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..recipe import LonglabError, register
+from ..registry import MAX_BLOCK, MAX_TOKENS, param
 from .base import ScorerPolicy, group_mean, keep_top, pool_scores, repeat_kv_heads, window_attention
 
 __all__ = ["RestKV", "ema_weights", "reconstruction_scores", "wo_gram", "adaptive_pool"]
@@ -130,32 +131,24 @@ class RestKV(ScorerPolicy):
     under GQA, a token set per query head (``gqa="query"``, the official code) or per KV head (``"mean"``)."""
 
     paper = "arXiv:2605.08840"
-    window_size: int = 32
-    alpha: float = 0.3
-    use_wo: bool = True
-    tau: float = 1.0
-    pooling: str = "adaptive"  # adaptive | avg | none
-    kernel_size: int = 5  # k0
-    scale: float = 2000.0  # sigma
-    pyramid: bool = False
-    beta: float = 20.0
-    gqa: str = "query"  # query | mean: select per query head (official code) or per KV head (group mean)
+    window_size: int = param(32, low=1, high=MAX_TOKENS, integer=True)
+    alpha: float = param(0.3, low=0, high=1, low_open=True)  # EMA weight of the newer query
+    use_wo: bool = param(True, choices=(True, False))
+    # exponent of the reconstruction norm: norm^tau stays finite in fp32 up to 10 for any norm below 1e3
+    tau: float = param(1.0, low=0, high=10, low_open=True)
+    pooling: str = param("adaptive", choices=("adaptive", "avg", "none"))
+    kernel_size: int = param(5, low=1, high=MAX_BLOCK, integer=True)  # k0, odd (checked below)
+    # sigma, in tokens: a drift is divided by it, so beyond MAX_TOKENS every kernel is k0
+    scale: float = param(2000.0, low=0, high=MAX_TOKENS, low_open=True)
+    pyramid: bool = param(False, choices=(True, False))
+    beta: float = param(20.0, low=1, high=MAX_TOKENS)  # PyramidKV's beta (see pyramidkv)
+    # select per query head (official code) or per KV head (group mean)
+    gqa: str = param("query", choices=("query", "mean"))
 
     def validate(self) -> None:
         super().validate()
-        if self.gqa not in ("query", "mean"):
-            raise LonglabError(f"restkv: gqa must be 'query' or 'mean', got {self.gqa!r}")
-        self.check("window_size", 1, integer=True)
-        self.check("alpha", 0.0, 1.0, low_open=True)
-        self.check("use_wo", choices=(True, False))
-        self.check("pyramid", choices=(True, False))
-        self.check("tau", 0.0, low_open=True)
-        self.check("pooling", choices=("adaptive", "avg", "none"))
-        self.check("kernel_size", 1, integer=True)
         if self.kernel_size % 2 == 0:
             raise LonglabError(f"restkv: kernel_size must be an odd integer >= 1, got {self.kernel_size!r}")
-        self.check("scale", 0.0, low_open=True)
-        self.check("beta", 1.0)
 
     def target(self, ctx) -> torch.Tensor:
         C = super().target(ctx)  # [B] average per-layer budget

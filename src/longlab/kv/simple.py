@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from ..recipe import register
+from ..registry import MAX_SEED, MAX_TOKENS, param
 from .base import KVPolicy, ScorerPolicy
 
 
@@ -31,15 +32,12 @@ class RandomPolicy(ScorerPolicy):
     """Uniformly random eviction (a floor for every scorer). Score: ``u_j ~ U(0, 1)``, seeded per layer."""
 
     paper = "baseline"
-    seed: int = 0
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("seed", 0, 2**32 - 1, integer=True)
+    seed: int = param(0, low=0, high=MAX_SEED, integer=True)
 
     def score(self, ctx) -> torch.Tensor:
+        # modulo 2^63: a seed below 2^32 gives the stream it always gave; a larger one stays a valid seed
         gen = torch.Generator(device="cpu").manual_seed(
-            self.seed * 1_000_003 + ctx.layer_idx * 7919 + ctx.n_seen
+            (self.seed * 1_000_003 + ctx.layer_idx * 7919 + ctx.n_seen) % 2**63
         )
         return torch.rand(ctx.key_index.shape, generator=gen).to(ctx.k.device)
 
@@ -64,7 +62,7 @@ class StreamingLLM(ScorerPolicy):
     ``target - sink_size``; score: ``s_j = stream index of j`` (recency)."""
 
     paper = "arXiv:2309.17453"
-    sink_size: int = 4
+    sink_size: int = param(4, low=0, high=MAX_TOKENS, integer=True)
 
     def score(self, ctx) -> torch.Tensor:
         return ctx.key_index.float()

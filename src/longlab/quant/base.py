@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from ..recipe import LonglabError, Method
+from ..registry import param
 from .quantizer import SCALE_DTYPES
 from .storage import QuantizedLayer
 
@@ -51,12 +52,8 @@ class QuantPolicy(Method):
     acts_during_decode: ClassVar[bool] = True  # new entries are quantized as decoding proceeds
     batch_select_safe: ClassVar[bool] = True  # its state is the QuantizedLayer's (rows selected with it)
 
-    scale_dtype: str = "float16"
-    fp_dtype: str = "model"
-
-    def validate(self) -> None:
-        self.check("scale_dtype", choices=tuple(SCALE_DTYPES))
-        self.check("fp_dtype", choices=tuple(FP_DTYPES))
+    scale_dtype: str = param("float16", choices=tuple(SCALE_DTYPES))
+    fp_dtype: str = param("model", choices=tuple(FP_DTYPES))
 
     def make_layer(self, ctx: LayerContext) -> QuantizedLayer | None:
         """A QuantizedLayer taking over ``ctx.layer`` (None: not yet, e.g. fewer entries than sinks)."""

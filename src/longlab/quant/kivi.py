@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..recipe import LonglabError, register
+from ..registry import MAX_BLOCK, MAX_TOKENS, param
 from .base import QuantPolicy
 from .storage import ChannelGroupStore, QuantizedLayer, TokenGroupStore
 
@@ -38,17 +39,13 @@ class KIVI(QuantPolicy):
     paper: ClassVar[str] = "arXiv:2402.02750"
     bits: ClassVar[int] = 2
 
-    group_size: int = 32
-    residual: int = 128
-    sink: int = 0
-    chunk_tokens: int = 4096
+    group_size: int = param(32, low=1, high=MAX_BLOCK, integer=True)  # G: tokens (keys), channels (values)
+    residual: int = param(128, low=1, high=MAX_TOKENS, integer=True)  # R, a multiple of G (checked below)
+    sink: int = param(0, low=0, high=MAX_TOKENS, integer=True)
+    chunk_tokens: int = param(4096, low=16, high=MAX_TOKENS, integer=True)  # dequantisation chunk
 
     def validate(self) -> None:
         super().validate()
-        self.check("group_size", 1, integer=True)
-        self.check("residual", 1, integer=True)
-        self.check("sink", 0, integer=True)
-        self.check("chunk_tokens", 16, integer=True)
         if self.residual % self.group_size:
             raise LonglabError(
                 f"{self.name}: residual ({self.residual}) must be a multiple of "

@@ -46,7 +46,8 @@ from typing import Any, ClassVar
 import torch
 
 from ..recipe import LonglabError, register
-from .base import QuantPolicy
+from ..registry import MAX_BLOCK, MAX_TOKENS, param
+from .base import FP_DTYPES, QuantPolicy
 from .storage import QuantizedLayer, TokenGroupStore
 
 __all__ = ["PMKVQ", "ALLOCATION_FORMAT", "layer_bytes", "code_bytes", "memory_report", "load_allocation"]
@@ -160,15 +161,16 @@ class PMKVQ(QuantPolicy):
 
     paper: ClassVar[str] = "PM-KVQ, ICLR 2026 (thu-nics/PM-KVQ)"
 
-    budget_mb: float | None = None
+    # MiB per sequence (whole cache): a budget beyond 1 TiB (2^20 MiB) is no budget
+    budget_mb: float | None = param(None, low=0, high=2**20, low_open=True)
     allocation: str | None = None
-    sink: int = 1
-    window: int = 128
-    group_size: int = 128
-    init_bits: int = 16
-    smooth: bool = True
-    fp_dtype: str = "16bit"
-    chunk_tokens: int = 4096
+    sink: int = param(1, low=0, high=MAX_TOKENS, integer=True)
+    window: int = param(128, low=1, high=MAX_TOKENS, integer=True)
+    group_size: int = param(128, low=1, high=MAX_BLOCK, integer=True)  # channels (capped at head_dim)
+    init_bits: int = param(16, choices=(16, 8, 4, 2))
+    smooth: bool = param(True, choices=(True, False))
+    fp_dtype: str = param("16bit", choices=tuple(FP_DTYPES))
+    chunk_tokens: int = param(4096, low=16, high=MAX_TOKENS, integer=True)
     _alloc: dict | None = field(default=None, init=False, repr=False, compare=False)
 
     def validate(self) -> None:
@@ -177,14 +179,6 @@ class PMKVQ(QuantPolicy):
             raise LonglabError(
                 "pmkvq: set exactly one of budget_mb (MiB per sequence) or allocation (a JSON file)"
             )
-        if self.budget_mb is not None:
-            self.check("budget_mb", 0.0, low_open=True)  # MiB per sequence
-        self.check("sink", 0, integer=True)
-        self.check("window", 1, integer=True)
-        self.check("group_size", 1, integer=True)
-        self.check("chunk_tokens", 16, integer=True)
-        self.check("init_bits", choices=(16, 8, 4, 2))
-        self.check("smooth", choices=(True, False))
         if self.allocation is not None:
             self._alloc = load_allocation(self.allocation)
             settings = self._alloc.get("settings") or {}

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 import torch
 
 from ..attention import LayerContext, StandIn
-from ..recipe import LonglabError, Recipe, shorten
-from ..registry import REGISTRY, Registered
+from ..recipe import LonglabError, Recipe
+from ..registry import MAX_LAYERS, MAX_TOKENS, REGISTRY, Registered, param
 from .assemble import QUESTION, ReuseJob
 
 __all__ = [
@@ -139,13 +139,8 @@ class EPIC(ReuseMethod):
     first chunk and is prefilled fresh."""
 
     paper: ClassVar[str] = "arXiv 2410.15332"
-    k: int = 16
-    recompute: float | None = None
-
-    def validate(self) -> None:
-        self.check("k", 0, None, integer=True)
-        if self.recompute is not None:
-            self.check("recompute", 0, 1)
+    k: int = param(16, low=0, high=MAX_TOKENS, integer=True)  # tokens per document
+    recompute: float | None = param(None, low=0, high=1)  # a fraction of each document instead of k
 
     def per_doc(self, job: ReuseJob) -> list[int]:
         """Tokens recomputed at the start of each document."""
@@ -174,17 +169,13 @@ class CacheBlend(ReuseMethod):
     ``recompute``."""
 
     paper: ClassVar[str] = "arXiv 2405.16444"
-    recompute: float = 0.16
-    check_layer: int = 1
-    gradual: bool = False
-    gradual_factor: float = 2.0
-    gradual_layers: int = 3
-
-    def validate(self) -> None:
-        self.check("recompute", 0, 1)
-        self.check("check_layer", 1, None, integer=True)
-        self.check("gradual_factor", 1, None)
-        self.check("gradual_layers", 1, None, integer=True)
+    recompute: float = param(0.16, low=0, high=1)
+    check_layer: int = param(1, low=1, high=MAX_LAYERS, integer=True)  # the model's last layer if beyond
+    gradual: bool = param(False, choices=(True, False))
+    # the first set is min(1, gradual_factor x recompute): beyond 1000 it is every token for any recompute
+    # above 0.001
+    gradual_factor: float = param(2.0, low=1, high=1000)
+    gradual_layers: int = param(3, low=1, high=MAX_LAYERS, integer=True)
 
     def schedule(self, job: ReuseJob) -> dict[int, int]:
         """Layer -> number of document tokens kept from that layer on."""
@@ -292,21 +283,12 @@ class ProphetKV(ReuseMethod):
     state to continue from.)"""
 
     paper: ClassVar[str] = "arXiv 2602.02579"
-    recompute: float = 0.2
-    layers: str = "all"
-    sink_guard: bool = False
-    dual_stage: bool = False
-    switch_layer: int = -1
-    stage1_recompute: float = -1.0
-
-    def validate(self) -> None:
-        self.check("recompute", 0, 1)
-        if self.layers not in ("all", "middle"):
-            raise LonglabError(f"prophetkv: layers must be 'all' or 'middle', got {shorten(self.layers)}")
-        if self.switch_layer != -1:
-            self.check("switch_layer", 1, None, integer=True)
-        if self.stage1_recompute != -1.0:
-            self.check("stage1_recompute", 0, 1)
+    recompute: float = param(0.2, low=0, high=1)
+    layers: str = param("all", choices=("all", "middle"))
+    sink_guard: bool = param(False, choices=(True, False))
+    dual_stage: bool = param(False, choices=(True, False))
+    switch_layer: int | None = param(None, low=1, high=MAX_LAYERS, integer=True)  # None: L // 3
+    stage1_recompute: float | None = param(None, low=0, high=1)  # None: min(1, 2 recompute)
 
     def _fuse(self, scores: dict[int, torch.Tensor], L: int, n: int) -> torch.Tensor:
         chosen = sorted(scores)
@@ -325,7 +307,9 @@ class ProphetKV(ReuseMethod):
 
     def prefill(self, job: ReuseJob) -> torch.Tensor:
         L, n, nq = job.num_layers, job.n_ctx, len(job.question_rows)
-        switch = (self.switch_layer if self.switch_layer != -1 else max(1, L // 3)) if self.dual_stage else L
+        switch = L
+        if self.dual_stage:
+            switch = self.switch_layer if self.switch_layer is not None else max(1, L // 3)
         switch = min(switch, L)
         probe = _AttentionProbe(job, nq)
         _with_probe(job, probe, lambda: job.forward(job.question_rows, stop=switch, name="probe"))
@@ -337,7 +321,7 @@ class ProphetKV(ReuseMethod):
             )
             h, _ = job.forward(_rows(job, selected), name="recompute")
             return job.logits(h)
-        r1 = self.stage1_recompute if self.stage1_recompute != -1.0 else min(1.0, 2 * self.recompute)
+        r1 = self.stage1_recompute if self.stage1_recompute is not None else min(1.0, 2 * self.recompute)
         b1 = max(budget, _budget(r1, n))
         s1 = self._guard(job, relevance.topk(b1).indices if b1 else torch.zeros(0, dtype=torch.long))
         probe2 = _AttentionProbe(job, nq, layers=set(range(switch + 1)))
@@ -419,12 +403,11 @@ class APE(ReuseMethod):
 
     paper: ClassVar[str] = "arXiv 2502.05431"
     parallel: ClassVar[bool] = True
-    temperature: float = 1.0
-    scale: float = 1.0
-
-    def validate(self) -> None:
-        self.check("temperature", 0, None, low_open=True)
-        self.check("scale", 0, None, low_open=True)
+    # T divides the document logits: at 0.01 the documents' attention is already an argmax, at 100 uniform
+    temperature: float = param(1.0, low=0.01, high=100)
+    # S multiplies the documents' attention mass (log S is added to their logits); the paper's values are
+    # near 1: 1e6 (log S ~ 13.8) bounds it far outside any useful setting
+    scale: float = param(1.0, low=0, high=1e6, low_open=True)
 
     def attention_recipe(self, job: ReuseJob) -> Recipe:
         rows = job.ctx_rows

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from longlab.recipe import RECIPE_METHODS, LiveView, LonglabError
+from longlab.registry import MAX_BLOCK, param
 from longlab.sparse.blockmask import BlockSparseMask, enforce_required
 from longlab.sparse.prefill import SparsePrefill
 
@@ -43,13 +44,9 @@ class BlockSelector(SparsePrefill):
     """Base class: subclasses are registered with ``@register("name")``, set ``paper`` and implement
     :meth:`_select` (raw mask, any bool blocks)."""
 
-    bq: int = 64
-    bk: int = 64
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("bq", 1, integer=True)
-        self.check("bk", 1, integer=True)
+    # block sizes (query rows, keys): the selectors pool and pad to whole blocks, so a block is memory
+    bq: int = param(64, low=1, high=MAX_BLOCK, integer=True)
+    bk: int = param(64, low=1, high=MAX_BLOCK, integer=True)
 
     def field_label(self, field: str) -> str:
         """Errors name the class too: ``xattention: XAttention.tau must be in [0, 1], got 1.1``."""

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from longlab.recipe import register
+from longlab.registry import MAX_BLOCK, MAX_TOKENS, param
 from longlab.sparse.base import (
     BlockSelector,
     keep_by_cumulative_mass,
@@ -21,6 +22,7 @@ from longlab.sparse.base import (
     slash_sums,
 )
 from longlab.sparse.blockmask import block_geometry, causal_allowed
+from longlab.sparse.prefill import BACKENDS
 
 __all__ = ["FlexPrefill", "js_distance"]
 
@@ -68,19 +70,18 @@ class FlexPrefill(BlockSelector):
     """
 
     paper = "arXiv:2502.20766"
-    bq: int = 128
-    bk: int = 128
-    gamma: float = 0.9
-    tau: float = 0.1
-    min_budget: int = 1024
-    max_budget: int | None = None
-    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
+    bq: int = param(128, low=1, high=MAX_BLOCK, integer=True)
+    bk: int = param(128, low=1, high=MAX_BLOCK, integer=True)
+    gamma: float = param(0.9, low=0, high=1, low_open=True)  # cumulative attention mass to cover
+    # threshold on a Jensen-Shannon distance, which lies in [0, sqrt(ln 2)] ~ [0, 0.833]: beyond 1 every head
+    # is query-aware
+    tau: float = param(0.1, low=0, high=1)
+    min_budget: int = param(1024, low=0, high=MAX_TOKENS, integer=True)  # tokens
+    max_budget: int | None = param(None, low=1, high=MAX_TOKENS, integer=True)  # >= min_budget (below)
+    backend: str = param("auto", choices=BACKENDS)  # the executor backend (last field: see SparsePrefill)
 
     def validate(self) -> None:
         super().validate()
-        self.check("gamma", 0.0, 1.0, low_open=True)
-        self.check("tau", 0.0)
-        self.check("min_budget", 0, integer=True)
         if self.max_budget is not None:
             self.check("max_budget", max(1, self.min_budget), integer=True)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from longlab.recipe import register
+from longlab.registry import MAX_BLOCK, MAX_TOKENS, param
 from longlab.sparse.base import (
     BlockSelector,
     last_rows_attention,
@@ -21,6 +22,7 @@ from longlab.sparse.base import (
     slash_sums,
 )
 from longlab.sparse.blockmask import block_geometry, causal_allowed
+from longlab.sparse.prefill import BACKENDS
 
 __all__ = ["AShape", "VerticalSlash", "BlockTopK", "columns_to_blocks", "slashes_to_blocks"]
 
@@ -72,16 +74,11 @@ class AShape(BlockSelector):
     """
 
     paper = "arXiv:2407.02490"
-    bq: int = 128
-    bk: int = 128
-    n_sink: int = 128
-    n_local: int = 2048
-    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("n_sink", 0, integer=True)
-        self.check("n_local", 1, integer=True)
+    bq: int = param(128, low=1, high=MAX_BLOCK, integer=True)
+    bk: int = param(128, low=1, high=MAX_BLOCK, integer=True)
+    n_sink: int = param(128, low=0, high=MAX_TOKENS, integer=True)
+    n_local: int = param(2048, low=1, high=MAX_TOKENS, integer=True)
+    backend: str = param("auto", choices=BACKENDS)  # the executor backend (last field: see SparsePrefill)
 
     def _select(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
         B, H, T_q = q.shape[:3]
@@ -105,22 +102,14 @@ class VerticalSlash(BlockSelector):
     """
 
     paper = "arXiv:2407.02490"
-    bq: int = 64
-    bk: int = 64
-    vertical_size: int = 100
-    slash_size: int = 750
-    last_q: int = 64
-    n_forced_vertical: int = 30
-    n_forced_slash: int = 100
-    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("vertical_size", 1, integer=True)
-        self.check("slash_size", 1, integer=True)
-        self.check("last_q", 1, integer=True)
-        self.check("n_forced_vertical", 0, integer=True)
-        self.check("n_forced_slash", 0, integer=True)
+    bq: int = param(64, low=1, high=MAX_BLOCK, integer=True)
+    bk: int = param(64, low=1, high=MAX_BLOCK, integer=True)
+    vertical_size: int = param(100, low=1, high=MAX_TOKENS, integer=True)
+    slash_size: int = param(750, low=1, high=MAX_TOKENS, integer=True)
+    last_q: int = param(64, low=1, high=MAX_TOKENS, integer=True)
+    n_forced_vertical: int = param(30, low=0, high=MAX_TOKENS, integer=True)
+    n_forced_slash: int = param(100, low=0, high=MAX_TOKENS, integer=True)
+    backend: str = param("auto", choices=BACKENDS)  # the executor backend (last field: see SparsePrefill)
 
     def scores(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Vertical and slash scores (without forcing). -> ([B, H, T_k], [B, H, T_k] indexed by offset)"""
@@ -151,14 +140,10 @@ class BlockTopK(BlockSelector):
     """
 
     paper = "arXiv:2407.02490"
-    bq: int = 64
-    bk: int = 64
-    top_k: int = 100
-    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("top_k", 1, integer=True)
+    bq: int = param(64, low=1, high=MAX_BLOCK, integer=True)
+    bk: int = param(64, low=1, high=MAX_BLOCK, integer=True)
+    top_k: int = param(100, low=1, high=MAX_TOKENS, integer=True)  # k-blocks kept per q-block
+    backend: str = param("auto", choices=BACKENDS)  # the executor backend (last field: see SparsePrefill)
 
     def _select(self, q: torch.Tensor, k: torch.Tensor, scaling: float) -> torch.Tensor:
         T_q, T_k = q.shape[2], k.shape[2]

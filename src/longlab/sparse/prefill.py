@@ -145,10 +145,7 @@ class SparsePrefill(Method):
     kind: ClassVar[str] = "prefill"
     reports_prefill_metrics: ClassVar[bool] = True  # PrefillMetrics measures its chunks
     batch_select_safe: ClassVar[bool] = True  # acts at prefill only: nothing to select at decode
-    backend = "auto"  # not a field here: see above
-
-    def validate(self) -> None:
-        self.check("backend", choices=BACKENDS)
+    backend = "auto"  # not a field here: see above (each field declares ``choices=BACKENDS``)
 
     def select(self, q: torch.Tensor, k: torch.Tensor, scaling: float | None = None) -> Any:
         """q: [B, H, T_q, D], k: [B, H_kv, T_k, D] -> BlockSparseMask [B, H, n_qb, n_kb]."""

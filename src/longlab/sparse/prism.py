@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from longlab.recipe import register
+from longlab.registry import MAX_BLOCK, param
 from longlab.sparse.base import (
     BlockSelector,
     keep_by_cumulative_mass,
@@ -20,6 +21,7 @@ from longlab.sparse.base import (
     repeat_kv,
 )
 from longlab.sparse.blockmask import causal_allowed
+from longlab.sparse.prefill import BACKENDS
 
 __all__ = ["Prism", "band_dims"]
 
@@ -67,22 +69,14 @@ class Prism(BlockSelector):
     """
 
     paper = "arXiv:2602.08426"
-    bq: int = 128
-    bk: int = 128
-    thr_high: float = 0.95
-    thr_low: float = 0.95
-    high_frac: float = 0.5
-    low_start_frac: float = 0.25
-    calibrate: bool = True
-    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
-
-    def validate(self) -> None:
-        super().validate()
-        self.check("thr_high", 0.0, 1.0)
-        self.check("thr_low", 0.0, 1.0)
-        self.check("high_frac", 0.0, 1.0, low_open=True)
-        self.check("low_start_frac", 0.0, 1.0, high_open=True)
-        self.check("calibrate", choices=(True, False))
+    bq: int = param(128, low=1, high=MAX_BLOCK, integer=True)
+    bk: int = param(128, low=1, high=MAX_BLOCK, integer=True)
+    thr_high: float = param(0.95, low=0, high=1)  # top-p mass of each band
+    thr_low: float = param(0.95, low=0, high=1)
+    high_frac: float = param(0.5, low=0, high=1, low_open=True)  # fractions of the rotary pairs
+    low_start_frac: float = param(0.25, low=0, high=1, high_open=True)
+    calibrate: bool = param(True, choices=(True, False))
+    backend: str = param("auto", choices=BACKENDS)  # the executor backend (last field: see SparsePrefill)
 
     def band_probs(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Row-softmaxed block scores of the two bands. q: [B, H, T_q, D], k: [B, H_kv, T_k, D]

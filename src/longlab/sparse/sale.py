@@ -16,9 +16,11 @@ import torch
 import torch.nn.functional as F
 
 from longlab.recipe import LonglabError, check_range, register
+from longlab.registry import MAX_BLOCK, MAX_TOKENS, param
 from longlab.sparse.base import BlockSelector, repeat_kv
 from longlab.sparse.blockmask import block_geometry, causal_allowed
 from longlab.sparse.executor import Backend, block_sparse_attention, dense_causal_attention
+from longlab.sparse.prefill import BACKENDS
 
 __all__ = ["SALE", "quantize_symmetric"]
 
@@ -55,34 +57,31 @@ class SALE(BlockSelector):
     """
 
     paper = "arXiv:2505.24179"
-    bq: int = 64
-    bk: int = 32
-    local_window: int = 128
+    bq: int = param(64, low=1, high=MAX_BLOCK, integer=True)
+    bk: int = param(32, low=1, high=MAX_BLOCK, integer=True)
+    local_window: int = param(128, low=0, high=MAX_TOKENS, integer=True)
+    # threshold on the relative attention score, in [0, 1] (0: a dense head; the paper's are ~1e-3; above 1 a
+    # block would have to outweigh the whole exact band): one, or one per query head, so checked in validate
     tau: float | tuple[float, ...] = 0.004
-    bits: int = 4
-    q_group: int = 2
-    k_group: int = 8
-    min_q_len: int = 1024
-    chunk_q: int = 128
-    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
+    bits: int = param(4, low=2, high=8, integer=True)
+    # query rows / keys per quantization scale: padded to whole groups, so a group is memory like a block
+    q_group: int = param(2, low=1, high=MAX_BLOCK, integer=True)
+    k_group: int = param(8, low=1, high=MAX_BLOCK, integer=True)
+    min_q_len: int = param(1024, low=0, high=MAX_TOKENS, integer=True)
+    chunk_q: int = param(128, low=1, high=MAX_TOKENS, integer=True)
+    backend: str = param("auto", choices=BACKENDS)  # the executor backend (last field: see SparsePrefill)
 
     def validate(self) -> None:
         super().validate()
-        self.check("local_window", 0, integer=True)
-        self.check("bits", 2, 8, integer=True)
-        self.check("q_group", 1, integer=True)
-        self.check("k_group", 1, integer=True)
-        self.check("min_q_len", 0, integer=True)
-        self.check("chunk_q", 1, integer=True)
         if isinstance(self.tau, (list, tuple)):
             if not self.tau:
-                raise LonglabError(f"{self.field_label('tau')} must be a number >= 0 or a non-empty list of "
-                                   "them (one per query head), got []")
+                raise LonglabError(f"{self.field_label('tau')} must be a number in [0, 1] or a non-empty "
+                                   "list of them (one per query head), got []")
             for t in self.tau:
-                check_range(f"{self.field_label('tau')} (per head)", t, 0.0)
+                check_range(f"{self.field_label('tau')} (per head)", t, 0.0, 1.0)
             self.tau = tuple(float(t) for t in self.tau)
         else:
-            self.check("tau", 0.0)
+            self.check("tau", 0.0, 1.0)
 
     def _tau_tensor(self, H: int, device: torch.device) -> torch.Tensor:
         if isinstance(self.tau, tuple):

@@ -11,8 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from longlab.recipe import LonglabError, register
+from longlab.registry import MAX_BLOCK, MAX_TOKENS, param
 from longlab.sparse.base import BlockSelector, keep_by_cumulative_mass, repeat_kv
 from longlab.sparse.blockmask import causal_allowed, required_blocks
+from longlab.sparse.prefill import BACKENDS
 
 __all__ = ["XAttention", "antidiagonal_block_scores"]
 
@@ -76,18 +78,15 @@ class XAttention(BlockSelector):
     """
 
     paper = "arXiv:2503.16428"
-    bq: int = 128
-    bk: int = 128
-    stride: int = 8
-    tau: float = 0.9
-    chunk_q: int = 4096
-    backend: str = "auto"  # the executor backend (last field: see SparsePrefill)
+    bq: int = param(128, low=1, high=MAX_BLOCK, integer=True)
+    bk: int = param(128, low=1, high=MAX_BLOCK, integer=True)
+    stride: int = param(8, low=1, high=MAX_BLOCK, integer=True)  # divides bq and bk (checked below)
+    tau: float = param(0.9, low=0, high=1)  # cumulative mass kept per q-block
+    chunk_q: int = param(4096, low=1, high=MAX_TOKENS, integer=True)
+    backend: str = param("auto", choices=BACKENDS)  # the executor backend (last field: see SparsePrefill)
 
     def validate(self) -> None:
         super().validate()
-        self.check("stride", 1, integer=True)
-        self.check("tau", 0.0, 1.0)
-        self.check("chunk_q", 1, integer=True)
         if self.bq % self.stride or self.bk % self.stride:
             raise LonglabError(f"{self.field_label('bq')}={self.bq} and bk={self.bk} must be multiples of "
                                f"stride={self.stride}")

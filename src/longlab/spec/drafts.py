@@ -25,7 +25,8 @@ import torch
 
 from ..attention import LayerContext, layer_attention
 from ..cache import LonglabCache, left_pad
-from ..recipe import LonglabError, Recipe, check_range, parse_method, parse_recipe, shorten
+from ..recipe import LonglabError, Recipe, parse_method, parse_recipe, shorten
+from ..registry import MAX_LAYERS, MAX_TOKENS, param
 from .base import Draft, Proposal, SpecContext, forward_tokens, register_draft
 from .kernels import SlotView, attend_kv, kv_slot_bytes
 from .loop import filtered_probs
@@ -66,12 +67,11 @@ class LookupDraft(Draft):
 
     paper = "Saxena 2023, prompt-lookup-decoding; transformers prompt_lookup_num_tokens"
     default_gamma: ClassVar[int] = 10
-    max_ngram: int = 3
-    num_pred_tokens: int = 10
-
-    def validate(self) -> None:
-        check_range("lookup: max_ngram", self.max_ngram, 1, integer=True)
-        check_range("lookup: num_pred_tokens", self.num_pred_tokens, 1, integer=True)
+    # the scan compares every n-gram of the history (memory history x n); transformers uses 2-3, and a
+    # match longer than 64 tokens proposes what a 64-token match does
+    max_ngram: int = param(3, low=1, high=64, integer=True)
+    # tokens proposed per step, all verified in one forward of the target
+    num_pred_tokens: int = param(10, low=1, high=1024, integer=True)
 
     def propose(self, sc: SpecContext, pend: list[list[int]], gamma: int) -> Proposal:
         k = min(gamma, self.num_pred_tokens)
@@ -183,9 +183,12 @@ class SelfDraft(Draft):
 
     paper = "MagicDec arXiv:2408.11049; TriForce arXiv:2404.11912"
     view: str = "streaming:budget=256"
-    refresh: int = 16  # speculation steps between view selections
-    window: int = 32  # verification queries kept per layer for scorers with an observation window
-    lookahead_layers: int = 2  # last layers whose attention feeds Dustin's lookahead signal
+    # speculation steps between view selections
+    refresh: int = param(16, low=1, high=MAX_TOKENS, integer=True)
+    # verification queries kept per layer for scorers with an observation window
+    window: int = param(32, low=1, high=MAX_TOKENS, integer=True)
+    # last layers whose attention feeds Dustin's lookahead signal
+    lookahead_layers: int = param(2, low=1, high=MAX_LAYERS, integer=True)
     _policy: Any = field(default=None, init=False, repr=False)
 
     @classmethod
@@ -196,9 +199,12 @@ class SelfDraft(Draft):
             )
         return cls(view=rest.strip())
 
+    def format_spec(self) -> str:
+        """``self:VIEW``, what :meth:`from_rest` reads (``refresh``, ``window``, ``lookahead_layers`` are set
+        from the API only)."""
+        return f"self:{self.view}"
+
     def validate(self) -> None:
-        check_range("self: refresh", self.refresh, 1, integer=True)
-        check_range("self: window", self.window, 1, integer=True)
         try:
             policy = parse_method(self.view)
         except LonglabError as exc:
@@ -334,7 +340,7 @@ class ModelDraft(Draft):
     paper = "Leviathan et al. 2023, arXiv:2211.17192; TriForce arXiv:2404.11912 (tiny draft + StreamingLLM)"
     model_name: str = ""
     recipe: str = "full"
-    lookahead_layers: int = 2
+    lookahead_layers: int = param(2, low=1, high=MAX_LAYERS, integer=True)  # as SelfDraft's
     model: Any = field(default=None, repr=False)  # a loaded model (API use); else loaded by model_name
     tokenizer: Any = field(default=None, repr=False)
 
@@ -350,6 +356,11 @@ class ModelDraft(Draft):
                 raise LonglabError(f"model: parameters are recipe=...; got {shorten(item)}")
             kwargs["recipe"] = value.strip()
         return cls(model_name=name.strip(), **kwargs)
+
+    def format_spec(self) -> str:
+        """``model:NAME[;recipe=R]``, what :meth:`from_rest` reads (a loaded model is named by its class)."""
+        name = self.model_name or type(self.model).__name__
+        return f"model:{name}" + (f";recipe={self.recipe}" if self.recipe != "full" else "")
 
     def validate(self) -> None:
         parse_recipe(self.recipe)

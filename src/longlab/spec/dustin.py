@@ -36,6 +36,7 @@ import torch
 from ..attention import LayerContext, layer_attention
 from ..cache import LonglabCache
 from ..recipe import LonglabError, Recipe, check_range
+from ..registry import MAX_BLOCK, MAX_TOKENS, param
 from .base import Verifier, forward_tokens, register_verifier
 from .kernels import SlotView, attend_kv, kv_slot_bytes
 from .verify import exact_attention
@@ -120,15 +121,15 @@ def select_heads(
     """Dustin's offline step: run ``text`` (calibration, up to ``max_tokens`` tokens) through the target and
     keep the ``n_heads`` heads (at most ``per_layer`` per layer) with the highest selection recall of the
     last ``n_queries`` queries. Returns a JSON-able dict (see :func:`save_heads`)."""
-    for name, value, low in (
-        ("n_heads", n_heads, 1),
-        ("per_layer", per_layer, 1),
-        ("page_size", page_size, 1),
-        ("budget", budget, 1),
-        ("n_queries", n_queries, 1),
-        ("max_tokens", max_tokens, 2),
+    for name, value, low, high in (
+        ("n_heads", n_heads, 1, 1 << 16),
+        ("per_layer", per_layer, 1, 1 << 10),
+        ("page_size", page_size, 1, MAX_BLOCK),
+        ("budget", budget, 1, MAX_TOKENS),
+        ("n_queries", n_queries, 1, MAX_TOKENS),
+        ("max_tokens", max_tokens, 2, MAX_TOKENS),
     ):
-        check_range(f"select_heads: {name}", value, low, integer=True)
+        check_range(f"select_heads: {name}", value, low, high, integer=True)
     ids = tokenizer(text)["input_ids"][:max_tokens]
     if len(ids) < 2 * page_size:
         raise LonglabError(f"select_heads: calibration text has {len(ids)} tokens; need >= {2 * page_size}")
@@ -188,32 +189,19 @@ class Dustin(Verifier):
 
     paper: ClassVar[str] = "arXiv:2606.24957"
     needs_lookahead: ClassVar[bool] = True
-    budget: int = 1024
-    page_size: int = 32
-    alpha: float = 0.5
-    beta: float = 0.9
-    sink: int = 64
-    recent: int = 128
-    refresh: int = 8
-    drop: float = 0.5
+    budget: int = param(1024, low=1, high=MAX_TOKENS, integer=True)
+    page_size: int = param(32, low=1, high=MAX_BLOCK, integer=True)
+    alpha: float = param(0.5, low=0, high=1)
+    beta: float = param(0.9, low=0, high=1)
+    sink: int = param(64, low=0, high=MAX_TOKENS, integer=True)
+    recent: int = param(128, low=0, high=MAX_TOKENS, integer=True)
+    refresh: int = param(8, low=1, high=MAX_TOKENS, integer=True)  # steps between selections
+    drop: float = param(0.5, low=0, high=1)
     heads: str = ""  # JSON from select_heads; "" = choose at the first (full) step
-    n_heads: int = 4
-    per_layer: int = 2
+    # scoring heads, in all and per layer: no model has 65536 heads in all, nor 1024 in one layer
+    n_heads: int = param(4, low=1, high=1 << 16, integer=True)
+    per_layer: int = param(2, low=1, high=1 << 10, integer=True)
     _state: dict = field(default_factory=dict, init=False, repr=False)
-
-    def validate(self) -> None:
-        for name, low in (
-            ("budget", 1),
-            ("page_size", 1),
-            ("sink", 0),
-            ("recent", 0),
-            ("refresh", 1),
-            ("n_heads", 1),
-            ("per_layer", 1),
-        ):
-            check_range(f"dustin: {name}", getattr(self, name), low, integer=True)
-        for name in ("alpha", "beta", "drop"):
-            check_range(f"dustin: {name}", getattr(self, name), 0.0, 1.0)
 
     # --- per run -----------------------------------------------------------------------------------
     def start(self, sc: Any) -> None:
