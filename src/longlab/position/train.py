@@ -7,8 +7,10 @@ then cosine decay to 0. Text: longlab's shipped essay haystack, its sentences sh
 for the before/after loss in the manifest. Trained tensors: ``attn`` (q/k/v/o projections and any
 modules the method adds; default for DroPE and RoPE-ID), ``all`` (every weight but the embeddings) or
 ``added`` (only the added modules; default for RePo). Files: ``model.safetensors`` with only the trained
-tensors and ``manifest.json`` (base model and a fingerprint of its weights, position spec, steps, tokens,
-losses), written to a temporary directory and renamed, so a failed run leaves nothing half-written.
+tensors (its metadata: position, base fingerprint, ``--train``) and ``manifest.json`` (base model and a
+fingerprint of its weights, position spec, steps, tokens, losses, and the weights file's size, SHA-256 and
+tensor list, checked on every load: :mod:`longlab.position.variants`), written to a temporary directory
+and renamed, so a failed run leaves nothing half-written.
 """
 
 from __future__ import annotations
@@ -25,9 +27,16 @@ import torch
 
 from ..paths import __version__, cache_dir
 from ..recipe import LonglabError, check_choice, check_range
-from ..safeio import check_output_dir, publish_dir
+from ..safeio import check_output_dir, file_record, publish_dir
 from .base import PositionMethod, format_position, parse_position
-from .variants import MANIFEST, WEIGHTS, base_fingerprint, is_variant_dir
+from .variants import (
+    MANIFEST,
+    VARIANT_FORMAT,
+    WEIGHTS,
+    base_fingerprint,
+    is_variant_dir,
+    trainable_parameters,
+)
 
 __all__ = [
     "TRAINABLE",
@@ -67,18 +76,7 @@ def training_windows(
 
 
 def _trainable(model: Any, which: str) -> list[tuple[str, torch.nn.Parameter]]:
-    added = ("longlab_q_norm", "longlab_k_norm", "longlab_repo")
-    attn = ("q_proj", "k_proj", "v_proj", "o_proj")
-    emb = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
-    out = []
-    for name, p in model.named_parameters():
-        parts = name.split(".")
-        take = any(a in parts for a in added)
-        if which in ("attn", "all") and not take:
-            take = which == "all" and id(p) not in emb or which == "attn" and any(a in parts for a in attn)
-        if take:
-            out.append((name, p))
-    return out
+    return trainable_parameters(model, which)
 
 
 @torch.no_grad()
@@ -198,20 +196,24 @@ def save_variant(
     tensors = {n: own[n].detach().to("cpu", torch.float32).contiguous() for n in names}
     if not all(torch.isfinite(t).all() for t in tensors.values()):
         raise LonglabError("trained weights are not all finite; nothing written (lower --lr)")
+    position = method.without_weights() if hasattr(method, "without_weights") else format_position(method)
+    fingerprint = base_fingerprint(model)
     manifest = {
-        "longlab_variant": 1,
+        "longlab_variant": VARIANT_FORMAT,
         "base_model": base_model,
-        "base_fingerprint": base_fingerprint(model),
-        "position": method.without_weights()
-        if hasattr(method, "without_weights")
-        else format_position(method),
+        "base_fingerprint": fingerprint,
+        "position": position,
         "paper": method.paper,
         "longlab_version": __version__,
         **stats,
     }
+    # the file names what it was trained for: a manifest edited afterwards (relabelled) is refused on load
+    meta = {"longlab_variant": str(VARIANT_FORMAT), "position": position, "base_fingerprint": fingerprint,
+            "train": str(stats.get("train", ""))}
 
     def write(tmp: Path) -> None:
-        save_file(tensors, str(tmp / WEIGHTS))
+        save_file(tensors, str(tmp / WEIGHTS), metadata=meta)
+        manifest["weights_file"] = file_record(tmp / WEIGHTS, tensors)  # size, SHA-256, tensor list
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
     return publish_dir(out, write, "--out", owned=is_variant_dir, last=MANIFEST, what="trained variant")
