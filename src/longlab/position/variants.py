@@ -125,11 +125,9 @@ def read_manifest(directory: str | Path) -> dict[str, Any]:
             f"{shown}: not a longlab variant directory (needs {MANIFEST} and {WEIGHTS}; "
             f"it holds {', '.join(present) or 'nothing'}); write one with `longlab train`"
         )
+    if (path / MANIFEST).stat().st_size > _MANIFEST_BYTES:
+        raise LonglabError(f"{shown}: {MANIFEST} is over {_MANIFEST_BYTES >> 20} MiB: not a variant manifest")
     try:
-        if (path / MANIFEST).stat().st_size > _MANIFEST_BYTES:
-            raise LonglabError(
-                f"{shown}: {MANIFEST} is over {_MANIFEST_BYTES >> 20} MiB: not a variant manifest"
-            )
         manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"), parse_constant=_no_constant)
     except (OSError, ValueError) as exc:
         raise LonglabError(f"{shown}: cannot read {MANIFEST}: {shorten(str(exc))}") from None
