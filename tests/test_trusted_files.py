@@ -95,6 +95,7 @@ def test_a_checkpoint_with_a_record_is_checked_against_it(run):
     "change, match",
     [
         (lambda m: m.update(checkpoint="../../x"), r"checkpoint='\.\./\.\./x' is not checkpoint-2"),
+        (lambda m: m.update(checkpoint="checkpoint-1"), r"checkpoint='checkpoint-1' is not checkpoint-2"),
         (lambda m: m.update(step="2"), r"step='2' is not a step count"),
         (lambda m: m["train"].update(surprise=1), r"holds settings longlab cannot use: .*surprise"),
         (lambda m: m["train"].update(steps=-1), r"holds settings longlab cannot use: --steps"),
