@@ -175,7 +175,7 @@ def test_a_format_1_variant_without_digest_is_refused_with_the_retrain_command(c
     _write_manifest(copy, manifest)
     message = _refused(copy, r"written before variants recorded their weights' SHA-256 and tensor list")
     assert f"train it again: longlab train drope --model tiny-llama --steps 1 --seq-len 16 --batch 1 " \
-           f"--lr 0.0001 --train attn --out {copy}" in message
+           f"--lr 0.0001 --train attn --data essay --out {copy}" in message
 
 
 @pytest.mark.parametrize("text", ["{not json", '{"longlab_variant": 2, "position": NaN}', "[1, 2]"])

@@ -102,7 +102,7 @@ def retrain_command(manifest: dict[str, Any], directory: str | Path) -> str:
     parts = [f"longlab train {method if method in ('drope', 'ropeid', 'repo') else 'METHOD'}"]
     parts.append(f"--model {manifest.get('base_model') or 'MODEL'}")
     for key, flag in (("steps_planned", "--steps"), ("seq_len", "--seq-len"), ("batch", "--batch"),
-                      ("lr", "--lr"), ("train", "--train")):
+                      ("lr", "--lr"), ("train", "--train"), ("data_source", "--data")):
         value = manifest.get(key)
         if isinstance(value, (int, float, str)) and not isinstance(value, bool) and value != "":
             parts.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
