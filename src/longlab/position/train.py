@@ -333,6 +333,12 @@ def add_position_train_arguments(parser: argparse.ArgumentParser) -> None:
         help="drope/ropeid/repo: tensors to train (default attn; added for repo)",
     )
     parser.add_argument(
+        "--heldout-windows",
+        type=int,
+        default=2,
+        help="drope/ropeid/repo: held-out windows scored before and after, each in the manifest (default 2)",
+    )
+    parser.add_argument(
         "--data",
         default="essay",
         choices=DATA,
@@ -355,6 +361,13 @@ def position_train_main(args: argparse.Namespace) -> int:
     lr = DEFAULT_LR[args.method] if isinstance(args.lr, _UnsetLr) else args.lr
     data = getattr(args, "data", "essay")
     _check_schedule(steps, args.seq_len, args.batch, lr, train, data)  # before the model loads
+    held = getattr(args, "heldout_windows", 2)
+    check_range("--heldout-windows", held, 1, 1024, integer=True)
+    if data == "pydoc" and held * args.seq_len > PYDOC_HELD_OUT:
+        raise LonglabError(
+            f"--heldout-windows: --data pydoc holds out {PYDOC_HELD_OUT} tokens: at most "
+            f"{PYDOC_HELD_OUT // args.seq_len} windows of --seq-len {args.seq_len}, got {held}"
+        )
     if args.threads is not None:
         check_range("--threads", args.threads, 1, 1024, integer=True)
     key = Path(str(args.model)).name.replace(".gguf", "")
@@ -378,6 +391,7 @@ def position_train_main(args: argparse.Namespace) -> int:
         train=train,
         seed=args.seed,
         data=data,
+        eval_windows=held,
         minutes=args.minutes if args.max_steps is None else None,
         log=lambda m: print(m, flush=True),
     )
