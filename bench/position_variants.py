@@ -29,8 +29,9 @@ def main() -> None:
         spec = manifest["position"]
         key = f"{spec}{',' if ':' in spec else ':'}weights={directory}"
         data[key] = manifest
-        print(f"{key}: {manifest['steps']} steps x {manifest['batch']} x {manifest['seq_len']} tokens, held-out "
-              f"{manifest['heldout_loss_before']:.3f} -> {manifest['heldout_loss_after']:.3f}", flush=True)
+        print(f"{key}: {manifest['steps']} steps x {manifest['batch']} x {manifest['seq_len']} tokens, "
+              f"held-out {manifest['heldout_loss_before']:.3f} -> {manifest['heldout_loss_after']:.3f}",
+              flush=True)
     out.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n")
 
 
