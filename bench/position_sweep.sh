@@ -149,6 +149,10 @@ case "$1" in
             $T --positions "$REPO80" --tasks niah_single_1 --length 8192 --max-new-tokens 32 ;;
   W-repo-n16) $T --positions "$REPO80" --tasks niah_single_1 --length 16384 --samples 2 --max-new-tokens 32 ;;
   W-drope-n) $T --positions "$DROPE150" --tasks niah_single_1 --length 4096 --samples 2 --max-new-tokens 32 ;;
+  W-n) $T --positions "$REPO80" --tasks niah_single_1 --length 4096 --samples 2 --max-new-tokens 32
+       $T --positions "$REPO80" --tasks niah_single_1 --length 8192 --max-new-tokens 32
+       $T --positions "$DROPE150" --tasks niah_single_1 --length 4096 --samples 2 --max-new-tokens 32
+       $T --positions "$REPO80" --tasks niah_single_1 --length 16384 --samples 2 --max-new-tokens 32 ;;
   V16-c) $T --positions "pi:factor=2,ntk:factor=2" --tasks vt --length 16384 --max-new-tokens 32 ;;
   V16-d) $T --positions "longrope:factor=2,$ROPEID" --tasks vt --length 16384 --max-new-tokens 32 ;;
   V16-e) $T --positions "$DROPEQK,$REPO" --tasks vt --length 16384 --max-new-tokens 32 ;;
