@@ -34,7 +34,7 @@ def main() -> None:
         model.train()
         deltas: dict[int, torch.Tensor] = {}
 
-        def grab(mod, args, kwargs):
+        def grab(mod, args, kwargs, deltas=deltas):
             h = kwargs.get("hidden_states", args[0] if args else None)
             deltas[id(mod)] = mod.longlab_repo(h).detach()  # δ [B, T, H_kv]
 
