@@ -343,14 +343,14 @@ def variant_of(name: str, position: Any) -> tuple[str, Any]:
     path = Path(name)
     if not path.is_dir():
         return name, position
+    if (path / "config.json").exists() and not is_variant_dir(path):
+        return name, position  # a Hugging Face model directory (a manifest.json of its own is not ours)
     if not (path / MANIFEST).exists():
-        if (path / "config.json").exists():
-            return name, position  # a Hugging Face model directory
         present = sorted(p.name for p in path.iterdir())[:5]
         hint = (
             f"; it holds {WEIGHTS} without {MANIFEST}: a variant whose manifest is gone cannot be checked, "
             "train it again with `longlab train`"
-            if WEIGHTS in present
+            if (path / WEIGHTS).exists()
             else f" (it holds {', '.join(present) or 'nothing'})"
         )
         raise LonglabError(
