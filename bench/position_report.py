@@ -33,7 +33,10 @@ def _short(method: str) -> str:
     out = re.sub(r",?weights=[^,]+", "", method)
     out = re.sub(r",?factors=[^,]+", "", out)
     out = out.replace(":,", ":").rstrip(":")
-    if "weights=" in method:
+    budget = re.search(r"weights=[^,]*-s(\d+)(?:,|$)", method)  # runs/position/repo-smollm2-s80: 80 steps
+    if budget:
+        out += f" (recal., {budget.group(1)} steps)"
+    elif "weights=" in method:
         out += " (recal.)"
     if "factors=" in method:
         out += " (searched)"
@@ -76,6 +79,8 @@ def main() -> None:
     ap.add_argument("--gemma-db", default="runs/position/gemma/results.sqlite", help="Gemma 3 rows")
     ap.add_argument("--gemma-rows-json", default="bench/results/position/gemma_rows.json",
                     help="a copy of the Gemma 3 rows")
+    ap.add_argument("--variants", default="bench/results/position/variants.json",
+                    help="training figures of the retrained variants (bench/position_variants.py)")
     args = ap.parse_args()
     rows, export = _load_rows(args.db, args.rows_json)
     if Path(args.long).exists():  # bench/position_long.py: chunked prefill compressing after every chunk
@@ -89,6 +94,8 @@ def main() -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if Path(args.variants).exists():
+        parts += _variants_section(json.loads(Path(args.variants).read_text()))
     if rows:
         Path(args.plots).mkdir(parents=True, exist_ok=True)
         parts += _grid_section(rows, args.plots, plt)
@@ -109,6 +116,66 @@ def main() -> None:
     _, _, tail = rest.partition(END)
     doc.write_text(head + START + "\n" + "\n".join(parts) + "\n" + END + tail)
     print("\n".join(parts))
+
+
+# the papers' training budgets, in tokens: DroPE recalibrates on 0.5-2% of the pretraining tokens
+# (SmolLM2-135M: 2T), RePo continues pretraining OLMo-2 1B on 50B tokens (the specs)
+PAPER_TOKENS = {"drope": (0.005 * 2e12, 0.02 * 2e12), "ropeid": (0.005 * 2e12, 0.02 * 2e12),
+                "repo": (50e9, 50e9)}
+
+
+def _variants_section(variants: dict) -> list[str]:
+    """The retrained variants: budget (and its fraction of the paper's), held-out loss per window before and
+    after training (mean, 95% bootstrap over windows) with the paired difference, RePo's learned offsets.
+    ``own RoPE``: the base model on the same windows, which an untrained RePo (δ = 0) is exactly."""
+    from longlab.eval.stats import paired_difference, score_estimate
+
+    def est(xs: list[float]) -> str:
+        e = score_estimate(xs)
+        return f"{e.mean:.3f} [{e.low:.3f}, {e.high:.3f}]"
+
+    def diff(a: list[float], b: list[float]) -> str:
+        d = paired_difference(a, b)
+        return f"{d.mean:+.3f} [{d.low:+.3f}, {d.high:+.3f}]{'' if d.significant else ' n.s.'}"
+
+    base = {}  # (data, seq_len, windows) -> the base model's losses (an untrained RePo is the base model)
+    for v in variants.values():
+        held = v.get("heldout_losses_before")
+        if v["position"].startswith("repo") and held:
+            base[(v.get("data_source"), v["seq_len"], len(held))] = held
+    lines = [
+        "Retrained variants (`bench/results/position/variants.json`, from each variant's manifest): the "
+        "budget and its fraction of the paper's (DroPE: 0.5–2% of SmolLM2's 2T pretraining tokens; RePo: "
+        "50B tokens of continued pretraining), then the next-token loss on the held-out windows before → "
+        "after training (mean, 95% bootstrap over windows), the paired change (after − before) and the "
+        "change against own RoPE on the same windows (an untrained RePo is own RoPE exactly, δ = 0). n.s. "
+        "when the interval holds 0. RePo: |δ| = how far the learned positions moved from i, over the "
+        "held-out tokens and KV heads.",
+        "",
+        "| variant | text | steps × seq | tokens | of the paper's | lr, trained | time | train loss "
+        "first → last 10 | held-out before → after | after − before | after − own RoPE | "
+        "RePo mean / median / max \\|δ\\| |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for spec, v in variants.items():
+        before, after = v.get("heldout_losses_before"), v.get("heldout_losses_after")
+        if not before or not after:
+            continue
+        lo, hi = PAPER_TOKENS.get(v["position"].split(":")[0], (0, 0))
+        frac = f"{v['tokens'] / hi:.1e}–{v['tokens'] / lo:.1e}" if lo != hi else f"{v['tokens'] / lo:.1e}"
+        key = (v.get("data_source"), v["seq_len"], len(before))
+        vs_base = diff(after, base[key]) if key in base else "—"
+        offsets = (f"{v['repo_offset_abs_mean']:.2f} / {v['repo_offset_abs_median']:.2f} / "
+                   f"{v['repo_offset_abs_max']:.1f}" if "repo_offset_abs_mean" in v else "—")
+        trained = f"{v['lr']:g}, {v['train']} ({v['trained_parameters'] / 1e6:.1f}M)"
+        lines.append(
+            f"| `{_short(spec)}` | {v.get('data_source', 'essay')} | {v['steps']} × {v['seq_len']} | "
+            f"{v['tokens']:,} | {frac} | {trained} | {v['seconds'] / 60:.0f} min | "
+            f"{v['train_loss_first']:.2f} → {v['train_loss_last']:.2f} | "
+            f"{est(before)} → {est(after)} (n={len(before)}) | {diff(after, before)} | {vs_base} | "
+            f"{offsets} |"
+        )
+    return lines + [""]
 
 
 def _load_rows(db: str, rows_json: str) -> tuple[list[tuple], list[dict]]:

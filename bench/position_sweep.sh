@@ -13,6 +13,8 @@ DROPE=drope:weights=runs/position/drope-smollm2
 ROPEID=ropeid:train_len=512,weights=runs/position/ropeid-smollm2
 DROPEQK=drope:qk_norm=true,weights=runs/position/drope-qk-smollm2
 REPO=repo:weights=runs/position/repo-smollm2
+REPO80=repo:weights=runs/position/repo-smollm2-s80       # issue 28: retrained, see W-repo
+DROPE150=drope:weights=runs/position/drope-smollm2-s150  # issue 28: 2.5x the budget, see W-drope
 # every method at 32k (scaled methods at s = L/8k = 4): the one-method pieces N32-M, P32-M, V32-M
 declare -A AT32=([none]=none [pi]=pi:factor=4 [ntk]=ntk:factor=4 [dyn]=dynamic-ntk:factor=4 [yarn]=yarn:factor=4
                  [lr]=longrope:factor=4 [drope]=$DROPE [dropeqk]=$DROPEQK [ropeid]=$ROPEID [repo]=$REPO)
@@ -134,6 +136,23 @@ case "$1" in
                --lr 3e-4 --minutes 7.5 --out runs/position/drope-qk-smollm2 ;;
   T-repo) $PY -m longlab.cli train repo --model smollm2-135m --steps 10 --seq-len 512 --lr 1e-3 --minutes 2 \
             --out runs/position/repo-smollm2 ;;
+  # issue 28 (honest rows): RePo retrained until its module moves (lr 5e-3, 80 steps, on CPython's documentation
+  # text: 41k tokens, none seen twice), DroPE at 2.5x its earlier budget on the same text (150 x 512), each with
+  # 16 held-out windows of 512 scored before and after; then niah_single_1 on the page's cells
+  W-repo) $PY -m longlab.cli train repo --model smollm2-135m --data pydoc --steps 80 --seq-len 512 --lr 5e-3 \
+            --heldout-windows 16 --minutes 30 --threads 1 --out runs/position/repo-smollm2-s80
+          $PY bench/position_variants.py --add runs/position/repo-smollm2-s80 ;;
+  W-drope) $PY -m longlab.cli train drope --model smollm2-135m --data pydoc --steps 150 --seq-len 512 --lr 3e-4 \
+             --heldout-windows 16 --minutes 40 --threads 1 --out runs/position/drope-smollm2-s150
+           $PY bench/position_variants.py --add runs/position/drope-smollm2-s150 ;;
+  W-repo-n) $T --positions "$REPO80" --tasks niah_single_1 --length 4096 --samples 2 --max-new-tokens 32
+            $T --positions "$REPO80" --tasks niah_single_1 --length 8192 --max-new-tokens 32 ;;
+  W-repo-n16) $T --positions "$REPO80" --tasks niah_single_1 --length 16384 --samples 2 --max-new-tokens 32 ;;
+  W-drope-n) $T --positions "$DROPE150" --tasks niah_single_1 --length 4096 --samples 2 --max-new-tokens 32 ;;
+  W-n) $T --positions "$REPO80" --tasks niah_single_1 --length 4096 --samples 2 --max-new-tokens 32
+       $T --positions "$REPO80" --tasks niah_single_1 --length 8192 --max-new-tokens 32
+       $T --positions "$DROPE150" --tasks niah_single_1 --length 4096 --samples 2 --max-new-tokens 32
+       $T --positions "$REPO80" --tasks niah_single_1 --length 16384 --samples 2 --max-new-tokens 32 ;;
   V16-c) $T --positions "pi:factor=2,ntk:factor=2" --tasks vt --length 16384 --max-new-tokens 32 ;;
   V16-d) $T --positions "longrope:factor=2,$ROPEID" --tasks vt --length 16384 --max-new-tokens 32 ;;
   V16-e) $T --positions "$DROPEQK,$REPO" --tasks vt --length 16384 --max-new-tokens 32 ;;

@@ -7,6 +7,7 @@ hand-built layer; training, loading and generation end to end on a tiny model bu
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -309,34 +310,64 @@ def test_non_finite_weights_are_never_saved(llama, tokenizer, tmp_path, monkeypa
     assert not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("damage", ["random", "truncated", "nan", "manifest"])
+@pytest.mark.parametrize(
+    "damage",
+    ["random", "truncated", "nan", "nan-forged", "rescaled", "partial-forged", "manifest", "no-record"],
+)
 def test_an_unusable_weights_file_is_a_clear_error(trained, damage, llama, tokenizer, text, tmp_path):
+    """Every damage is refused: the manifest's record (size, SHA-256, tensor list) catches a changed file;
+    ``-forged`` rewrites the record to match the damaged file, so the check behind the digest (finite
+    values, the tensors every layer needs) is what refuses it."""
     import json
     import shutil
 
+    from safetensors import safe_open
     from safetensors.torch import load_file, save_file
+
+    from longlab.safeio import file_record
 
     _, good = trained
     path = tmp_path / "w.safetensors"
     shutil.copy(good, path)
     shutil.copy(manifest_path(good), manifest_path(path))
+    flat = load_file(str(good))
     if damage == "random":
         path.write_bytes(torch.randint(0, 256, (4096,), generator=torch.Generator().manual_seed(0))
                          .to(torch.uint8).numpy().tobytes())
     elif damage == "truncated":
         path.write_bytes(good.read_bytes()[: good.stat().st_size // 2])
-    elif damage == "nan":
-        flat = load_file(str(good))
+    elif damage.startswith("nan"):
         flat["layers.1.wq"][0, 0] = float("nan")
-        save_file(flat, str(path))
-    else:
+    elif damage.startswith("rescaled"):
+        flat = {k: v * 1000 for k, v in flat.items()}
+    elif damage == "partial-forged":
+        flat = {k: v for k, v in flat.items() if not k.startswith("layers.1.")}
+    elif damage == "manifest":
         manifest_path(path).write_text("{not json", encoding="utf-8")
+    if damage.startswith(("nan", "rescaled", "partial")):
+        with safe_open(str(good), "pt") as fh:
+            save_file(flat, str(path), metadata=fh.metadata())  # same header: same size
+    if damage.endswith("forged") or damage == "no-record":
+        manifest = json.loads(manifest_path(path).read_text())
+        manifest["weights_file"] = file_record(path, flat)
+        if damage == "no-record":  # a manifest from before records existed
+            del manifest["weights_file"]
+        manifest_path(path).write_text(json.dumps(manifest), encoding="utf-8")
     with pytest.raises(LonglabError) as err:
         generate(llama, tokenizer, text, "Which box?", f"indexmem@0.5:weights={path}", max_new_tokens=2)
     message = str(err.value)
     assert f"cannot use the weights {path}" in message
     model = "MODEL" if damage == "manifest" else "tiny-llama"  # an unreadable manifest hides the model
     assert f"train them again: longlab train indexmem --model {model} --out {path}" in message
-    if damage == "nan":
-        assert "layer 1 has non-finite values in wq" in message
+    expected = {
+        "random": r"has 4,096 bytes, the manifest says [\d,]+ \(truncated or partial\)",
+        "truncated": r"truncated or partial",
+        "nan": r"does not match the SHA-256 in its manifest",
+        "nan-forged": r"tensor layers\.1\.wq in w\.safetensors has non-finite values",
+        "rescaled": r"does not match the SHA-256 in its manifest",
+        "partial-forged": r"it lacks tensor layers\.1\.",
+        "manifest": r"not readable JSON",
+        "no-record": r"written before IndexMem manifests recorded the weights' SHA-256",
+    }[damage]
+    assert re.search(expected, message), message
     assert json.loads(manifest_path(good).read_text())["format"]  # the fixture is untouched

@@ -268,7 +268,7 @@ def test_recipes_put_quantization_last_and_round_trip():
         ("kivi2:residual=100", "multiple of group_size"),
         ("kivi2:scale_dtype=int8", "scale_dtype"),
         ("pmkvq", "exactly one of"),
-        ("pmkvq:budget_mb=-1", "positive"),
+        ("pmkvq:budget_mb=-1", r"budget_mb must be in \(0, "),
         ("pmkvq:budget_mb=1,init_bits=3", "init_bits"),
         ("pmkvq:allocation=/no/such/file.json", "not found"),
     ],

@@ -88,10 +88,10 @@ def test_cli_arguments_parse():
 @pytest.mark.parametrize(
     "flag, value, words",
     [
-        ("--window", "-5", ("--window", "window must be an integer >= 1, got -5")),
-        ("--sink", "-1", ("--sink", "sink must be an integer >= 0, got -1")),
-        ("--budget-mb", "nan", ("--budget-mb", "budget_mb must be a finite positive number")),
-        ("--budget-mb", "0", ("--budget-mb", "budget_mb must be a positive number, got 0")),
+        ("--window", "-5", ("--window", "window must be an integer in [1, 1048576], got -5")),
+        ("--sink", "-1", ("--sink", "sink must be an integer in [0, 1048576], got -1")),
+        ("--budget-mb", "nan", ("--budget-mb", "budget_mb must be a finite number in (0, 1048576], got nan")),
+        ("--budget-mb", "0", ("--budget-mb", "budget_mb must be in (0, 1048576], got 0")),
         ("--samples", "0", ("--samples must be an integer >= 1, got 0",)),
         ("--sample-tokens", "0", ("--sample-tokens must be an integer >= 1",)),
         ("--max-tokens", "0", ("--max-tokens must be an integer >= 1",)),
@@ -113,9 +113,9 @@ def test_calibrate_refuses_what_the_recipe_would_refuse_before_any_work(flag, va
 
 def test_calibrate_window_range_is_the_recipes(llama, tokenizer):
     # the same value fails the same check in the recipe that would read the file and in the API
-    with pytest.raises(LonglabError, match=r"^pmkvq: window must be an integer >= 1, got -5$"):
+    with pytest.raises(LonglabError, match=r"^pmkvq: window must be an integer in \[1, 1048576\], got -5$"):
         calibrate_pmkvq(llama, tokenizer, 1.0, window=-5, log=lambda *a: None)
-    with pytest.raises(LonglabError, match=r"pmkvq: window must be an integer >= 1, got -5"):
+    with pytest.raises(LonglabError, match=r"pmkvq: window must be an integer in \[1, 1048576\], got -5"):
         from longlab.recipe import parse_recipe
 
         parse_recipe("pmkvq:budget_mb=1,window=-5")

@@ -1,4 +1,4 @@
-"""Writing outputs without ever losing a user's files.
+"""Writing outputs without ever losing a user's files, and reading back only what checks out.
 
 The rules every ``--out`` of longlab follows (checked *before* any work starts, so a refusal costs nothing
 and leaves nothing behind):
@@ -10,19 +10,23 @@ and leaves nothing behind):
   in the directory); anything else is refused and left untouched;
 - results are written under a fresh temporary name beside the target (``tempfile``: never a name a user
   file could have) and renamed into place, so a failure (a full disk, an interrupt) leaves the target as
-  it was and no temporary behind; a full disk is reported as such, not as a traceback.
+  it was and no temporary behind; a full disk is reported as such, not as a traceback;
+- a weights file longlab wrote is read back only after checking it against the record its manifest keeps
+  (size, SHA-256, tensor names, shapes and dtypes; finite values): :func:`read_checked_tensors`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from .recipe import LonglabError, shorten
 
@@ -31,7 +35,11 @@ __all__ = [
     "read_json",
     "check_output_dir",
     "check_output_file",
+    "file_record",
+    "file_sha256",
     "publish_dir",
+    "read_checked_tensors",
+    "tensor_list",
     "write_file_atomic",
     "os_error",
 ]
@@ -233,3 +241,134 @@ def read_json(path: str | os.PathLike[str], flag: str, max_bytes: int = 64 << 20
         raise LonglabError(f"{flag}: {shorten(str(path))} is nested too deeply to be JSON data") from None
     except ValueError as err:
         raise LonglabError(f"{flag}: {shorten(str(path))} is not JSON ({err})") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# Reading: a file longlab wrote is checked against its manifest's record before it is trusted.
+#
+# The record of a weights file (``file_record``) is its size, its SHA-256 and its tensor list (name ->
+# shape, dtype). ``read_checked_tensors`` refuses, with a LonglabError naming the file and what is wrong,
+# anything that is not a regular file, a file of another size (truncated, partial), another digest (corrupt,
+# edited, rescaled), a tensor list other than the record's, and non-finite values (checked even when the
+# digest matches: a record written over bad weights proves nothing).
+
+_HEX = frozenset("0123456789abcdef")
+_CHUNK = 1 << 22
+
+
+def file_sha256(path: str | os.PathLike[str]) -> str:
+    """SHA-256 (hex) of a file, read in 4 MiB chunks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def tensor_list(tensors: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """``{name: {"shape": [...], "dtype": "float32"}}`` of a tensor dictionary, names sorted."""
+    return {
+        name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch.")}
+        for name, t in sorted(tensors.items())
+    }
+
+
+def file_record(path: str | os.PathLike[str], tensors: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest's record of a file just written: ``bytes``, ``sha256`` and (given the tensors saved in
+    it) ``tensors``, their :func:`tensor_list`."""
+    record: dict[str, Any] = {"bytes": os.stat(path).st_size, "sha256": file_sha256(path)}
+    if tensors is not None:
+        record["tensors"] = tensor_list(tensors)
+    return record
+
+
+def _record_problem(record: Any) -> str | None:
+    if not isinstance(record, dict):
+        return f"it is {type(record).__name__}, not an object"
+    size, sha, tensors = record.get("bytes"), record.get("sha256"), record.get("tensors")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        return f"bytes={shorten(size)} is not a size"
+    if not isinstance(sha, str) or len(sha) != 64 or not set(sha) <= _HEX:
+        return f"sha256={shorten(sha)} is not a SHA-256 hex digest"
+    if not isinstance(tensors, dict) or not tensors:
+        return "it lists no tensors"
+    for name, spec in tensors.items():
+        shape = spec.get("shape") if isinstance(spec, dict) else None
+        dims_ok = isinstance(shape, list) and all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+        )
+        if not dims_ok or not isinstance(spec.get("dtype"), str):
+            return f"tensor {shorten(name)} has no valid shape/dtype"
+    return None
+
+
+def read_checked_tensors(
+    path: str | os.PathLike[str], record: Any, *, what: str, fix: str
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The tensors and metadata of the safetensors file ``path``, after checking it against ``record``
+    (see :func:`file_record`): a regular file of ``record["bytes"]`` bytes whose SHA-256 is
+    ``record["sha256"]``, holding exactly the tensors of ``record["tensors"]`` (names, shapes, dtypes),
+    every floating value finite. Else a :class:`LonglabError` ``"{what}: <what is wrong>; {fix}"``."""
+    from safetensors import SafetensorError, safe_open
+
+    def refuse(reason: str) -> LonglabError:
+        return LonglabError(f"{what}: {reason}; {fix}")
+
+    problem = _record_problem(record)
+    if problem:
+        raise refuse(f"the manifest's record of {Path(path).name} is malformed ({problem})")
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        raise refuse(f"{Path(path).name} is missing") from None
+    except OSError as exc:
+        raise refuse(f"cannot read {Path(path).name} ({exc.strerror or exc})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise refuse(f"{Path(path).name} is {_kind(st.st_mode)}, not a weights file")
+    want = record["bytes"]
+    if st.st_size != want:
+        how = "truncated or partial" if st.st_size < want else "longer than written"
+        raise refuse(f"{Path(path).name} has {st.st_size:,} bytes, the manifest says {want:,} ({how})")
+    try:
+        digest = file_sha256(path)
+    except OSError as exc:
+        raise refuse(f"cannot read {Path(path).name} ({exc.strerror or exc})") from None
+    if digest != record["sha256"]:
+        raise refuse(
+            f"{Path(path).name} does not match the SHA-256 in its manifest (corrupt, or changed after "
+            f"longlab wrote it: {digest[:16]}... against {record['sha256'][:16]}...)"
+        )
+    try:
+        with safe_open(str(path), "pt") as fh:
+            meta = dict(fh.metadata() or {})
+            tensors = {name: fh.get_tensor(name) for name in fh.keys()}
+    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
+        raise refuse(f"{Path(path).name} is not a readable safetensors file ({type(exc).__name__})") from None
+    listed = record["tensors"]
+    missing = sorted(set(listed) - set(tensors))
+    extra = sorted(set(tensors) - set(listed))
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"{len(missing)} of the {len(listed)} listed tensors missing (e.g. {missing[0]})")
+        if extra:
+            parts.append(f"{len(extra)} unlisted (e.g. {extra[0]})")
+        raise refuse(f"{Path(path).name} does not hold the manifest's tensors: {'; '.join(parts)}")
+    found = tensor_list(tensors)
+    for name, spec in listed.items():
+        if found[name] != {"shape": spec["shape"], "dtype": spec["dtype"]}:
+            raise refuse(
+                f"tensor {name} in {Path(path).name} is {found[name]['dtype']} {found[name]['shape']}, "
+                f"the manifest says {spec['dtype']} {spec['shape']}"
+            )
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(_finite(t)):
+            raise refuse(f"tensor {name} in {Path(path).name} has non-finite values (NaN or inf)")
+    return tensors, meta
+
+
+def _finite(t: Any) -> bool:
+    """Every value of the tensor ``t`` is finite."""
+    import torch
+
+    return bool(torch.isfinite(t).all())

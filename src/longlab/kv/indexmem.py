@@ -52,6 +52,7 @@ import torch
 
 from ..recipe import LonglabError, register
 from ..registry import MAX_TOKENS, param
+from ..safeio import read_checked_tensors
 from .base import KVPolicy, keep_top
 
 __all__ = [
@@ -229,51 +230,62 @@ class IndexMemWeights:
         return out
 
 
-_LOADED: dict[tuple[str, float], IndexMemWeights] = {}
+_LOADED: dict[tuple[str, int, int], IndexMemWeights] = {}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def load_weights(path: str | Path) -> IndexMemWeights:
     """Read ``path`` (safetensors, never pickle) and its manifest; cached per file and mtime.
 
-    A file that cannot be used (corrupt or truncated safetensors, a manifest that is not IndexMem's
-    JSON, missing or non-finite tensors) raises :class:`LonglabError` naming the file and the command
-    that writes it again."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
+    The manifest records the file's size, SHA-256 and tensor list (``weights_file``); a file that does not
+    match it (corrupt, truncated, partial, edited), a manifest that is not IndexMem's JSON or has no such
+    record (written by an older longlab), missing or non-finite tensors raise :class:`LonglabError`
+    naming the file and the command that writes it again."""
     path = Path(path)
     man = manifest_path(path)
     if not path.is_file() or not man.is_file():
         raise LonglabError(f"indexmem: weights not found: {path} (and manifest {man.name})")
-    key = (str(path.resolve()), path.stat().st_mtime)
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size)
     if key in _LOADED:
         return _LOADED[key]
     manifest: Any = None
 
-    def unusable(reason: str) -> LonglabError:
+    def again() -> str:
         model = manifest.get("model") if isinstance(manifest, dict) else None
         if not (isinstance(model, str) and model):  # the default file is named by the model's key
             default = default_weights_path(path.stem)
             model = path.stem if path.resolve() == default.resolve() else "MODEL"
-        return LonglabError(
-            f"indexmem: cannot use the weights {path}: {reason}; train them again: "
-            f"{train_command(model)} --out {path}"
-        )
+        return f"train them again: {train_command(model)} --out {path}"
 
+    def unusable(reason: str) -> LonglabError:
+        return LonglabError(f"indexmem: cannot use the weights {path}: {reason}; {again()}")
+
+    if man.stat().st_size > 64 << 20:
+        raise unusable(f"its manifest {man.name} is over 64 MiB")
     try:
-        manifest = json.loads(man.read_text(encoding="utf-8"))
+        manifest = json.loads(man.read_text(encoding="utf-8"), parse_constant=_no_constant)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise unusable(f"its manifest {man.name} is not readable JSON ({exc})") from None
+    except ValueError as exc:  # NaN / Infinity constants (the check above: JSON syntax)
+        raise unusable(f"its manifest {man.name} is not strict JSON ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         got = manifest.get("format") if isinstance(manifest, dict) else type(manifest).__name__
         raise unusable(f"{man.name} is not an IndexMem manifest (format {got!r}, expected {FORMAT!r})")
     num_layers = manifest.get("num_layers")
     if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
         raise unusable(f"{man.name} gives num_layers={num_layers!r}")
-    try:
-        flat = load_file(str(path))
-    except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-        raise unusable(f"not a readable safetensors file ({type(exc).__name__}: {exc})") from None
+    record = manifest.get("weights_file")
+    if record is None:
+        raise unusable(
+            f"{man.name} was written before IndexMem manifests recorded the weights' SHA-256 and tensor "
+            "list, so the weights cannot be checked"
+        )
+    # size, SHA-256, tensor list (names, shapes, dtypes), finite values: see longlab.safeio
+    flat, _ = read_checked_tensors(path, record, what=f"indexmem: cannot use the weights {path}", fix=again())
     layers = []
     for i in range(num_layers):
         try:

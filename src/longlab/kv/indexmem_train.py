@@ -34,7 +34,7 @@ import torch
 
 from ..capture import capture_attention
 from ..recipe import LonglabError, check_range, shorten
-from ..safeio import check_output_file, os_error
+from ..safeio import check_output_file, file_record, os_error
 from .indexmem import (
     D_FEATURE,
     D_INDEX,
@@ -389,6 +389,7 @@ def _write(path: Path, tensors: dict[str, torch.Tensor], manifest: dict[str, Any
     man_tmp = Path(tempfile.mkstemp(prefix=f".{path.name}.json.", suffix=".longlab-tmp", dir=path.parent)[1])
     try:
         save_file(tensors, str(tmp), metadata={"format": FORMAT, "model_key": key})
+        manifest = {**manifest, "weights_file": file_record(tmp, tensors)}  # size, SHA-256, tensor list
         man_tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         tmp.replace(path)
         man_tmp.replace(manifest_path(path))

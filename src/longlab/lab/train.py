@@ -157,34 +157,99 @@ def _is_lab_dir(path: Path) -> bool:
 
 
 def read_manifest(out: str | os.PathLike[str], what: str = "DIR") -> dict[str, Any]:
+    """The checked manifest of a lab run directory: strict JSON of format :data:`FORMAT` with ``step``,
+    ``checkpoint`` (a ``checkpoint-<n>`` name inside ``out``, never a path elsewhere), ``train`` and
+    ``model`` settings, ``history`` and ``elapsed_s``; else a :class:`LonglabError` naming the file."""
     path = Path(out) / "manifest.json"
     if not path.is_file():
         raise LonglabError(
             f"{what}: no lab checkpoint in {out} (expected {path}); run `longlab lab train` first"
         )
     try:
-        manifest = json.loads(path.read_text())
+        if path.stat().st_size > 64 << 20:
+            raise LonglabError(f"{what}: {path} is over 64 MiB: not a lab checkpoint manifest")
+        manifest = json.loads(path.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except LonglabError:
+        raise
     except (OSError, ValueError) as err:
         raise LonglabError(f"{what}: cannot read {path}: {err}") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise LonglabError(f"{what}: {path} is not a {FORMAT} manifest")
+    step, ck = manifest.get("step"), manifest.get("checkpoint")
+    problem = None
+    if isinstance(step, bool) or not isinstance(step, int) or step < 1:
+        problem = f"step={step!r} is not a step count"
+    elif not isinstance(ck, str) or not CHECKPOINT.fullmatch(ck) or ck != f"checkpoint-{step}":
+        problem = f"checkpoint={ck!r} is not checkpoint-{step}, the directory its step names"
+    elif not isinstance(manifest.get("train"), dict) or not isinstance(manifest.get("model"), dict):
+        problem = "its train/model settings are not objects"
+    elif not isinstance(manifest.get("history"), list):
+        problem = "its history is not a list"
+    elif type(manifest.get("elapsed_s")) not in (int, float):
+        problem = "elapsed_s is not a number"
+    if problem:
+        raise LonglabError(f"{what}: {path} is not a valid {FORMAT} manifest: {problem}")
     return manifest
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 def load_checkpoint(
     out: str | os.PathLike[str], what: str = "DIR"
 ) -> tuple[LabLM, TrainConfig, dict[str, Any]]:
-    """The trained model (eval mode), its train config and the manifest from ``OUT``."""
-    from safetensors.torch import load_file
+    """The trained model (eval mode), its train config and the manifest from ``OUT``.
+
+    Checked before anything is trusted: the manifest (:func:`read_manifest`); its ``train`` settings valid
+    and the ``model`` shape they imply; the checkpoint file against the manifest's ``weights_file`` record
+    (size, SHA-256, tensor list) when it has one; its tensors exactly the model's (names, shapes, dtypes,
+    compared on a meta-device model, so a manifest naming a huge model allocates nothing) and finite."""
+    from safetensors import SafetensorError, safe_open
+
+    from ..safeio import read_checked_tensors
 
     manifest = read_manifest(out, what)
-    cfg = TrainConfig(**manifest["train"])
-    model = LabLM(LabConfig(**manifest["model"]))
-    path = Path(out) / manifest["checkpoint"] / "model.safetensors"
+    mpath = Path(out) / "manifest.json"
     try:
-        state = load_file(str(path))
-    except (OSError, ValueError, RuntimeError) as err:
-        raise LonglabError(f"{what}: cannot read {path}: {err}") from None
+        cfg = TrainConfig(**manifest["train"])
+        mcfg = LabConfig(**manifest["model"])
+    except (TypeError, ValueError) as err:  # unknown or missing keys; LonglabError from the checks
+        raise LonglabError(f"{what}: {mpath} holds settings longlab cannot use: {err}") from None
+    if mcfg.to_dict() != cfg.model_config().to_dict():
+        raise LonglabError(f"{what}: {mpath}: its model settings are not the ones its train settings make")
+    with torch.device("meta"):
+        want = {k: (list(v.shape), v.dtype) for k, v in LabLM(mcfg).state_dict().items()}
+    path = Path(out) / manifest["checkpoint"] / "model.safetensors"
+    fix = "train it again with `longlab lab train` (the same arguments) into a new directory"
+    if "weights_file" in manifest:
+        state, _ = read_checked_tensors(path, manifest["weights_file"], what=f"{what}: {path}", fix=fix)
+        shapes = {k: list(v.shape) for k, v in state.items()}
+    else:  # checkpoints record no digest yet: check the file's kind, its tensor list and its values
+        if not path.is_file():
+            raise LonglabError(f"{what}: {path} is missing or not a regular file; {fix}")
+        try:
+            with safe_open(str(path), "pt") as fh:
+                shapes = {k: list(fh.get_slice(k).get_shape()) for k in fh.keys()}
+                fits = set(shapes) == set(want) and all(shapes[k] == want[k][0] for k in want)
+                state = {k: fh.get_tensor(k) for k in fh.keys()} if fits else {}
+        except (SafetensorError, OSError, RuntimeError) as err:
+            raise LonglabError(f"{what}: cannot read {path} ({type(err).__name__}: {err}); {fix}") from None
+    missing, extra = sorted(set(want) - set(shapes)), sorted(set(shapes) - set(want))
+    if missing or extra:
+        raise LonglabError(
+            f"{what}: {path} does not hold this model's tensors ({len(missing)} of {len(want)} missing, "
+            f"{len(extra)} unexpected, e.g. {(missing or extra)[0]}); {fix}"
+        )
+    for key, (shape, dtype) in want.items():
+        if shapes[key] != shape or state[key].dtype != dtype:
+            got = f"{state[key].dtype} {shapes[key]}" if key in state else str(shapes[key])
+            raise LonglabError(
+                f"{what}: {path}: tensor {key} is {got}, the model needs {dtype} {shape}; {fix}"
+            )
+        if state[key].is_floating_point() and not bool(torch.isfinite(state[key]).all()):
+            raise LonglabError(f"{what}: {path}: tensor {key} has non-finite values (NaN or inf); {fix}")
+    model = LabLM(mcfg)
     model.load_state_dict(state)
     return model.eval(), cfg, manifest
 

@@ -2,8 +2,12 @@
 
 A *variant* is a directory written by ``longlab train``: ``manifest.json`` (base model, position spec,
 training budget, a fingerprint of the base weights) and ``model.safetensors`` holding only the tensors
-the recalibration changed (plus modules it added). ``drope:weights=DIR`` loads it onto the base model;
-weights made for another base model are refused with a LonglabError.
+the recalibration changed (plus modules it added). ``drope:weights=DIR`` loads it onto the base model.
+The manifest (format 2) records the weights file's size, SHA-256 and tensor list, and the file's own
+metadata names the position, base fingerprint and ``--train`` mode it was trained with; every load checks
+them all (:meth:`_Trainable._load`), so corrupt, truncated, partial, rescaled, NaN-filled or relabelled
+weights, weights for another base model, and format-1 variants (no digest: retrain) are refused with a
+LonglabError naming the file, what is wrong and the command that trains it again.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 import torch
 
 from ..recipe import LonglabError, shorten
+from ..safeio import read_checked_tensors
 from .base import LayerRope, PositionMethod, register_position
 from .rope import ropeid_inv_freq
 
@@ -28,12 +33,20 @@ __all__ = [
     "WEIGHTS",
     "base_fingerprint",
     "read_manifest",
+    "retrain_command",
     "attention_modules",
+    "trainable_parameters",
     "is_variant_dir",
+    "variant_of",
 ]
 
 MANIFEST = "manifest.json"
 WEIGHTS = "model.safetensors"
+VARIANT_FORMAT = 2  # 2: the manifest records the weights file's size, SHA-256 and tensor list
+ADDED = ("longlab_q_norm", "longlab_k_norm", "longlab_repo")  # modules a method adds to the model
+TRAIN_MODES = ("attn", "all", "added")
+SCALE_LIMIT = 10.0  # a trained tensor's RMS within [1/10, 10] x the base tensor's it replaces
+_MANIFEST_BYTES = 64 << 20
 
 
 def attention_modules(model: Any) -> list[Any]:
@@ -45,6 +58,22 @@ def attention_modules(model: Any) -> list[Any]:
             f"{type(model).__name__}: expected model.model.layers[i].self_attn (a Llama-style LM)"
         )
     return [layer.self_attn for layer in layers]
+
+
+def trainable_parameters(model: Any, which: str) -> list[tuple[str, torch.nn.Parameter]]:
+    """The tensors ``longlab train --train which`` trains: ``attn`` (q/k/v/o projections), ``all`` (every
+    weight but the embeddings) or ``added`` (none of those); the modules a method adds, always."""
+    attn = ("q_proj", "k_proj", "v_proj", "o_proj")
+    emb = {id(model.get_input_embeddings().weight), id(model.get_output_embeddings().weight)}
+    out = []
+    for name, p in model.named_parameters():
+        parts = name.split(".")
+        take = any(a in parts for a in ADDED)
+        if which in ("attn", "all") and not take:
+            take = which == "all" and id(p) not in emb or which == "attn" and any(a in parts for a in attn)
+        if take:
+            out.append((name, p))
+    return out
 
 
 def base_fingerprint(model: Any) -> str:
@@ -66,21 +95,67 @@ def is_variant_dir(path: Path) -> bool:
     return isinstance(manifest, dict) and "longlab_variant" in manifest
 
 
+def retrain_command(manifest: dict[str, Any], directory: str | Path) -> str:
+    """The ``longlab train`` command that writes this variant again (from its manifest's settings)."""
+    spec = str(manifest.get("position") or "METHOD")
+    method, _, params = spec.partition(":")
+    parts = [f"longlab train {method if method in ('drope', 'ropeid', 'repo') else 'METHOD'}"]
+    parts.append(f"--model {manifest.get('base_model') or 'MODEL'}")
+    for key, flag in (("steps_planned", "--steps"), ("seq_len", "--seq-len"), ("batch", "--batch"),
+                      ("lr", "--lr"), ("train", "--train"), ("data_source", "--data")):
+        value = manifest.get(key)
+        if isinstance(value, (int, float, str)) and not isinstance(value, bool) and value != "":
+            parts.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
+    if params:
+        parts.append(f"--params {params}")
+    parts.append(f"--out {directory}")
+    return " ".join(parts)
+
+
 def read_manifest(directory: str | Path) -> dict[str, Any]:
+    """The checked manifest of a variant directory (weights are checked when they load: ``_load``)."""
     path = Path(directory)
-    if not (path / MANIFEST).is_file() or not (path / WEIGHTS).is_file():
+    shown = f"weights={shorten(str(directory))}"
+    if not path.is_dir():
+        raise LonglabError(f"{shown}: not a longlab variant directory (no such directory); write one with "
+                           "`longlab train`")
+    if not (path / MANIFEST).is_file() or not (path / WEIGHTS).exists():
+        present = sorted(p.name for p in path.iterdir())[:5] if path.is_dir() else []
         raise LonglabError(
-            f"weights={shorten(str(directory))}: not a longlab variant directory "
-            f"(needs {MANIFEST} and {WEIGHTS}; "
-            "write one with `longlab train`)"
+            f"{shown}: not a longlab variant directory (needs {MANIFEST} and {WEIGHTS}; "
+            f"it holds {', '.join(present) or 'nothing'}); write one with `longlab train`"
         )
+    if (path / MANIFEST).stat().st_size > _MANIFEST_BYTES:
+        raise LonglabError(f"{shown}: {MANIFEST} is over {_MANIFEST_BYTES >> 20} MiB: not a variant manifest")
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"), parse_constant=_no_constant)
     except (OSError, ValueError) as exc:
-        raise LonglabError(f"weights={shorten(str(directory))}: cannot read {MANIFEST}: {exc}") from None
-    if not isinstance(manifest, dict) or "position" not in manifest or "base_fingerprint" not in manifest:
-        raise LonglabError(f"weights={shorten(str(directory))}: {MANIFEST} lacks position/base_fingerprint")
+        raise LonglabError(f"{shown}: cannot read {MANIFEST}: {shorten(str(exc))}") from None
+    if not isinstance(manifest, dict) or "longlab_variant" not in manifest:
+        raise LonglabError(f"{shown}: {MANIFEST} is not a longlab variant manifest (no longlab_variant)")
+    version = manifest["longlab_variant"]
+    if version != VARIANT_FORMAT:
+        why = (
+            "it was written before variants recorded their weights' SHA-256 and tensor list, so its weights "
+            "cannot be checked"
+            if version == 1
+            else f"longlab_variant={shorten(version)} is not a format this longlab reads ({VARIANT_FORMAT})"
+        )
+        raise LonglabError(f"{shown}: {why}; train it again: {retrain_command(manifest, directory)}")
+    for key in ("position", "base_model", "base_fingerprint"):
+        if not isinstance(manifest.get(key), str) or not manifest[key]:
+            raise LonglabError(f"{shown}: {MANIFEST} lacks {key} (a string); train it again: "
+                               f"{retrain_command(manifest, directory)}")
+    if manifest.get("train") not in TRAIN_MODES:
+        raise LonglabError(
+            f"{shown}: {MANIFEST} gives train={shorten(manifest.get('train'))}, not one of "
+            f"{', '.join(TRAIN_MODES)}; train it again: {retrain_command(manifest, directory)}"
+        )
     return manifest
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
 
 
 class _Trainable(PositionMethod):
@@ -130,34 +205,63 @@ class _Trainable(PositionMethod):
                     delattr(attn, label)
 
     def _load(self, model: Any, base_model: str | None) -> None:
-        from safetensors.torch import load_file
-
+        """Check the variant directory ``weights`` against this model, then copy its tensors in. Refused
+        with a LonglabError: another position, base model or base weights; a weights file whose size,
+        SHA-256 or tensor list differs from the manifest's record; a manifest relabelled after training
+        (the weights file's own metadata names the position it was trained for); a tensor set other than
+        the one ``--train`` trains on this model; non-finite values; a tensor far off the scale of the
+        base tensor it replaces."""
         manifest = read_manifest(self.weights)
-        shown = shorten(self.weights)
+        shown = f"weights={shorten(self.weights)}"
+        again = f"train it again: {retrain_command(manifest, self.weights)}"
         if manifest["position"] != self.without_weights():
             raise LonglabError(
-                f"weights={shown} were trained for position {manifest['position']!r}, "
+                f"{shown} were trained for position {manifest['position']!r}, "
                 f"not {self.without_weights()!r}; "
                 f"use position={manifest['position']},weights=..."
             )
-        if base_model is not None and manifest.get("base_model") not in (None, base_model):
+        if base_model is not None and manifest["base_model"] != base_model:
             raise LonglabError(
-                f"weights={shown} were trained on base model {manifest['base_model']!r}, not {base_model!r}; "
+                f"{shown} were trained on base model {manifest['base_model']!r}, not {base_model!r}; "
                 f"load {manifest['base_model']!r} with them"
             )
         if manifest["base_fingerprint"] != base_fingerprint(model):
             raise LonglabError(
-                f"weights={shown} were trained on other base weights "
+                f"{shown} were trained on other base weights "
                 f"(fingerprint {manifest['base_fingerprint']}, "
                 f"this model {base_fingerprint(model)}; base model {manifest.get('base_model')!r})"
             )
-        state = load_file(str(Path(self.weights) / WEIGHTS))
+        state, meta = read_checked_tensors(
+            Path(self.weights) / WEIGHTS, manifest.get("weights_file"), what=shown, fix=again
+        )
+        for key in ("position", "base_fingerprint", "train"):
+            if meta.get(key) != manifest[key]:
+                raise LonglabError(
+                    f"{shown}: {MANIFEST} says {key}={manifest[key]!r} but {WEIGHTS} was trained with "
+                    f"{key}={meta.get(key)!r} (the manifest was edited after training); {again}"
+                )
         own = dict(model.named_parameters())
-        bad = [k for k, v in state.items() if k not in own or own[k].shape != v.shape]
+        want = {n for n, _ in trainable_parameters(model, manifest["train"])}
+        missing, extra = sorted(want - set(state)), sorted(set(state) - want)
+        if missing or extra:
+            what = f"{len(missing)} of the {len(want)} tensors --train {manifest['train']} trains are missing"
+            if extra:
+                what = f"{len(extra)} tensors are not ones --train {manifest['train']} trains on this model"
+            raise LonglabError(f"{shown}: {what} (e.g. {(missing or extra)[0]}); {again}")
+        bad = [k for k, v in state.items() if own[k].shape != v.shape]
         if bad:
-            raise LonglabError(f"weights={shown}: {len(bad)} tensors do not fit this model (e.g. {bad[0]})")
-        added = ("longlab_q_norm", "longlab_k_norm", "longlab_repo")
-        self._saved = {k: own[k].detach().clone() for k in state if not any(a in k.split(".") for a in added)}
+            raise LonglabError(f"{shown}: {len(bad)} tensors do not fit this model (e.g. {bad[0]}); {again}")
+        for key, value in state.items():
+            if any(a in key.split(".") for a in ADDED):
+                continue
+            base_rms = own[key].detach().float().pow(2).mean().sqrt().item()
+            rms = value.float().pow(2).mean().sqrt().item()
+            if base_rms > 0 and not 1 / SCALE_LIMIT <= rms / base_rms <= SCALE_LIMIT:
+                raise LonglabError(
+                    f"{shown}: tensor {key} is {rms / base_rms:.3g}x the scale (RMS) of the base weights it "
+                    f"replaces: not a recalibration of them; {again}"
+                )
+        self._saved = {k: own[k].detach().clone() for k in state if not any(a in k.split(".") for a in ADDED)}
         with torch.no_grad():
             for key, value in state.items():
                 own[key].copy_(value.to(own[key].dtype))
@@ -233,15 +337,41 @@ class RoPEID(_Trainable):
 
 def variant_of(name: str, position: Any) -> tuple[str, Any]:
     """``load_model(DIR)`` for a variant directory: ``(its base model, "its position,weights=DIR")``;
-    any other name is returned unchanged."""
+    any other name is returned unchanged. A directory that is neither a variant (``manifest.json``) nor a
+    Hugging Face model directory (``config.json``), and a variant whose base model is itself or another
+    variant directory, are refused here, before anything loads."""
     path = Path(name)
-    if not (path / MANIFEST).is_file():
+    if not path.is_dir():
         return name, position
+    if (path / "config.json").exists() and not is_variant_dir(path):
+        return name, position  # a Hugging Face model directory (a manifest.json of its own is not ours)
+    if not (path / MANIFEST).exists():
+        present = sorted(p.name for p in path.iterdir())[:5]
+        hint = (
+            f"; it holds {WEIGHTS} without {MANIFEST}: a variant whose manifest is gone cannot be checked, "
+            "train it again with `longlab train`"
+            if (path / WEIGHTS).exists()
+            else f" (it holds {', '.join(present) or 'nothing'})"
+        )
+        raise LonglabError(
+            f"model {shorten(name)} is a directory but neither a longlab variant (no {MANIFEST}) nor a "
+            f"Hugging Face model directory (no config.json){hint}"
+        )
     manifest = read_manifest(path)
     if position is not None:
         raise LonglabError(
             f"{shorten(name)} is a trained variant with position {manifest['position']!r}; "
             "leave position= out"
         )
+    base = manifest["base_model"]
+    candidate = Path(base)  # resolved as load_model resolves it
+    if candidate.is_dir() and (candidate / MANIFEST).exists():
+        same = candidate.resolve() == path.resolve()
+        raise LonglabError(
+                f"model {shorten(name)}: its {MANIFEST} names "
+                + ("the variant itself" if same else f"another variant ({shorten(base)})")
+                + f" as base model (base_model={shorten(base)}); a variant is loaded onto the model it was "
+                f"trained from: {retrain_command(manifest, path)}"
+            )
     spec = manifest["position"]
-    return str(manifest["base_model"]), f"{spec}{',' if ':' in spec else ':'}weights={path}"
+    return str(base), f"{spec}{',' if ':' in spec else ':'}weights={path}"

@@ -39,13 +39,15 @@ sensitivity and an integer program, plus optional key-smoothing factors); see
 from __future__ import annotations
 
 import json
+import math
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
-from ..recipe import LonglabError, register
+from ..recipe import LonglabError, register, shorten
 from ..registry import MAX_BLOCK, MAX_TOKENS, param
 from .base import FP_DTYPES, QuantPolicy
 from .storage import QuantizedLayer, TokenGroupStore
@@ -126,26 +128,88 @@ def memory_report(cache) -> list[dict[str, int]]:
     return out
 
 
+ALLOCATION_BYTES = 64 * MIB  # an allocation is a few KB per layer; a larger file is not one
+_SETTING_RANGES = {"sink": 0, "window": 1, "group_size": 1}
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _positive(value: Any) -> bool:
+    """A positive finite number below 2^62 (a JSON integer of 1,000 digits is not a budget)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return (not isinstance(value, float) or math.isfinite(value)) and 0 < value < 2**62
+
+
 def load_allocation(path: str | Path) -> dict[str, Any]:
-    """Read and check an allocation file (JSON, never pickle)."""
+    """Read and check an allocation file (strict JSON, never pickle) before it is used: a regular file
+    of at most 64 MiB; ``format`` :data:`ALLOCATION_FORMAT`; one entry per layer (``num_layers`` of them
+    when the file says) with a positive finite ``budget_bytes``, ``bits`` (when given) one of 16/8/4/2 and
+    ``smooth_scale`` null or a ``[num_kv_heads][head_dim]`` table of positive finite factors; ``settings``
+    of the right types. Anything else is a :class:`LonglabError` naming the file and the entry."""
     p = Path(path)
-    if not p.is_file():
-        raise LonglabError(f"pmkvq: allocation file not found: {path}")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise LonglabError(f"pmkvq: allocation file {path} is not JSON ({exc})") from None
+        st = p.stat()
+    except OSError:
+        raise LonglabError(f"pmkvq: allocation file not found: {path}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise LonglabError(f"pmkvq: allocation {path} is not a regular file")
+    if st.st_size > ALLOCATION_BYTES:
+        raise LonglabError(f"pmkvq: allocation {path} is {st.st_size:,} bytes (over 64 MiB): not one")
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=_no_constant)
+    except OSError as exc:
+        raise LonglabError(f"pmkvq: cannot read allocation file {path} ({exc.strerror or exc})") from None
+    except (ValueError, RecursionError) as exc:  # JSON syntax, NaN/Infinity, bad UTF-8, deep nesting
+        raise LonglabError(f"pmkvq: allocation file {path} is not JSON ({str(exc)[:200]})") from None
     if not isinstance(data, dict) or data.get("format") != ALLOCATION_FORMAT:
         raise LonglabError(f"pmkvq: {path} is not a PM-KVQ allocation (format {ALLOCATION_FORMAT!r})")
     layers = data.get("layers")
     if not isinstance(layers, list) or not layers:
         raise LonglabError(f"pmkvq: {path} has no layers")
+    n = data.get("num_layers")
+    if n is not None and n != len(layers):
+        raise LonglabError(f"pmkvq: {path} says num_layers={shorten(n)} but lists {len(layers)} layers")
+    dims = [data.get(k) for k in ("num_kv_heads", "head_dim")]
+    dims_known = all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in dims)
     for i, entry in enumerate(layers):
         budget = entry.get("budget_bytes") if isinstance(entry, dict) else None
-        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget <= 0:
+        if not _positive(budget):
             raise LonglabError(
-                f"pmkvq: {path} layer {i}: budget_bytes must be a positive number, got {budget!r}"
+                f"pmkvq: {path} layer {i}: budget_bytes must be a positive number, got {shorten(budget)}"
             )
+        if entry.get("bits") is not None and entry["bits"] not in (16, 8, 4, 2):
+            raise LonglabError(
+                f"pmkvq: {path} layer {i}: bits must be 16, 8, 4 or 2, got {shorten(entry['bits'])}"
+            )
+        lam = entry.get("smooth_scale")
+        if lam is None:
+            continue
+        rows_ok = isinstance(lam, list) and lam and all(isinstance(r, list) and r for r in lam)
+        if not rows_ok or len({len(r) for r in lam}) != 1 or not all(_positive(x) for r in lam for x in r):
+            raise LonglabError(
+                f"pmkvq: {path} layer {i}: smooth_scale must be null or a table [KV heads][head_dim] of "
+                "positive finite factors"
+            )
+        if dims_known and [len(lam), len(lam[0])] != dims:
+            raise LonglabError(
+                f"pmkvq: {path} layer {i}: smooth_scale is [{len(lam)}][{len(lam[0])}], the file's model has "
+                f"[{dims[0]}][{dims[1]}] (num_kv_heads, head_dim)"
+            )
+    settings = data.get("settings", {})
+    if not isinstance(settings, dict):
+        raise LonglabError(f"pmkvq: {path}: settings must be an object")
+    for key, low in _SETTING_RANGES.items():
+        value = settings.get(key, low)
+        if isinstance(value, bool) or not isinstance(value, int) or value < low:
+            raise LonglabError(
+                f"pmkvq: {path}: settings.{key} must be an integer >= {low}, got {shorten(value)}"
+            )
+    for key in ("scale_dtype", "fp_dtype"):
+        if not isinstance(settings.get(key, ""), str):
+            raise LonglabError(f"pmkvq: {path}: settings.{key} must be a string")
     return data
 
 
