@@ -11,11 +11,13 @@ an exact next-token distribution (``mtd``) also give ``probs: [B, T, V]`` and sc
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ...recipe import LonglabError
 
@@ -23,7 +25,9 @@ __all__ = [
     "IGNORE",
     "TASKS",
     "Batch",
+    "ClassBatch",
     "Task",
+    "TimeClassTask",
     "kl_per_position",
     "register_task",
     "task_config",
@@ -70,6 +74,32 @@ class Task:
     def input_dim(self) -> int:
         """0 for token tasks; the value dimension ``D`` of continuous tasks (``lcube``)."""
         return 0
+
+    @property
+    def output_dim(self) -> int:
+        """0: the default head (tied logits, or lcube's Gaussian); ``O > 0``: a linear head to ``O`` outputs
+        per position that this task's :meth:`loss` and :meth:`score` read."""
+        return 0
+
+    @property
+    def loss_params(self) -> tuple[float, ...]:
+        """Initial values of the loss's learnable scalars (``model.loss_params``); none by default."""
+        return ()
+
+    def check_rollout(self, length: int, rollout: int) -> None:
+        """Whether ``rollout`` autoregressive training steps fit sequences of ``length`` (default: only 0)."""
+        if rollout:
+            raise LonglabError(f"--rollout: task {self.name} has no rollout training; use --rollout 0")
+
+    def train_losses(self, model: nn.Module, batch: Batch, rollout: int = 0) -> Iterator[torch.Tensor]:
+        """The losses of one training step, one per optimizer update (the trainer steps after each):
+        by default one, ``loss(model(tokens), batch)``; forecasting tasks roll out ``rollout`` steps."""
+        self.check_rollout(int(batch.tokens.shape[1]), rollout)
+        yield self.loss(model(batch.tokens), batch)
+
+    def predict(self, model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+        """What :meth:`score` reads for the inputs ``tokens`` (default: one forward pass)."""
+        return model(tokens)
 
     def loss(self, out: torch.Tensor, batch: Batch) -> torch.Tensor:
         """Training loss: cross-entropy on the answer tokens (``out``: logits ``[B, T, V]``)."""
@@ -178,3 +208,39 @@ def task_config(spec: str | Task, seed: int = 0) -> Task:
     except TypeError as err:
         raise LonglabError(f"--task: {name}: {err}") from None
 
+
+
+@dataclass
+class ClassBatch(Batch):
+    """A sequence-classification batch: ``label: [B]``; ``answer: [B, T]`` marks the readout steps."""
+
+    label: torch.Tensor | None = None
+
+
+class TimeClassTask(Task):
+    """Base of sequence classification with a rate readout (the spiking tasks): the model's outputs
+    ``[B, T, classes]`` are averaged over the readout steps (``answer``) into logits ``[B, classes]``."""
+
+    classes: int = 2
+
+    @property
+    def vocab_size(self) -> int:
+        return 0
+
+    @property
+    def output_dim(self) -> int:
+        return self.classes
+
+    def readout(self, out: torch.Tensor, batch: ClassBatch) -> torch.Tensor:
+        """``[B, classes]``: the mean of ``out`` over the readout steps."""
+        m = batch.answer.to(out.dtype)[..., None]
+        return (out * m).sum(1) / m.sum(1).clamp_min(1)
+
+    def loss(self, out, batch):
+        return F.cross_entropy(self.readout(out, batch), batch.label)
+
+    def score(self, logits, batch):
+        return (self.readout(logits, batch).argmax(-1) == batch.label).float()
+
+    def metrics(self, out, batch):
+        return {}
