@@ -417,6 +417,29 @@ def test_other_modality_tasks_are_seeded_and_sized(spec, length):
         task.sample(1, task.min_length() - 1, _gen(0))
 
 
+@pytest.mark.parametrize("mixer,task,train_len,lengths", [
+    ("emformer", "lorenz96:n=8,pool=8,spinup=5", 9, [20]),
+    ("crisscross", "meg", 320, [320, 640]),
+    ("vlta", "track", 62, [62, 124]),
+    ("ts", "xor", 8, [8, 16]),
+])
+def test_lab_eval_scores_the_new_tasks_like_a_direct_call(tmp_path, mixer, task, train_len, lengths):
+    from longlab.lab.evaluate import _eval_generator, evaluate
+
+    train(TrainConfig(mixer=mixer, task=task, train_len=train_len, steps=2, dim=16, n_layers=1, n_heads=2,
+                      batch=2), tmp_path / "ck", progress=False, log=None)
+    rows = evaluate(tmp_path / "ck", lengths, out=tmp_path / "res", samples=2, batch=2, log=None)
+    assert len(rows) == 2 * len(lengths)
+    model, cfg, _ = load_checkpoint(tmp_path / "ck")
+    tk = task_config(cfg.task)
+    for r in rows:
+        b = tk.sample(1, r["length"], _eval_generator(0, r["length"], int(r["sample_id"])))
+        with torch.no_grad():
+            assert r["score"] == pytest.approx(float(tk.score(tk.predict(model, b.tokens), b)[0]), abs=1e-6)
+    if task.startswith("lorenz96"):
+        assert {"rmse@1", "rmse@5"} <= set(rows[0])
+
+
 def test_lab_config_new_fields_are_checked():
     with pytest.raises(LonglabError, match="output_dim"):
         LabConfig(vocab_size=4, output_dim=-1)
