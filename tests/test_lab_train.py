@@ -70,6 +70,19 @@ def test_resume_with_other_settings_is_refused(tmp_path):
         train(_cfg(lr=1e-4), tmp_path / "run", progress=False, log=None)
 
 
+def test_resume_accepts_a_manifest_written_before_new_fields(tmp_path):
+    """A run written before ``rollout``/``init`` existed resumes: missing fields hold their defaults."""
+    train(_cfg(steps=3), tmp_path / "run", progress=False, log=None)
+    path = tmp_path / "run" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    for key in ("rollout", "init"):
+        del manifest["train"][key]
+    path.write_text(json.dumps(manifest))
+    assert train(_cfg(steps=3), tmp_path / "run", progress=False, log=None)["step"] == 3  # no refusal
+    with pytest.raises(LonglabError, match="other settings"):
+        train(_cfg(steps=3, lr=1e-4), tmp_path / "run", progress=False, log=None)
+
+
 def test_training_lowers_the_loss(tmp_path):
     cfg = _cfg(task="flipflop", steps=30, lr=1e-2, ckpt_every=5)
     m = train(cfg, tmp_path / "r", progress=False, log=None)
