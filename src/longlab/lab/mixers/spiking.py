@@ -9,7 +9,8 @@ A layer maps ``x: [B, T, D]`` (T timesteps) to spikes ``s: [B, T, D]`` in {0, 1}
     TS:   u_t = τ·u_{t−1}·(1 − s_{t−1}) + I_t + γ ⊙ m_{t−1},      s_t = H(u_t − V_th)
           m_t = β·m_{t−1} + (1 − β)·u_t,   and m_t ← 0 whenever t mod P = 0   (temporal forgetting)
 
-(τ = 0.5, V_th = 1; β = 0.9, P = 8, γ learnable per channel, init 0.1). The trace ``m`` is long-term
+(τ = 0.5, V_th = 1; β = 0.9, P = 8, γ learnable per channel, init 0.1; ``W`` LeCun-normal, ``b = 0``).
+The trace ``m`` is long-term
 memory reconsolidation: it skips the hard reset, a cross-timestep path for information and gradients;
 forgetting truncates it every ``P`` steps. Backward uses the rectangular surrogate
 ``∂s/∂u = 1[|u − V_th| < a/2] / a`` (a = 1); the reset term ``s_{t−1}`` is not detached.
@@ -64,6 +65,11 @@ class SpikingLayer(MixerModule):
                  beta: float = 0.9, period: int = 8, gamma: float = 0.1) -> None:
         super().__init__()
         self.fc = nn.Linear(dim, dim)
+        # LeCun normal, zero bias: currents of the input's scale reach the surrogate's window at the start
+        # (PyTorch's default, variance 1/(3·fan_in) plus a bias, left every neuron silent and every gradient
+        # 0 on the xor task: a rectangular surrogate has no gradient outside |u − V_th| < a/2)
+        nn.init.normal_(self.fc.weight, std=dim**-0.5)
+        nn.init.zeros_(self.fc.bias)
         self.tau, self.v_th, self.width = float(tau), float(v_th), float(width)
         self.trace, self.beta, self.period = bool(trace), float(beta), int(period)
         if self.trace:
