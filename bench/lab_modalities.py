@@ -840,9 +840,9 @@ def main(argv: list[str] | None = None) -> None:
         "--tokens", type=int, default=8000, help="tokens per optimizer step (equal for every context)"
     )
     m.add_argument("--steps", type=int, default=600)
-    m.add_argument("--lr", type=float, default=2e-3)
+    m.add_argument("--lr", type=float, default=3e-3)
     m.add_argument("--labels", type=int, default=80)
-    m.add_argument("--test", type=int, default=400)
+    m.add_argument("--test", type=int, default=300)
     m.add_argument("--probe-seed", type=int, default=0)
     v = sub.add_parser("vlta")
     v.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

@@ -225,11 +225,12 @@ def test_block_mask_covers_exactly_20_of_50_subsegments_across_all_channels():
     steps = m[..., 0].view(3, 50, 10)
     assert ((steps.all(-1)) | (~steps.any(-1))).all()  # whole subsegments only
     assert (steps.all(-1).sum(-1) == 20).all()  # exactly 20 of the 50
-    mask_ids = 16 * 8 + torch.arange(16)
+    per = task.per_channel  # 8 background + 8 event codes
+    mask_ids = 16 * per + torch.arange(16)
     tok = b.tokens.view(3, 500, 16)
     assert (tok[m] == mask_ids.expand(3, 500, 16)[m]).all()  # masked inputs are the channel's mask token
-    assert (b.targets[b.answer] < 16 * 8).all() and (b.targets[~b.answer] == -100).all()
-    assert (tok[~m] < 16 * 8).all() and (tok[~m] // 8 == torch.arange(16).expand(3, 500, 16)[~m]).all()
+    assert (b.targets[b.answer] < 16 * per).all() and (b.targets[~b.answer] == -100).all()
+    assert (tok[~m] < 16 * per).all() and (tok[~m] // per == torch.arange(16).expand(3, 500, 16)[~m]).all()
     with pytest.raises(LonglabError, match="multiple"):
         task.sample(1, 16 * 15, _gen(0))
 
@@ -242,6 +243,7 @@ def test_meg_events_need_the_state_and_the_echo_names_the_word():
     w, s = words[ev & ~echo], state[ev & ~echo]
     torch.testing.assert_close(codes[ev & ~echo], task.response[(w + s) % task.words])  # A[(w + s) mod W]
     torch.testing.assert_close(codes[echo], task.echo[words[echo]])  # B[w]
+    assert (codes[ev] >= task.codes).all() and (codes[~ev] < task.codes).all()  # event codes are their own
     c0 = task.centre_start(400)
     assert (words[:, c0] >= 0).all() and (echo[:, c0 + 4 : c0 + 8]).all()
     switches = (state[:, 1:] != state[:, :-1]).float().mean()

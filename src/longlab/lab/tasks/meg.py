@@ -11,13 +11,15 @@ block-masked objective (Jayalath & Parker Jones, arXiv 2602.02494, ICML 2026; sp
   distribution a little (``sep``), so it is read from many steps, not one;
 - "word" events: now and then (mean gap ``event_gap`` steps) a word ``w`` (uniform over ``W``) occupies
   ``2·event_len`` steps: first its **response**, where every channel emits ``A[(w + s) mod W, c]``, then
-  its **echo**, where every channel emits ``B[w, c]`` (``A``, ``B``: random code patterns). The response
-  alone gives only ``(w + s) mod W``: the word is decodable from it **only given the current state**,
-  which the background (weakly, over many steps) and the other events (a response with its echo gives
-  ``s``) tell. Masked prediction needs the state whenever a mask cuts an event between response and echo.
+  its **echo**, where every channel emits ``B[w, c]`` (``A``, ``B``: random patterns over ``E`` event
+  codes that the background never uses, so an event token is recognisable as one). The response alone
+  gives only ``(w + s) mod W``: the word is decodable from it **only given the current state**, which
+  the background (weakly, over many steps) and the other events (a response with its echo gives ``s``)
+  tell. Masked prediction needs the state whenever a mask cuts an event between response and echo.
 
-Token ids are per channel (``c·K + k``, the lab's stand-in for MEG-XL's sensor embedding); the mask token
-of channel ``c`` is ``C·K + c`` (MEG-XL's one learned mask token plus the channel's sensor embedding).
+Token ids are per channel (``c·(K + E) + k``, the lab's stand-in for MEG-XL's sensor embedding); the
+mask token of channel ``c`` is ``C·(K + E) + c`` (MEG-XL's one learned mask token plus the channel's
+sensor embedding).
 A sequence of ``length = T·C`` tokens is time-major (token ``t·C + c``), for the ``crisscross`` mixer.
 
 **Objective** [code]: the ``T`` steps are cut into subsegments of ``segment`` steps (10: at T = 500 the
@@ -49,18 +51,20 @@ class MEGTask(Task):
     """Block-masked pretraining on the switching-state token signal (see the module docstring)."""
 
     channels: int = 16
-    codes: int = 8
+    codes: int = 8  # background codes per channel
+    event_codes: int = 8  # codes only events use (an event token is recognisable as one)
     states: int = 4
     dwell: float = 200.0
     words: int = 8
     event_len: int = 4  # steps of the response, and of the echo
-    event_gap: int = 30
+    event_gap: int = 12
     sep: float = 0.05
     segment: int = 10
     mask_frac: float = 0.4
 
     def __post_init__(self) -> None:
-        for f, lo in (("channels", 1), ("codes", 2), ("states", 1), ("words", 2), ("event_len", 1),
+        for f, lo in (("channels", 1), ("codes", 2), ("event_codes", 1), ("states", 1), ("words", 2),
+                      ("event_len", 1),
                       ("event_gap", 1), ("segment", 1)):
             _check(self.name, f, getattr(self, f), lo)
         for f, lo, hi in (("dwell", 1.0, 1e9), ("sep", 0.0, 100.0), ("mask_frac", 0.0, 1.0)):
@@ -71,19 +75,25 @@ class MEGTask(Task):
         base = torch.randn(1, self.channels, self.codes, generator=g)
         z = torch.randn(self.states, self.channels, self.codes, generator=g)
         self.probs = torch.softmax(base + float(self.sep) * z, dim=-1)  # [S, C, K]
-        self.response = torch.randint(0, self.codes, (self.words, self.channels), generator=g)  # A [W, C]
-        self.echo = torch.randint(0, self.codes, (self.words, self.channels), generator=g)  # B [W, C]
+        ev = (self.words, self.channels)
+        self.response = self.codes + torch.randint(0, self.event_codes, ev, generator=g)  # A [W, C]
+        self.echo = self.codes + torch.randint(0, self.event_codes, ev, generator=g)  # B [W, C]
 
     @property
     def vocab_size(self) -> int:
-        return self.channels * self.codes + self.channels  # per-channel codes, per-channel mask tokens
+        return self.channels * self.per_channel + self.channels  # per-channel codes, per-channel masks
+
+    @property
+    def per_channel(self) -> int:
+        """Codes of one channel: background then event codes."""
+        return self.codes + self.event_codes
 
     def min_length(self) -> int:
         return self.channels * self.segment
 
     def mask_ids(self, steps: int) -> torch.Tensor:
         """``[T·C]``: the mask token of each position's channel."""
-        return (self.channels * self.codes + torch.arange(self.channels)).repeat(steps)
+        return (self.channels * self.per_channel + torch.arange(self.channels)).repeat(steps)
 
     def check_length(self, length: int) -> None:
         super().check_length(length)
@@ -139,9 +149,9 @@ class MEGTask(Task):
         return steps // 2 - self.event_len
 
     def token_ids(self, codes: torch.Tensor) -> torch.Tensor:
-        """``codes: [B, T, C]`` -> flattened time-major token ids ``[B, T·C]`` (``c·K + code``)."""
+        """``codes: [B, T, C]`` -> flattened time-major token ids ``[B, T·C]`` (``c·(K + E) + code``)."""
         c = torch.arange(self.channels)
-        return (codes + c * self.codes).flatten(1)
+        return (codes + c * self.per_channel).flatten(1)
 
     def block_mask(self, batch: int, steps: int, gen: torch.Generator) -> torch.Tensor:
         """``[B, T]`` bool: ``round(mask_frac · T/segment)`` whole subsegments per sequence, uniformly."""
