@@ -67,75 +67,49 @@ def rnd(values, nd: int = 4) -> list[float]:
 
 
 def run_emformer(a: argparse.Namespace) -> None:
+    """Pretrain one-step, then from the same weights either continue one-step or fine-tune by rollout, at
+    each fine-tuning learning rate, with equal optimizer updates; RMSE at the leads on fixed test
+    trajectories."""
     from longlab.lab.tasks import task_config
 
     task = task_config(a.task)
     test = task.sample(a.test, task.window + max(a.leads), torch.Generator().manual_seed(777))
-    common = [
-        "--mixer",
-        "emformer",
-        "--task",
-        a.task,
-        "--batch",
-        str(a.batch),
-        "--dim",
-        "64",
-        "--layers",
-        "2",
-        "--heads",
-        "4",
-        "--ckpt-every",
-        "500",
-    ]
+    common = ["--mixer", "emformer", "--task", a.task, "--batch", str(a.batch), "--dim", "64"]
+    common += ["--layers", "2", "--heads", "4", "--ckpt-every", "500"]
+    one_step = ["--train-len", str(task.window + 1)]
     for seed in a.seeds:
         out = RESULTS / f"emformer_seed{seed}.json"
         rows, cmds = [], {}
         pre = RUNS / "l96" / f"pre-s{seed}"
-        cmds["pretrain"] = lab_train(
-            [
-                *common,
-                "--train-len",
-                str(task.window + 1),
-                "--steps",
-                str(a.pretrain),
-                "--lr",
-                str(a.lr),
-                "--seed",
-                str(seed),
-                "--out",
-                str(pre),
-            ]
-        )
-        arms = {
-            "pretrained": None,
-            # equal optimizer updates: one-step continues 5× as many steps as rollout (5 updates per step)
-            "one-step": [
-                *common,
-                "--train-len",
-                str(task.window + 1),
-                "--steps",
-                str(a.finetune * a.rollout),
-            ],
-            "rollout": [
-                *common,
-                "--train-len",
-                str(task.window + a.rollout),
-                "--steps",
-                str(a.finetune),
-                "--rollout",
-                str(a.rollout),
-            ],
-        }
-        for arm, extra in arms.items():
-            ck = pre
+        pre_args = [*common, *one_step, "--steps", str(a.pretrain), "--lr", str(a.lr), "--seed", str(seed)]
+        cmds["pretrain"] = lab_train([*pre_args, "--out", str(pre)])
+        arms: dict[str, tuple[Path, list[str] | None]] = {"pretrained": (pre, None)}
+        for lr in a.ft_lr:
+            # equal optimizer updates: one-step runs rollout× as many steps (rollout: one update per step)
+            arms[f"one-step@{lr:g}"] = (
+                RUNS / "l96" / f"one-step-lr{lr:g}-s{seed}",
+                [*one_step, "--steps", str(a.finetune * a.rollout), "--lr", str(lr)],
+            )
+            arms[f"rollout@{lr:g}"] = (
+                RUNS / "l96" / f"rollout-lr{lr:g}-s{seed}",
+                [
+                    "--train-len",
+                    str(task.window + a.rollout),
+                    "--steps",
+                    str(a.finetune),
+                    "--rollout",
+                    str(a.rollout),
+                    "--lr",
+                    str(lr),
+                ],
+            )
+        for arm, (ck, extra) in arms.items():
             if extra is not None:
-                ck = RUNS / "l96" / f"{arm}-s{seed}"
                 t0 = time.perf_counter()
                 cmds[arm] = lab_train(
                     [
+                        *common,
                         *extra,
-                        "--lr",
-                        str(a.ft_lr),
                         "--warmup",
                         "1",
                         "--seed",
@@ -151,18 +125,19 @@ def run_emformer(a: argparse.Namespace) -> None:
             with torch.no_grad():
                 pred = task.predict(model, test.tokens)
             rmse = task.rmse(pred, test)  # [N, leads]
+            updates = manifest["step"] * (a.rollout if arm.startswith("rollout") else 1)
             rows.append(
                 {
                     "arm": arm,
                     "seed": seed,
-                    "theta": round(float(model.loss_params[0]), 7),
+                    "theta": round(float(model.loss_params.detach()[0]), 7),
                     "elapsed_s": manifest["elapsed_s"],
-                    "updates": manifest["step"] * (a.rollout if arm == "rollout" else 1),
+                    "updates": updates,
                     "rmse": {str(k): rnd(rmse[:, k - 1]) for k in a.leads},
                 }
             )
             print(
-                f"  {arm:>10} seed {seed}: "
+                f"  {arm:>14} seed {seed}: "
                 + " ".join(f"lead {k} {float(rmse[:, k - 1].mean()):.3f}" for k in a.leads),
                 flush=True,
             )
@@ -555,43 +530,43 @@ def table_emformer() -> str:
     rows = [r for d in docs for r in d["rows"]]
     leads = sorted({int(k) for r in rows for k in r["rmse"]})
     seeds = sorted({r["seed"] for r in rows})
+    arms = list(dict.fromkeys(r["arm"] for r in rows))
     by = {(r["arm"], r["seed"]): r for r in rows}
+
+    def mean_rmse(arm: str, s: int, k: int) -> float:
+        return statistics.mean(by[(arm, s)]["rmse"][str(k)])
+
     lines = [
         "| arm | " + " | ".join(f"RMSE lead {k}" for k in leads) + " | θ at the end |",
         "|---|" + "---|" * (len(leads) + 1),
     ]
-    for arm in ("pretrained", "one-step", "rollout"):
-        if not all((arm, s) in by for s in seeds):
-            continue
-        cells = []
-        for k in leads:
-            means = [statistics.mean(by[(arm, s)]["rmse"][str(k)]) for s in seeds]
-            cells.append(fmt_ci(*t_interval(means)))
-        thetas = [by[(arm, s)]["theta"] for s in seeds]
-        cells.append(f"{min(thetas):.7f} … {max(thetas):.7f}")
-        lines.append(f"| {arm} | " + " | ".join(cells) + " |")
+    for arm in arms:
+        if all((arm, s) in by for s in seeds):
+            cells = [fmt_ci(*t_interval([mean_rmse(arm, s, k) for s in seeds])) for k in leads]
+            thetas = [by[(arm, s)]["theta"] for s in seeds]
+            cells.append(f"{min(thetas):.7f} … {max(thetas):.7f}")
+            lines.append(f"| {arm} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "| rollout − one-step | seeds | Δ RMSE (t-interval over seeds) | verdict | Δ pooled over seeds × "
-        "test trajectories (paired bootstrap) |",
+        "| rollout − one-step (same fine-tuning lr) | lead | Δ RMSE (t-interval over 3 seeds) | verdict | "
+        "Δ pooled over seeds × test trajectories (paired bootstrap) |",
         "|---|---|---|---|---|",
     ]
-    for k in leads:
-        if not all(("rollout", s) in by and ("one-step", s) in by for s in seeds):
-            break
-        diffs = [
-            statistics.mean(by[("rollout", s)]["rmse"][str(k)])
-            - statistics.mean(by[("one-step", s)]["rmse"][str(k)])
-            for s in seeds
-        ]
-        m, lo, hi = t_interval(diffs)
-        a = [v for s in seeds for v in by[("rollout", s)]["rmse"][str(k)]]
-        b = [v for s in seeds for v in by[("one-step", s)]["rmse"][str(k)]]
-        pd = paired_difference(a, b)
-        lines.append(
-            f"| lead {k} | {len(seeds)} | {fmt_ci(m, lo, hi, sign=True)} | {verdict(lo, hi)} | "
-            f"{fmt_ci(pd.mean, pd.low, pd.high, sign=True)} |"
-        )
+    for arm in arms:
+        if not arm.startswith("rollout"):
+            continue
+        base = "one-step" + arm[len("rollout") :]
+        ok = [s for s in seeds if (arm, s) in by and (base, s) in by]
+        for k in leads if ok else []:
+            m, lo, hi = t_interval([mean_rmse(arm, s, k) - mean_rmse(base, s, k) for s in ok])
+            pd = paired_difference(
+                [v for s in ok for v in by[(arm, s)]["rmse"][str(k)]],
+                [v for s in ok for v in by[(base, s)]["rmse"][str(k)]],
+            )
+            lines.append(
+                f"| {arm} − {base} | {k} | {fmt_ci(m, lo, hi, sign=True)} | {verdict(lo, hi)} | "
+                f"{fmt_ci(pd.mean, pd.low, pd.high, sign=True)} |"
+            )
     return "\n".join(lines)
 
 
@@ -815,12 +790,12 @@ def main(argv: list[str] | None = None) -> None:
     e = sub.add_parser("emformer")
     e.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     e.add_argument("--task", default="lorenz96")
-    e.add_argument("--pretrain", type=int, default=1500)
+    e.add_argument("--pretrain", type=int, default=3000)
     e.add_argument("--finetune", type=int, default=300, help="rollout steps (5 updates each)")
     e.add_argument("--rollout", type=int, default=5)
     e.add_argument("--batch", type=int, default=32)
     e.add_argument("--lr", type=float, default=3e-3)
-    e.add_argument("--ft-lr", type=float, default=1e-3)
+    e.add_argument("--ft-lr", type=float, nargs="+", default=[1e-4, 3e-4], help="fine-tuning learning rates")
     e.add_argument("--test", type=int, default=256)
     e.add_argument("--leads", type=int, nargs="+", default=[1, 5, 20, 40])
     c = sub.add_parser("conv-time")
