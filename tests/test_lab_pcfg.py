@@ -105,7 +105,7 @@ def test_oracle_cache_is_keyed_by_grammar_and_tokens(monkeypatch):
     """The evaluation's oracle cache: the same strings of the same grammar are computed once and give the
     same probabilities; another grammar (alpha, task seed) or other strings are computed anew."""
     import longlab.lab.pcfg as pcfg_mod
-    from longlab.lab import tasks as tasks_mod
+    from longlab.lab.tasks import pcfg as tasks_mod  # the module that holds the oracle cache
 
     calls = []
     real = pcfg_mod.next_token_probs

@@ -8,7 +8,20 @@ from .decode import losa, quest, retro  # noqa: F401
 from .kv import attention_scores, decoding, indexmem, obcache, restkv, simple  # noqa: F401
 
 # lab mixers (the layers lab's token mixers)
-from .lab.mixers import l2a, lact, lssa, race, recurrent, softmax, ultramem  # noqa: F401
+from .lab.mixers import (  # noqa: F401
+    crisscross,
+    ema,
+    emformer,
+    l2a,
+    lact,
+    lssa,
+    race,
+    recurrent,
+    softmax,
+    spiking,
+    ultramem,
+    vlta,
+)
 
 # position methods (applied at model load)
 from .position import repo, rope, upi, variants  # noqa: F401

@@ -14,9 +14,12 @@ __all__ = ["add_lab_arguments", "lab_main"]
 def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="lab_command", required=True)
     t = sub.add_parser("train", help="train a small LM with one token mixer on one synthetic task (CPU)")
-    t.add_argument("--mixer", required=True, help="softmax, ssmax, asentmax, lssa, lssar:p=15, race, ...")
+    t.add_argument("--mixer", required=True,
+                   help="softmax, ssmax, asentmax, lssa, lssar:p=15, race, emformer, crisscross, vlta, ema, "
+                        "lif, ts, ... (longlab lab list)")
     t.add_argument("--task", required=True,
-                   help="copy, mqar, passkey, flipflop, mtd, algebra, pcfg, lcube (name:k=v,...)")
+                   help="copy, mqar, passkey, flipflop, mtd, algebra, pcfg, lcube, lorenz96, meg, track, "
+                        "xor, blobs (name:k=v,...)")
     t.add_argument("--train-len", type=int, required=True)
     t.add_argument("--steps", type=int, required=True)
     t.add_argument("--out", required=True, help="checkpoint directory (re-run the same command to resume)")
@@ -33,6 +36,10 @@ def add_lab_arguments(parser: argparse.ArgumentParser) -> None:
                         "recipe line, e.g. softmax+nape)")
     t.add_argument("--params", type=int, default=0, help="match the parameter count by the MLP width")
     t.add_argument("--ckpt-every", type=int, default=200)
+    t.add_argument("--rollout", type=int, default=0,
+                   help="autoregressive rollout training: that many steps per batch, one update each "
+                        "(forecasting tasks: lorenz96; EMFormer's accumulative-context fine-tuning)")
+    t.add_argument("--init", default="", help="start from the weights of this lab checkpoint (fine-tuning)")
     t.add_argument("--no-progress", action="store_true")
     t.add_argument("--threads", type=int, default=0)
 
@@ -80,7 +87,7 @@ def lab_main(args: Any) -> int:
             mixer=args.mixer, task=args.task, train_len=args.train_len, steps=args.steps, batch=args.batch,
             lr=args.lr, warmup=args.warmup, weight_decay=args.weight_decay, seed=args.seed, dim=args.dim,
             n_layers=args.layers, n_heads=args.heads, positions=args.positions, params=args.params,
-            ckpt_every=args.ckpt_every,
+            ckpt_every=args.ckpt_every, rollout=args.rollout, init=args.init,
         )
         manifest = train(cfg, args.out, progress=not args.no_progress)
         last = manifest["history"][-1]["loss"] if manifest["history"] else float("nan")

@@ -104,7 +104,7 @@ def evaluate(
                 parts = [tk.sample(1, length, _eval_generator(seed, length, i)) for i in idx]
                 tokens = torch.cat([p.tokens for p in parts])
                 t0 = time.perf_counter()
-                logits = model(tokens)
+                logits = tk.predict(model, tokens)  # one forward (forecasting tasks: a rollout)
                 secs = (time.perf_counter() - t0) / len(idx)
                 rates = [getattr(b.mixer, "last_rate", None) for b in model.blocks]
                 rates = [r for r in rates if r is not None]

@@ -7,11 +7,17 @@
 ``step(token: [B, 1])`` is the recurrent/decode form, available when every mixer has one.
 With ``input_dim = D > 0`` (continuous tasks: ``lcube``) the embedding is a linear map of ``x: [B, T, D]``
 and the head (untied) outputs ``[B, T, 2D]``: a diagonal Gaussian's mean and log-variance.
+With ``output_dim = O > 0`` the head is instead an untied linear map to ``[B, T, O]`` that the task reads
+(a forecast, a tracking query, class logits). ``loss_params``: initial values of learnable scalars of the
+task's loss (``model.loss_params``, e.g. EMFormer's θ), trained and saved with the model.
+A mixer whose ``block`` is ``"plain"`` (the spiking layers) makes every block the mixer alone and the
+final norm the identity: input map → mixer → ... → mixer → head.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,10 +46,20 @@ class LabConfig:
     rope_theta: float = 10000.0
     input_dim: int = 0  # > 0: continuous inputs [B, T, D] and a Gaussian head (vocab_size unused)
     train_len: int = 0  # positions "ropeid": the training length its frequencies are set for
+    output_dim: int = 0  # > 0: an untied linear head to [B, T, output_dim] (the task reads it)
+    loss_params: tuple[float, ...] = ()  # initial values of the task loss's learnable scalars
 
     def __post_init__(self) -> None:
-        if isinstance(self.input_dim, bool) or not isinstance(self.input_dim, int) or self.input_dim < 0:
-            raise LonglabError(f"lab model: input_dim must be an integer >= 0, got {self.input_dim!r}")
+        for name in ("input_dim", "output_dim"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise LonglabError(f"lab model: {name} must be an integer >= 0, got {value!r}")
+        params = self.loss_params
+        ok = isinstance(params, (list, tuple)) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in params)
+        if not ok:
+            raise LonglabError(f"lab model: loss_params must be a list of finite numbers, got {params!r}")
+        self.loss_params = tuple(float(v) for v in params)
         names = ("dim", "n_layers", "n_heads") + (() if self.input_dim else ("vocab_size",))
         for name in names:
             value = getattr(self, name)
@@ -93,8 +109,14 @@ class Block(nn.Module):
     def __init__(self, cfg: LabConfig) -> None:
         super().__init__()
         pos = Positions(cfg.positions, cfg.n_heads, cfg.dim // cfg.n_heads, cfg.rope_theta, cfg.train_len)
+        mcfg = cfg.mixer_config()
+        self.plain = mcfg.block == "plain"
+        if self.plain:
+            self.mixer = mcfg.build(cfg.dim, cfg.n_heads, pos)
+            return
+        # this order (norm1, mixer, norm2, mlp) fixes the parameter order: initialisation and checkpoints
         self.norm1 = nn.RMSNorm(cfg.dim)
-        self.mixer = cfg.mixer_config().build(cfg.dim, cfg.n_heads, pos)
+        self.mixer = mcfg.build(cfg.dim, cfg.n_heads, pos)
         self.norm2 = nn.RMSNorm(cfg.dim)
         self.mlp = SwiGLU(cfg.dim, cfg.hidden)
 
@@ -106,9 +128,13 @@ class Block(nn.Module):
         return x + out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.plain:
+            return self.mixer(x)
         return self.ffn(x + self.mixer(self.norm1(x)))
 
     def step(self, x: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        if self.plain:
+            return self.mixer.step(x, state)
         y, state = self.mixer.step(self.norm1(x), state)
         return self.ffn(x + y), state
 
@@ -121,22 +147,31 @@ class LabLM(nn.Module):
         self.cfg = cfg
         if cfg.input_dim:
             self.inp = nn.Linear(cfg.input_dim, cfg.dim)
-            self.head = nn.Linear(cfg.dim, 2 * cfg.input_dim)
         else:
             self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
             nn.init.normal_(self.embed.weight, std=0.02 * cfg.dim**0.5)  # tied head: logits of order 1
+        if cfg.output_dim:
+            self.head = nn.Linear(cfg.dim, cfg.output_dim)
+        elif cfg.input_dim:
+            self.head = nn.Linear(cfg.dim, 2 * cfg.input_dim)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.norm = nn.RMSNorm(cfg.dim)
+        plain = cfg.mixer_config().block == "plain"
+        self.norm = nn.Identity() if plain else nn.RMSNorm(cfg.dim)
+        if cfg.loss_params:
+            self.loss_params = nn.Parameter(torch.tensor(cfg.loss_params))  # [P] the task loss's scalars
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.inp(tokens) if self.cfg.input_dim else self.embed(tokens)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         x = self.norm(x)
-        return self.head(x) if self.cfg.input_dim else x @ self.embed.weight.T  # tied head
+        if self.cfg.input_dim or self.cfg.output_dim:
+            return self.head(x)
+        return x @ self.embed.weight.T  # tied head
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """``tokens: [B, T]`` -> ``logits: [B, T, V]`` (continuous: ``[B, T, D]`` -> ``[B, T, 2D]``)."""
+        """``tokens: [B, T]`` -> ``logits: [B, T, V]`` (continuous: ``[B, T, D]`` -> ``[B, T, 2D]``; with
+        ``output_dim = O``: ``[B, T, O]``)."""
         x = self._embed(tokens)
         for blk in self.blocks:
             x = blk(x)

@@ -1,5 +1,9 @@
 """CPU trainer of the layers lab: AdamW, linear warm-up then cosine decay, seeded and resumable.
 
+One training step draws one batch and makes one optimizer update per loss the task yields
+(:meth:`~longlab.lab.tasks.Task.train_losses`): one, or ``rollout`` for autoregressive rollout training
+(EMFormer's accumulative-context fine-tuning). ``init``: start from another run's weights (fine-tuning).
+
 Batch ``s`` is drawn from a generator seeded by ``(seed, s)``, so a resumed run sees exactly the
 batches an uninterrupted one would. Checkpoints: ``OUT/checkpoint-<step>/`` holds
 ``model.safetensors`` and ``optimizer.safetensors`` (tensors only; never pickles) and
@@ -56,10 +60,12 @@ class TrainConfig:
     positions: str = ""
     params: int = 0
     ckpt_every: int = 200
+    rollout: int = 0  # > 0: autoregressive rollout training, one optimizer update per rollout step
+    init: str = ""  # a lab checkpoint directory whose weights start this run (fine-tuning)
 
     def __post_init__(self) -> None:
         for name, lo in (("train_len", 1), ("steps", 1), ("batch", 1), ("warmup", 0), ("seed", 0),
-                         ("params", 0), ("ckpt_every", 1)):
+                         ("params", 0), ("ckpt_every", 1), ("rollout", 0)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < lo:
                 raise LonglabError(f"--{name.replace('_', '-')}: must be an integer >= {lo}, got {value!r}")
@@ -69,6 +75,9 @@ class TrainConfig:
                 raise LonglabError(f"--{name.replace('_', '-')}: must be a finite number >= 0, got {value!r}")
         task = task_config(self.task, self.seed)
         task.check_length(self.train_len)
+        task.check_rollout(self.train_len, self.rollout)
+        if not isinstance(self.init, str):
+            raise LonglabError(f"--init: expected a checkpoint directory, got {self.init!r}")
         cfg = self.model_config()
         self.mixer, self.positions = cfg.mixer, cfg.positions  # normalised spellings
 
@@ -77,7 +86,8 @@ class TrainConfig:
         cfg = LabConfig(
             vocab_size=task.vocab_size, mixer=self.mixer, positions=self.positions, dim=self.dim,
             n_layers=self.n_layers, n_heads=self.n_heads, input_dim=task.input_dim,
-            train_len=self.train_len if self.positions == "ropeid" else 0,
+            train_len=self.train_len if self.positions == "ropeid" else 0, output_dim=task.output_dim,
+            loss_params=task.loss_params,
         )
         return match_mlp_hidden(cfg, self.params) if self.params else cfg
 
@@ -254,6 +264,17 @@ def load_checkpoint(
     return model.eval(), cfg, manifest
 
 
+def _load_init(model: LabLM, cfg: TrainConfig) -> None:
+    """Start from the weights of the lab checkpoint ``cfg.init`` (same model shape; a fresh optimizer)."""
+    init, _, manifest = load_checkpoint(cfg.init, "--init")
+    if LabConfig(**manifest["model"]) != cfg.model_config():
+        raise LonglabError(
+            f"--init: {cfg.init} holds another model shape than this run's "
+            f"({LabConfig(**manifest['model'])} vs {cfg.model_config()})"
+        )
+    model.load_state_dict(init.state_dict())
+
+
 def train(
     cfg: TrainConfig, out: str | os.PathLike[str], *, progress: bool = True,
     log: Callable[[str], None] | None = print,
@@ -262,6 +283,8 @@ def train(
     from safetensors.torch import load_file
 
     out = check_output_dir(out, "--out", owned=_is_lab_dir, what="lab checkpoint")
+    if cfg.init:  # checked before --out is created: a bad --init leaves nothing behind
+        read_manifest(cfg.init, "--init")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -273,8 +296,12 @@ def train(
     start, history, elapsed = 0, [], 0.0
     if (out / "manifest.json").exists():
         manifest = read_manifest(out, "--out")
-        if manifest["train"] != cfg.to_dict():
-            diff = sorted(k for k in cfg.to_dict() if manifest["train"].get(k) != cfg.to_dict()[k])
+        # fields added since a run was written (rollout, init) hold their defaults in it
+        defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)
+                    if f.default is not dataclasses.MISSING}
+        stored = {**defaults, **manifest["train"]}
+        if stored != cfg.to_dict():
+            diff = sorted(k for k in cfg.to_dict() if stored.get(k) != cfg.to_dict()[k])
             raise LonglabError(
                 f"--out: {out} holds a run with other settings ({', '.join(diff)} differ); "
                 "use the same arguments to resume, or another directory"
@@ -304,6 +331,8 @@ def train(
             return manifest
         if log:
             log(f"longlab lab train: resuming {out} at step {start}")
+    elif cfg.init:
+        _load_init(model, cfg)
     bar = None
     if progress:
         from tqdm import tqdm
@@ -316,17 +345,19 @@ def train(
         batch = task.sample(cfg.batch, cfg.train_len, batch_generator(cfg.seed, step), exact=False)
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
-        loss = task.loss(model(batch.tokens), batch)
-        total = loss
-        aux = model.aux_loss()
-        if aux is not None:
-            total = total + cfg.aux_weight * aux
-        opt.zero_grad(set_to_none=True)
-        total.backward()
-        if cfg.grad_clip:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-        opt.step()
-        value = float(loss.detach())
+        values = []
+        for loss in task.train_losses(model, batch, cfg.rollout):  # one update per loss (rollout: several)
+            total = loss
+            aux = model.aux_loss()
+            if aux is not None:
+                total = total + cfg.aux_weight * aux
+            opt.zero_grad(set_to_none=True)
+            total.backward()
+            if cfg.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+            values.append(float(loss.detach()))
+        value = sum(values) / len(values)
         running = value if running is None else 0.95 * running + 0.05 * value
         if bar is not None:
             bar.update(1)

@@ -11,6 +11,10 @@ A mixer is a registered dataclass (its hyper-parameters, validated on constructi
 - ``parallel_ffn``: a module run on the MLP's input and added to its output (UltraMemV2), else
   ``None``.
 
+Capabilities are declared on the config class: ``block`` (``"prenorm"``: the LM block; ``"plain"``: the
+mixer alone, no norm, MLP or residual: the spiking layers) and ``causal`` (``False``: an encoder mixer,
+the criss-cross block of masked pretraining).
+
 Score-based attention mixers subclass :class:`AttnMixer` and implement only ``weights(...)``: the map
 from scores ``[B, H, Tq, Tk]`` to attention weights. Query rows are processed in chunks of
 ``row_chunk``, so no ``T × T`` matrix is built (memory ``row_chunk × T`` per head).
@@ -58,6 +62,10 @@ class MixerConfig(Registered):
     family: ClassVar[str] = "mixer"
     positions_allowed: ClassVar[tuple[str, ...]] = POSITIONS
     default_positions: ClassVar[str] = "rope"
+    # capabilities: "prenorm" blocks are RMSNorm → mixer + RMSNorm → MLP with residuals; "plain" blocks are
+    # the mixer alone (a spiking layer stack); causal = False: an encoder mixer (masked pretraining)
+    block: ClassVar[str] = "prenorm"
+    causal: ClassVar[bool] = True
 
     def build(self, dim: int, n_heads: int, positions: Positions) -> MixerModule:
         raise NotImplementedError
