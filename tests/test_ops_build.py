@@ -1,6 +1,6 @@
 """The kernel builder (longlab.ops.build) under the failures of issue 28: a stale lock, a truncated or
-corrupt library, a build killed midway. A tiny C extension built by ``gcc`` stands in for torch's compiler (well under a
-second per build), through the builder's real child process and lock."""
+corrupt library, a build killed midway. A tiny C extension built by ``gcc`` stands in for torch's compiler
+(well under a second per build), through the builder's real child process and lock."""
 
 from __future__ import annotations
 
