@@ -45,7 +45,9 @@ class QuantPolicy(Method):
 
     ``scale_dtype``: dtype of stored scales and offsets; ``fp_dtype``: dtype of the full-precision
     sink and residual (``"model"``: the model's own dtype; ``"16bit"``: the model's dtype if 16-bit, else
-    float16)."""
+    float16); ``fused``: decode steps read the packed codes with the fused kernel
+    (:func:`longlab.ops.qdecode.quant_decode`) where it runs, else (``false``, or no compiler) the
+    chunked dequantise-and-attend PyTorch path."""
 
     kind: ClassVar[str] = "quant"
     acts_during_decode: ClassVar[bool] = True  # new entries are quantized as decoding proceeds
@@ -53,10 +55,12 @@ class QuantPolicy(Method):
 
     scale_dtype: str = "float16"
     fp_dtype: str = "model"
+    fused: bool = True
 
     def validate(self) -> None:
         self.check("scale_dtype", choices=tuple(SCALE_DTYPES))
         self.check("fp_dtype", choices=tuple(FP_DTYPES))
+        self.check("fused", choices=(True, False))
 
     def make_layer(self, ctx: LayerContext) -> QuantizedLayer | None:
         """A QuantizedLayer taking over ``ctx.layer`` (None: not yet, e.g. fewer entries than sinks)."""
@@ -80,6 +84,7 @@ class QuantPolicy(Method):
             sink=self.sink,
             fp_dtype=resolve_fp_dtype(self.fp_dtype, ctx.layer.keys.dtype),
             chunk_tokens=self.chunk_tokens,
+            fused=self.fused,
         )
 
     def step(self, ctx: LayerContext, layer: QuantizedLayer) -> bool:

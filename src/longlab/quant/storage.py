@@ -12,9 +12,13 @@ token positions, -1 = empty slot) is shared. ``self.keys``/``self.values`` are t
 *residual* tensors: they are what :meth:`update` appends to and returns to transformers, so
 :func:`longlab.cache.active_layer` still finds the layer by ``keys.data_ptr()``.
 
-Reading: attention (:meth:`QuantizedLayer.attend`, called by the hook instead of dense attention)
-dequantises ``chunk_tokens`` slots at a time and merges the chunks with a running log-sum-exp
-(online softmax), so no full-precision copy of the layer is ever held. Eviction scorers that run
+Reading: attention (:meth:`QuantizedLayer.attend`, called by the hook instead of dense attention). A
+decode step (one query per row) runs the fused kernel :func:`longlab.ops.qdecode.quant_decode` where it
+is available (CPU, the C++ extension built; ``fused=True``, the default of every quant policy): it reads
+the packed codes and scales in place, scales folded into the query and the probabilities, online
+softmax. Otherwise (prefill chunks, no compiler, ``fused=false``, ``LONGLAB_QDECODE=0``) the pure-PyTorch
+path dequantises ``chunk_tokens`` slots at a time and merges the chunks with a running log-sum-exp
+(online softmax); neither ever holds a full-precision copy of the layer. Eviction scorers that run
 after quantization read :meth:`dequantized_keys`/:meth:`dequantized_values` through
 ``LayerContext.k``/``.v``: a transient dequantised view, freed after scoring.
 
@@ -32,6 +36,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..cache import LonglabLayer
+from ..ops import qdecode
 from .quantizer import (
     SCALE_DTYPES,
     dequantize_channels,
@@ -279,9 +284,11 @@ class QuantizedLayer(LonglabLayer):
         sink: int = 0,
         fp_dtype: torch.dtype | None = None,
         chunk_tokens: int = 4096,
+        fused: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.fused = fused  # decode steps through longlab.ops.qdecode where it runs
         self.key_store = key_store
         self.value_store = value_store
         self.sink = sink  # sink slots wanted; n_sink slots held (fewer only after an eviction)
@@ -412,7 +419,10 @@ class QuantizedLayer(LonglabLayer):
 
     # --- attention -----------------------------------------------------------------------------------
     def attend(self, ctx) -> torch.Tensor:
-        """Attention of ``ctx.q [B, H, T_q, D]`` over every held entry, dequantising chunk by chunk."""
+        """Attention of ``ctx.q [B, H, T_q, D]`` over every held entry: the fused kernel for a decode step
+        where it runs (:meth:`fused_decode`), else dequantising chunk by chunk."""
+        if self.uses_fused(ctx.q):
+            return self.fused_decode(ctx.q, ctx.query_index[:, -1], ctx.scaling, ctx.sliding_window)
         return chunked_attention(
             ctx.q,
             ctx.query_index,
@@ -422,6 +432,29 @@ class QuantizedLayer(LonglabLayer):
             ctx.sliding_window,
             self.chunk_tokens,
         )
+
+    def uses_fused(self, q: torch.Tensor) -> bool:
+        """Whether a forward with queries ``q [B, H, T_q, D]`` runs :func:`longlab.ops.qdecode.quant_decode`:
+        one query per row, ``fused`` on, values without smoothing, the kernel available here."""
+        if not self.fused or q.shape[-2] != 1:
+            return False
+        if isinstance(self.value_store, TokenGroupStore) and self.value_store.channel_scale is not None:
+            return False
+        return qdecode.available(q)
+
+    def _packed(self, store) -> qdecode.Packed:
+        channel = isinstance(store, ChannelGroupStore)
+        smoothing = None if channel or store.channel_scale is None else store.channel_scale
+        return qdecode.Packed(store.codes, store.scale, store.offset, store.bits, store.group, channel,
+                              smoothing)
+
+    def fused_decode(self, q: torch.Tensor, query_pos: torch.Tensor, scaling: float,
+                     sliding_window: int | None = None) -> torch.Tensor:
+        """Decode attention read straight from the packed storage. q: [B, H, 1, D]; query_pos: [B] ->
+        [B, H, 1, D] (equal to :func:`chunked_attention` to float rounding; tested)."""
+        return qdecode.quant_decode(q, query_pos, self.index, self.sink_keys, self.sink_values,
+                                    self._packed(self.key_store), self._packed(self.value_store),
+                                    self.keys, self.values, scaling, sliding_window)
 
     # --- eviction ------------------------------------------------------------------------------------
     def keep(self, mask: torch.Tensor) -> None:
