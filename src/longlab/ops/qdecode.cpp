@@ -57,12 +57,32 @@ inline Dt dt_of(const at::Tensor& t) {
   return F32;
 }
 
+inline int64_t esz(Dt dt) { return dt == F32 ? 4 : 2; }
+
 inline float ld(const void* p, int64_t i, Dt dt) {
   switch (dt) {
     case F16: return static_cast<float>(static_cast<const c10::Half*>(p)[i]);
     case BF16: return static_cast<float>(static_cast<const c10::BFloat16*>(p)[i]);
     default: return static_cast<const float*>(p)[i];
   }
+}
+
+inline void prefetch(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
+// n elements of p (dtype dt) -> out as float
+inline void cvt_block(const void* p, int64_t n, Dt dt, float* out) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  if (dt == F16) {
+    const uint16_t* h = static_cast<const uint16_t*>(p);
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+  }
+#endif
+  for (; i < n; ++i) out[i] = ld(p, i, dt);
 }
 
 // a row of D elements as float: the row itself (fp32) or converted into buf
@@ -141,6 +161,24 @@ inline void axpy(float w, const float* x, float* y, int64_t n) {  // y += w x
   for (; c < n; ++c) y[c] += w * x[c];
 }
 
+inline void mul(const float* a, const float* b, float* out, int64_t n) {  // out = a * b
+  int64_t c = 0;
+  for (; c + Vec::size() <= n; c += Vec::size()) (Vec::loadu(a + c) * Vec::loadu(b + c)).store(out + c);
+  for (; c < n; ++c) out[c] = a[c] * b[c];
+}
+
+inline float row_max(const float* x, int64_t n) {
+  int64_t c = 0;
+  Vec vm(NINF);
+  for (; c + Vec::size() <= n; c += Vec::size()) vm = at::vec::maximum(vm, Vec::loadu(x + c));
+  alignas(64) float lanes[Vec::size()];
+  vm.store(lanes);
+  float m = NINF;
+  for (int l = 0; l < Vec::size(); ++l) m = std::max(m, lanes[l]);
+  for (; c < n; ++c) m = std::max(m, x[c]);
+  return m;
+}
+
 inline void scale(float a, float* y, int64_t n) {
   int64_t c = 0;
   const Vec va(a);
@@ -202,6 +240,217 @@ struct FpRegion {  // sink or residual: [B, H_kv, n, D] with a contiguous last d
   }
 };
 
+// ---- codes of one row straight into NV float vectors (BITS known at compile time; 0: any width, via memory)
+template <int BITS, int NV>
+inline void unpack_vecs(const uint8_t* src, int bits, Vec (&x)[NV], float* tmp) {
+  constexpr int L = Vec::size();
+#if defined(__AVX512F__)
+  constexpr int D = NV * L;
+  if constexpr (BITS == 8) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v)
+      x[v] = Vec(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + v * 16)))));
+    return;
+  } else if constexpr (BITS == 16) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + v * 16)));
+      const __m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + D + v * 16)));
+      x[v] = Vec(_mm512_cvtepi32_ps(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 8))));
+    }
+    return;
+  } else if constexpr (BITS == 2 || BITS == 4) {
+    constexpr int per = 8 / BITS, P = D / per, chunks = P / 16;
+    static_assert(P % 16 == 0, "whole 16-byte chunks");
+    const __m128i m = _mm_set1_epi8(static_cast<char>((1 << BITS) - 1));
+#pragma GCC unroll 16
+    for (int jc = 0; jc < chunks; ++jc) {
+      const __m128i xb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + jc * 16));
+#pragma GCC unroll 8
+      for (int i = 0; i < per; ++i) {
+        const __m128i f = _mm_and_si128(_mm_srli_epi16(xb, i * BITS), m);
+        x[i * chunks + jc] = Vec(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(f)));
+      }
+    }
+    return;
+  }
+#endif
+  unpack_row(src, NV * L, bits, tmp);
+#pragma GCC unroll 16
+  for (int v = 0; v < NV; ++v) x[v] = Vec::loadu(tmp + v * L);
+}
+
+// ---- register-blocked runs of packed rows (D = NV vectors, GH query heads per KV head) ------------------
+// scores of n consecutive packed key rows: sb[j * TILE + i] = bias_i,j + sum_v (qk_j . x_i) where per-token
+// keys scale x by their group scale (ksc) and add the group offsets times the query sums (qsum).
+#if defined(__AVX512F__)
+// out lane i = the sum of the 16 lanes of r[i] (16 horizontal sums in 45 shuffles/adds, not 16 x 8)
+inline __m512 reduce16(const __m512* r) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i)  // 256-bit halves: [r_i lo+hi | r_(i+8) lo+hi] as 4 blocks of 4 partials
+    a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[i], r[i + 8], 0x44), _mm512_shuffle_f32x4(r[i], r[i + 8], 0xEE));
+  for (int i = 0; i < 4; ++i)  // blocks: r_i, r_(i+8), r_(i+4), r_(i+12) (4 partials each)
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 4], 0x88), _mm512_shuffle_f32x4(a[i], a[i + 4], 0xDD));
+  for (int i = 0; i < 2; ++i)  // within 128-bit blocks: 2 partials of b_i's and b_(i+2)'s token
+    c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[i], b[i + 2], 0x44), _mm512_shuffle_ps(b[i], b[i + 2], 0xEE));
+  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+  // lane 4k + p of d holds token [0, 2, 1, 3][p] + [0, 8, 4, 12][k]; put token i in lane i
+  const __m512i perm = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+  return _mm512_permutexvar_ps(perm, d);
+}
+#endif
+
+// scores of n consecutive packed key rows: sb[j * TILE + i] = bias_j + qk_j . x_i where per-token keys scale
+// x by their group scales (ksc) and add their group offsets times the query sums (kof, qsum).
+template <int NV, int GH, int BITS>
+void scores_run(const uint8_t* codes, int64_t row_bytes, int64_t n, int bits, const float* qk, const float* bias,
+                const void* ksc, const void* kof, Dt sdt, int64_t kgr, const float* qsum, float* sb,
+                const char* vis) {
+  constexpr int L = Vec::size();
+  constexpr int64_t D = NV * L;
+  Vec qr[GH][NV];
+#pragma GCC unroll 16
+  for (int j = 0; j < GH; ++j)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) qr[j][v] = Vec::loadu(qk + j * D + v * L);
+  alignas(64) float cf[D];
+  alignas(64) float scs[TILE * 16], ofs[TILE * 16];
+  const int64_t G = D / kgr;
+  if (ksc != nullptr) {
+    cvt_block(ksc, n * kgr, sdt, scs);
+    cvt_block(kof, n * kgr, sdt, ofs);
+  }
+  auto token = [&](int64_t i, Vec (&acc)[GH]) {  // acc_j = qk_j . x_i (per-token scales applied)
+    Vec xs[NV];
+    unpack_vecs<BITS, NV>(codes + i * row_bytes, bits, xs, cf);
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) acc[j] = Vec(0.0f);
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      Vec x = xs[v];
+      if (ksc != nullptr) x = x * Vec(scs[i * kgr + (v * L) / G]);
+#pragma GCC unroll 16
+      for (int j = 0; j < GH; ++j) acc[j] = at::vec::fmadd(qr[j][v], x, acc[j]);
+    }
+  };
+  auto bias_of = [&](int64_t i, int j) {
+    float b0 = bias != nullptr ? bias[j] : 0.0f;
+    if (ksc != nullptr)
+      for (int64_t r = 0; r < kgr; ++r) b0 += ofs[i * kgr + r] * qsum[j * kgr + r];
+    return b0;
+  };
+  int64_t i0 = 0;
+#if defined(__AVX512F__)
+  for (; i0 + 16 <= n; i0 += 16) {  // 16 rows at a time: one transposed reduction per head
+    __m512 red[GH][16];
+    for (int64_t i = 0; i < 16; ++i) {
+      Vec acc[GH];
+      token(i0 + i, acc);
+#pragma GCC unroll 16
+      for (int j = 0; j < GH; ++j) red[j][i] = acc[j];
+    }
+    bool all = true;
+    for (int64_t i = 0; i < 16; ++i) all &= vis[i0 + i] != 0;
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) {
+      alignas(64) float out[16];
+      _mm512_store_ps(out, reduce16(red[j]));
+      float* dst = sb + j * TILE + i0;
+      for (int64_t i = 0; i < 16; ++i) dst[i] = (all || vis[i0 + i]) ? out[i] + bias_of(i0 + i, j) : NINF;
+    }
+  }
+#endif
+  for (int64_t i = i0; i < n; ++i) {
+    if (!vis[i]) continue;
+    Vec acc[GH];
+    token(i, acc);
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) sb[j * TILE + i] = bias_of(i, j) + hsum(acc[j]);
+  }
+}
+
+// values of n consecutive packed per-token rows: acc_j += sum_i (p_j,i s_i,r) code_i, offacc_j,r += p_j,i o_i,r
+template <int NV, int GH, int BITS>
+void values_run(const uint8_t* codes, int64_t row_bytes, int64_t n, int bits, const float* p, const void* vsc,
+                const void* vof, Dt sdt, int64_t vgr, float* acc, float* offacc, const char* vis) {
+  constexpr int L = Vec::size();
+  constexpr int64_t D = NV * L;
+  Vec ar[GH][NV];
+#pragma GCC unroll 16
+  for (int j = 0; j < GH; ++j)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) ar[j][v] = Vec::loadu(acc + j * D + v * L);
+  alignas(64) float cf[D];
+  alignas(64) float scs[TILE * 16], ofs[TILE * 16];  // this run's scales and offsets as float
+  cvt_block(vsc, n * vgr, sdt, scs);
+  cvt_block(vof, n * vgr, sdt, ofs);
+  const int64_t G = D / vgr;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!vis[i]) continue;
+    Vec xs[NV];
+    unpack_vecs<BITS, NV>(codes + i * row_bytes, bits, xs, cf);
+    const float* sc_ = scs + i * vgr;
+    const float* of_ = ofs + i * vgr;
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) {
+      const float pj = p[j * TILE + i];
+      for (int64_t r = 0; r < vgr; ++r) offacc[j * vgr + r] += pj * of_[r];
+    }
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) xs[v] = xs[v] * Vec(sc_[(v * L) / G]);  // code * its token's group scale
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) {
+      const Vec pj(p[j * TILE + i]);
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) ar[j][v] = at::vec::fmadd(pj, xs[v], ar[j][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < GH; ++j)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) ar[j][v].store(acc + j * D + v * L);
+}
+
+using ScoresFn = void (*)(const uint8_t*, int64_t, int64_t, int, const float*, const float*, const void*,
+                          const void*, Dt, int64_t, const float*, float*, const char*);
+using ValuesFn = void (*)(const uint8_t*, int64_t, int64_t, int, const float*, const void*, const void*, Dt,
+                          int64_t, float*, float*, const char*);
+
+template <int NV, int BITS>
+std::pair<ScoresFn, ValuesFn> runs_for_heads(int64_t g) {
+  switch (g) {
+    case 1: return {scores_run<NV, 1, BITS>, values_run<NV, 1, BITS>};
+    case 2: return {scores_run<NV, 2, BITS>, values_run<NV, 2, BITS>};
+    case 3: return {scores_run<NV, 3, BITS>, values_run<NV, 3, BITS>};
+    case 4: return {scores_run<NV, 4, BITS>, values_run<NV, 4, BITS>};
+    case 5: return {scores_run<NV, 5, BITS>, values_run<NV, 5, BITS>};
+    case 6: return {scores_run<NV, 6, BITS>, values_run<NV, 6, BITS>};
+    case 7: return {scores_run<NV, 7, BITS>, values_run<NV, 7, BITS>};
+    case 8: return {scores_run<NV, 8, BITS>, values_run<NV, 8, BITS>};
+    default: return {nullptr, nullptr};
+  }
+}
+
+template <int NV>
+std::pair<ScoresFn, ValuesFn> runs_for_bits(int64_t g, int64_t bits) {
+  constexpr int P2 = NV * Vec::size() / 4, P4 = NV * Vec::size() / 2;  // packed bytes per row at 2 / 4 bits
+  if (bits == 4 && P4 % 16 == 0) return runs_for_heads<NV, 4>(g);
+  if (bits == 2 && P2 % 16 == 0) return runs_for_heads<NV, 2>(g);
+  if (bits == 8) return runs_for_heads<NV, 8>(g);
+  if (bits == 16) return runs_for_heads<NV, 16>(g);
+  return runs_for_heads<NV, 0>(g);  // any width, unpacked through memory
+}
+
+// the register-blocked runs for head dim D, g query heads per KV head and the codes' width (nullptr: the
+// generic loop)
+std::pair<ScoresFn, ValuesFn> runs_for(int64_t D, int64_t g, int64_t bits) {
+  if (D % Vec::size() != 0) return {nullptr, nullptr};
+  const int64_t nv = D / Vec::size();
+  if (nv == 4) return runs_for_bits<4>(g, bits);
+  if (nv == 8) return runs_for_bits<8>(g, bits);
+  return {nullptr, nullptr};
+}
+
 }  // namespace
 
 // q: [B, H, D] float32 (already multiplied by nothing: `scale` is applied here); index: [B, H_kv, T] int32;
@@ -246,6 +495,11 @@ at::Tensor quant_decode(const at::Tensor& q, const at::Tensor& index, const at::
     std::vector<float> qv(g * D), qk(g * D), qsum(g * kgr), bias(g), cf(D), vrow(D), buf(D), sb(g * TILE);
     std::vector<char> vis(TILE);
     std::vector<float> m(g), l(g), acc(g * D), offacc(g * vgr_n), w(g);
+    const ScoresFn fast_scores = runs_for(D, g, K.bits).first;
+    const ValuesFn fast_values = runs_for(D, g, V.bits).second;
+    // the runs handle scale groups of whole vectors (at most 16 groups per row)
+    const bool kgr_fast = (D / kgr) % Vec::size() == 0 && kgr <= 16;
+    const bool vgr_fast = (D / vgr_n) % Vec::size() == 0 && vgr_n <= 16;
     for (int64_t u = u0; u < u1; ++u) {
       const int64_t bh = u / nsplit, part = u % nsplit, b = bh / H_kv, h = bh % H_kv;
       const int64_t a0 = part * span, a1 = std::min<int64_t>(T, a0 + span);
@@ -275,51 +529,93 @@ at::Tensor quant_decode(const at::Tensor& q, const at::Tensor& index, const at::
       const uint8_t* vcodes = V.codes + b * V.cs_b + h * V.cs_h;
       for (int64_t t0 = a0; t0 < a1; t0 += TILE) {
         const int64_t t1 = std::min<int64_t>(a1, t0 + TILE), n = t1 - t0;
+        {  // software prefetch of the tile after next (packed rows, their scales, the index): DRAM streams
+          const int64_t f0 = t0 + 2 * TILE, f1 = std::min<int64_t>(a1, f0 + TILE);
+          if (f0 < f1) {
+            prefetch(idx + f0, (f1 - f0) * 4);
+            if (f0 >= S && f0 < S + K.n)
+              prefetch(kcodes + (f0 - S) * K.row_bytes, (std::min<int64_t>(f1, S + K.n) - f0) * K.row_bytes);
+            if (f0 >= S && f0 < S + V.n) {
+              const int64_t nn = std::min<int64_t>(f1, S + V.n) - f0;
+              prefetch(vcodes + (f0 - S) * V.row_bytes, nn * V.row_bytes);
+              if (!V.channel) {
+                const int64_t off = (b * V.ss_b + h * V.ss_h + (f0 - S) * vgr_n) * esz(V.sdt);
+                prefetch(static_cast<const char*>(V.scale) + off, nn * vgr_n * esz(V.sdt));
+                prefetch(static_cast<const char*>(V.offset) + off, nn * vgr_n * esz(V.sdt));
+              }
+            }
+            if (!K.channel && f0 >= S && f0 < S + K.n) {
+              const int64_t nn = std::min<int64_t>(f1, S + K.n) - f0;
+              const int64_t off = (b * K.ss_b + h * K.ss_h + (f0 - S) * kgr) * esz(K.sdt);
+              prefetch(static_cast<const char*>(K.scale) + off, nn * kgr * esz(K.sdt));
+              prefetch(static_cast<const char*>(K.offset) + off, nn * kgr * esz(K.sdt));
+            }
+          }
+        }
         bool any = false;
-        // ---- scores sb[j][t - t0] = q_j . k_t (scaled); -inf where the slot is invisible
-        for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t t = t0; t < t1; ++t) {  // visibility; invisible slots score -inf
           const int32_t pos = idx[t];
           const bool ok = pos >= 0 && pos <= qp_b && !(window > 0 && pos <= qp_b - window);
           vis[t - t0] = ok;
-          if (!ok) {
+          any |= ok;
+          if (!ok)
             for (int64_t j = 0; j < g; ++j) sb[j * TILE + t - t0] = NINF;
-            continue;
-          }
-          any = true;
-          if (t < S || t >= S + K.n) {
-            const FpRegion& R = t < S ? SK : RK;
-            const int64_t r = t < S ? t : t - S - K.n;
-            const float* kr = row_f32(R.p, b * R.sb + h * R.sh + r * R.st, D, R.dt, buf.data());
-            for (int64_t j = 0; j < g; ++j) sb[j * TILE + t - t0] = dot(qv.data() + j * D, kr, D);
+        }
+        if (!any) continue;
+        // ---- scores sb[j][t - t0] = q_j . k_t (scaled)
+        for (int64_t t = t0; t < t1;) {
+          if (t < S || t >= S + K.n) {  // full-precision sink / residual key
+            if (vis[t - t0]) {
+              const FpRegion& R = t < S ? SK : RK;
+              const int64_t r = t < S ? t : t - S - K.n;
+              const float* kr = row_f32(R.p, b * R.sb + h * R.sh + r * R.st, D, R.dt, buf.data());
+              for (int64_t j = 0; j < g; ++j) sb[j * TILE + t - t0] = dot(qv.data() + j * D, kr, D);
+            }
+            ++t;
             continue;
           }
           const int64_t r = t - S;
-          unpack_row(kcodes + r * K.row_bytes, D, K.bits, cf.data());
+          int64_t e = std::min<int64_t>(t1, S + K.n);  // a run of packed keys (one scale group if per channel)
           if (K.channel) {
             const int64_t gi = r / K.group;
+            e = std::min<int64_t>(e, S + (gi + 1) * K.group);
             if (gi != cur_gi) {  // fold this group's per-channel scales into the queries
-              const int64_t off = b * K.ss_b + h * K.ss_h + gi * D;
-              for (int64_t c = 0; c < D; ++c) buf[c] = ld(K.scale, off + c, K.sdt);
+              const int64_t off = (b * K.ss_b + h * K.ss_h + gi * D) * esz(K.sdt);
+              cvt_block(static_cast<const char*>(K.scale) + off, D, K.sdt, buf.data());
+              cvt_block(static_cast<const char*>(K.offset) + off, D, K.sdt, vrow.data());
               for (int64_t j = 0; j < g; ++j) {
-                float bj = 0.0f;
-                for (int64_t c = 0; c < D; ++c) {
-                  qk[j * D + c] = qv[j * D + c] * buf[c];
-                  bj += qv[j * D + c] * ld(K.offset, off + c, K.sdt);
-                }
-                bias[j] = bj;
+                mul(qv.data() + j * D, buf.data(), qk.data() + j * D, D);
+                bias[j] = dot(qv.data() + j * D, vrow.data(), D);
               }
               cur_gi = gi;
             }
-            for (int64_t j = 0; j < g; ++j) sb[j * TILE + t - t0] = bias[j] + dot(qk.data() + j * D, cf.data(), D);
-          } else {
-            const int64_t off = b * K.ss_b + h * K.ss_h + r * kgr, G = D / kgr;
-            for (int64_t j = 0; j < g; ++j) {
-              float sj = 0.0f;
-              for (int64_t gr = 0; gr < kgr; ++gr) {
-                sj += ld(K.scale, off + gr, K.sdt) * dot(qk.data() + j * D + gr * G, cf.data() + gr * G, G) +
-                      ld(K.offset, off + gr, K.sdt) * qsum[j * kgr + gr];
+          }
+          const int64_t soff = b * K.ss_b + h * K.ss_h + r * kgr;  // per-token key scales of row r
+          if (fast_scores != nullptr && (K.channel || kgr_fast)) {
+            fast_scores(kcodes + r * K.row_bytes, K.row_bytes, e - t, static_cast<int>(K.bits), qk.data(),
+                        K.channel ? bias.data() : nullptr,
+                        K.channel ? nullptr : static_cast<const char*>(K.scale) + soff * esz(K.sdt),
+                        K.channel ? nullptr : static_cast<const char*>(K.offset) + soff * esz(K.sdt), K.sdt, kgr,
+                        qsum.data(), sb.data() + (t - t0), vis.data() + (t - t0));
+            t = e;
+            continue;
+          }
+          for (; t < e; ++t) {
+            if (!vis[t - t0]) continue;
+            const int64_t rr = t - S;
+            unpack_row(kcodes + rr * K.row_bytes, D, K.bits, cf.data());
+            if (K.channel) {
+              for (int64_t j = 0; j < g; ++j) sb[j * TILE + t - t0] = bias[j] + dot(qk.data() + j * D, cf.data(), D);
+            } else {
+              const int64_t off = b * K.ss_b + h * K.ss_h + rr * kgr, G = D / kgr;
+              for (int64_t j = 0; j < g; ++j) {
+                float sj = 0.0f;
+                for (int64_t gr = 0; gr < kgr; ++gr) {
+                  sj += ld(K.scale, off + gr, K.sdt) * dot(qk.data() + j * D + gr * G, cf.data() + gr * G, G) +
+                        ld(K.offset, off + gr, K.sdt) * qsum[j * kgr + gr];
+                }
+                sb[j * TILE + t - t0] = sj;
               }
-              sb[j * TILE + t - t0] = sj;
             }
           }
         }
@@ -327,8 +623,7 @@ at::Tensor quant_decode(const at::Tensor& q, const at::Tensor& index, const at::
         // ---- online softmax over the tile: sb <- exp(sb - m')
         for (int64_t j = 0; j < g; ++j) {
           float* row = sb.data() + j * TILE;
-          float mx = m[j];
-          for (int64_t i = 0; i < n; ++i) mx = std::max(mx, row[i]);
+          float mx = std::max(m[j], row_max(row, n));
           if (mx == NINF) {
             std::fill(row, row + n, 0.0f);
             continue;
@@ -354,33 +649,49 @@ at::Tensor quant_decode(const at::Tensor& q, const at::Tensor& index, const at::
           m[j] = mx;
         }
         // ---- values: acc_j += p_j,t v_t
-        for (int64_t t = t0; t < t1; ++t) {
-          if (!vis[t - t0]) continue;
-          for (int64_t j = 0; j < g; ++j) w[j] = sb[j * TILE + t - t0];
-          if (t < S || t >= S + V.n) {
-            const FpRegion& R = t < S ? SV : RV;
-            const int64_t r = t < S ? t : t - S - V.n;
-            const float* vr = row_f32(R.p, b * R.sb + h * R.sh + r * R.st, D, R.dt, buf.data());
-            for (int64_t j = 0; j < g; ++j) axpy(w[j], vr, acc.data() + j * D, D);
+        for (int64_t t = t0; t < t1;) {
+          if (t < S || t >= S + V.n) {  // full-precision sink / residual value
+            if (vis[t - t0]) {
+              const FpRegion& R = t < S ? SV : RV;
+              const int64_t r = t < S ? t : t - S - V.n;
+              const float* vr = row_f32(R.p, b * R.sb + h * R.sh + r * R.st, D, R.dt, buf.data());
+              for (int64_t j = 0; j < g; ++j) axpy(sb[j * TILE + t - t0], vr, acc.data() + j * D, D);
+            }
+            ++t;
             continue;
           }
           const int64_t r = t - S;
-          unpack_row(vcodes + r * V.row_bytes, D, V.bits, cf.data());
-          if (!V.channel) {
-            const int64_t off = b * V.ss_b + h * V.ss_h + r * vgr_n, G = D / vgr_n;
-            for (int64_t gr = 0; gr < vgr_n; ++gr) {
-              const float vs_ = ld(V.scale, off + gr, V.sdt), vo_ = ld(V.offset, off + gr, V.sdt);
-              for (int64_t j = 0; j < g; ++j) {
-                axpy(w[j] * vs_, cf.data() + gr * G, acc.data() + j * D + gr * G, G);
-                offacc[j * vgr_n + gr] += w[j] * vo_;
+          const int64_t e = std::min<int64_t>(t1, S + V.n);
+          if (fast_values != nullptr && !V.channel && vgr_fast) {
+            const int64_t off = b * V.ss_b + h * V.ss_h + r * vgr_n;
+            fast_values(vcodes + r * V.row_bytes, V.row_bytes, e - t, static_cast<int>(V.bits), sb.data() + (t - t0),
+                        static_cast<const char*>(V.scale) + off * esz(V.sdt),
+                        static_cast<const char*>(V.offset) + off * esz(V.sdt), V.sdt, vgr_n, acc.data(),
+                        offacc.data(), vis.data() + (t - t0));
+            t = e;
+            continue;
+          }
+          for (; t < e; ++t) {
+            if (!vis[t - t0]) continue;
+            for (int64_t j = 0; j < g; ++j) w[j] = sb[j * TILE + t - t0];
+            const int64_t rr = t - S;
+            unpack_row(vcodes + rr * V.row_bytes, D, V.bits, cf.data());
+            if (!V.channel) {
+              const int64_t off = b * V.ss_b + h * V.ss_h + rr * vgr_n, G = D / vgr_n;
+              for (int64_t gr = 0; gr < vgr_n; ++gr) {
+                const float vs_ = ld(V.scale, off + gr, V.sdt), vo_ = ld(V.offset, off + gr, V.sdt);
+                for (int64_t j = 0; j < g; ++j) {
+                  axpy(w[j] * vs_, cf.data() + gr * G, acc.data() + j * D + gr * G, G);
+                  offacc[j * vgr_n + gr] += w[j] * vo_;
+                }
               }
+            } else {  // per-channel values: dequantise the row, then accumulate
+              const int64_t off = b * V.ss_b + h * V.ss_h + (rr / V.group) * D;
+              for (int64_t c = 0; c < D; ++c) {
+                vrow[c] = cf[c] * ld(V.scale, off + c, V.sdt) + ld(V.offset, off + c, V.sdt);
+              }
+              for (int64_t j = 0; j < g; ++j) axpy(w[j], vrow.data(), acc.data() + j * D, D);
             }
-          } else {  // per-channel values: dequantise the row, then accumulate
-            const int64_t off = b * V.ss_b + h * V.ss_h + (r / V.group) * D;
-            for (int64_t c = 0; c < D; ++c) {
-              vrow[c] = cf[c] * ld(V.scale, off + c, V.sdt) + ld(V.offset, off + c, V.sdt);
-            }
-            for (int64_t j = 0; j < g; ++j) axpy(w[j], vrow.data(), acc.data() + j * D, D);
           }
         }
       }
