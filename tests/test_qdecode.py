@@ -202,3 +202,35 @@ def test_paged_decode_equals_the_masked_dense_reference(B, H, H_kv, T):
     empty = torch.full((B, H, 3), -1)
     out0, lse0 = qdecode.paged_decode(q, k, v, index, qpos, empty, 0.125)
     assert torch.equal(out0, torch.zeros_like(out0)) and bool(torch.isinf(lse0).all())
+
+
+@pytest.mark.parametrize("recipe", ["quest:budget=64,page_size=8", "retro:budget=64,page_size=8,refresh=false"])
+def test_quest_and_retro_read_their_pages_with_the_paged_kernel(recipe, monkeypatch):
+    # decode steps of a 300-token layer: the fused page read equals the PyTorch gather (attend_slots) step by
+    # step (RetroAttention's output cache and page table included), and the kernel is what ran
+    def run(fused: bool):
+        cache = LonglabCache(recipe + f",fused={str(fused).lower()}")
+        g = torch.Generator().manual_seed(3)
+        layer = LonglabLayer()
+        layer.update(torch.randn(2, 3, 300, 64, generator=g), torch.randn(2, 3, 300, 64, generator=g))
+        layer.mark_padding(torch.arange(300)[None].expand(2, 300) >= torch.tensor([[0], [40]]))
+        cache.layers.extend([LonglabLayer(), LonglabLayer(), layer])  # layer 2: past Quest's dense layers
+        outs = []
+        for step in range(4):
+            layer.update(torch.randn(2, 3, 1, 64, generator=g), torch.randn(2, 3, 1, 64, generator=g))
+            q = torch.randn(2, 9, 1, 64, generator=g)
+            ctx = LayerContext(2, 3, None, "decode", q, 0.125, layer.index[:, 0, -1:], None, layer, cache)
+            assert cache.recipe.decode.uses_fused(q, ctx.k) is fused
+            outs.append(cache.recipe.decode.attend(ctx))
+        return torch.cat(outs, 2), {k: v.clone() for k, v in layer.state.items()}
+
+    calls = []
+    real = qdecode.paged_decode
+    monkeypatch.setattr(qdecode, "paged_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    fused, state_f = run(True)
+    assert len(calls) == 4
+    plain, state_p = run(False)
+    assert len(calls) == 4
+    assert (fused - plain).abs().max() <= 2e-5
+    for key in state_p:
+        assert (state_f[key].float() - state_p[key].float()).abs().max() <= 2e-5, key
