@@ -204,10 +204,11 @@ def test_paged_decode_equals_the_masked_dense_reference(B, H, H_kv, T):
     assert torch.equal(out0, torch.zeros_like(out0)) and bool(torch.isinf(lse0).all())
 
 
-@pytest.mark.parametrize("recipe", ["quest:budget=64,page_size=8", "retro:budget=64,page_size=8,refresh=false"])
+@pytest.mark.parametrize("recipe", ["quest:budget=64,page_size=8",
+                                    "retro:budget=64,page_size=8,refresh=false"])
 def test_quest_and_retro_read_their_pages_with_the_paged_kernel(recipe, monkeypatch):
-    # decode steps of a 300-token layer: the fused page read equals the PyTorch gather (attend_slots) step by
-    # step (RetroAttention's output cache and page table included), and the kernel is what ran
+    # decode steps of a 300-token layer: the fused page read equals the PyTorch gather (attend_slots) step
+    # by step (RetroAttention's output cache and page table included), and the kernel is what ran
     def run(fused: bool):
         cache = LonglabCache(recipe + f",fused={str(fused).lower()}")
         g = torch.Generator().manual_seed(3)
@@ -216,7 +217,7 @@ def test_quest_and_retro_read_their_pages_with_the_paged_kernel(recipe, monkeypa
         layer.mark_padding(torch.arange(300)[None].expand(2, 300) >= torch.tensor([[0], [40]]))
         cache.layers.extend([LonglabLayer(), LonglabLayer(), layer])  # layer 2: past Quest's dense layers
         outs = []
-        for step in range(4):
+        for _ in range(4):
             layer.update(torch.randn(2, 3, 1, 64, generator=g), torch.randn(2, 3, 1, 64, generator=g))
             q = torch.randn(2, 9, 1, 64, generator=g)
             ctx = LayerContext(2, 3, None, "decode", q, 0.125, layer.index[:, 0, -1:], None, layer, cache)
