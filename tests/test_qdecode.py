@@ -30,7 +30,7 @@ def _reference(layer: QuantizedLayer, q: torch.Tensor, qpos: torch.Tensor, scali
     g = H // k.shape[1]
     k, v = k.repeat_interleave(g, 1), v.repeat_interleave(g, 1)
     idx = layer.index.long().repeat_interleave(g, 1)[:, :, None, :]  # [B, H, 1, T]
-    p = qpos.long()[:, None, None, None]
+    p = qpos.long().to(q.device)[:, None, None, None]
     vis = (idx >= 0) & (idx <= p)
     if window is not None:
         vis &= idx > p - window
@@ -39,15 +39,16 @@ def _reference(layer: QuantizedLayer, q: torch.Tensor, qpos: torch.Tensor, scali
     return (probs @ v).float()
 
 
-def _layer(B=3, H_kv=2, T=333, D=64, lengths=(333, 290, 17), seed=0, dtype=torch.float32) -> LonglabLayer:
+def _layer(B=3, H_kv=2, T=333, D=64, lengths=(333, 290, 17), seed=0, dtype=torch.float32,
+           device="cpu") -> LonglabLayer:
     """Rows of different lengths (left padding), random K/V with a few outlier channels."""
     g = torch.Generator().manual_seed(seed)
     k = torch.randn(B, H_kv, T, D, generator=g, dtype=dtype)
     k[..., 3] *= 8  # an outlier channel (why KIVI quantizes keys per channel)
     v = torch.randn(B, H_kv, T, D, generator=g, dtype=dtype)
     layer = LonglabLayer()
-    layer.update(k, v)
-    valid = torch.zeros(B, T, dtype=torch.bool)
+    layer.update(k.to(device), v.to(device))
+    valid = torch.zeros(B, T, dtype=torch.bool, device=device)
     for b, n in enumerate(lengths):
         valid[b, T - n:] = True
     layer.mark_padding(valid)
@@ -235,3 +236,16 @@ def test_quest_and_retro_read_their_pages_with_the_paged_kernel(recipe, monkeypa
     assert (fused - plain).abs().max() <= 2e-5
     for key in state_p:
         assert (state_f[key].float() - state_p[key].float()).abs().max() <= 2e-5, key
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (bench/decode_speed_gpu.sh)")
+def test_on_cuda_the_quant_layer_falls_back_to_the_pytorch_path_exactly():
+    # no Triton/CUDA kernel yet: a CUDA layer takes the chunked PyTorch path (dequantise in chunks, online
+    # softmax), which must equal dequantise-then-attend there too
+    ql = _quantize(_layer(device="cuda"), "kivi", 4, sink=0, n_keys=160, n_values=200)
+    q = torch.randn(3, 6, 1, 64, device="cuda")
+    qpos = ql.index.amax(dim=(1, 2)).to(torch.int64)
+    assert not ql.uses_fused(q)
+    ctx = LayerContext(0, 1, None, "decode", q, 0.125, qpos[:, None], None, ql, None)
+    ref = _reference(ql, q, qpos, 0.125)
+    assert (ql.attend(ctx) - ref).abs().max().item() <= 2e-5
