@@ -553,7 +553,26 @@ at::Tensor quant_decode(const at::Tensor& q, const at::Tensor& index, const at::
           }
         }
         bool any = false;
-        for (int64_t t = t0; t < t1; ++t) {  // visibility; invisible slots score -inf
+        int64_t tv = t0;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+        {  // 16 slots at a time: 0 <= pos <= q_pos (and pos > q_pos - window)
+          const __m512i zero = _mm512_setzero_si512(), top = _mm512_set1_epi32(static_cast<int32_t>(qp_b));
+          const __m512i low = _mm512_set1_epi32(window > 0 ? static_cast<int32_t>(qp_b - window)
+                                                           : std::numeric_limits<int32_t>::min());
+          for (; tv + 16 <= t1; tv += 16) {
+            const __m512i p = _mm512_loadu_si512(idx + tv);
+            const __mmask16 ok = _mm512_cmpge_epi32_mask(p, zero) & _mm512_cmple_epi32_mask(p, top) &
+                                 _mm512_cmpgt_epi32_mask(p, low);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(vis.data() + tv - t0), _mm_movm_epi8(ok));
+            any |= ok != 0;
+            if (ok != 0xFFFF)
+              for (int64_t i = 0; i < 16; ++i)
+                if (!((ok >> i) & 1))
+                  for (int64_t j = 0; j < g; ++j) sb[j * TILE + tv + i - t0] = NINF;
+          }
+        }
+#endif
+        for (int64_t t = tv; t < t1; ++t) {  // visibility; invisible slots score -inf
           const int32_t pos = idx[t];
           const bool ok = pos >= 0 && pos <= qp_b && !(window > 0 && pos <= qp_b - window);
           vis[t - t0] = ok;
