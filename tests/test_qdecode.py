@@ -122,8 +122,11 @@ def test_fused_after_appends_and_an_eviction_with_holes():
     layer = _layer(B=2, H_kv=3, T=200, lengths=(200, 150))
     ql = _quantize(layer, "kivi", 2, sink=4, n_keys=70, n_values=100)
     g = torch.Generator().manual_seed(7)
-    for _ in range(5):
+    for _ in range(5):  # decode steps: each value leaves the window into spare rows of the packed store
         ql.update(torch.randn(2, 3, 1, 64, generator=g), torch.randn(2, 3, 1, 64, generator=g))
+        ql.quantize_values(1)
+    assert ql.value_store.spare_nbytes() > 0 and not ql.value_store.codes.is_contiguous()
+    _check(ql, H=9)  # codes read in place from the grown buffers
     ql.quantize_keys(40)
     keep = torch.rand(ql.index.shape, generator=g) < 0.7
     ql.keep(keep)

@@ -199,9 +199,12 @@ struct Store {
 
   void init(const at::Tensor& c, const at::Tensor& s, const at::Tensor& o, const c10::optional<at::Tensor>& l,
             int64_t bits_, int64_t group_, bool channel_, int64_t D) {
-    TORCH_CHECK(c.scalar_type() == at::kByte && c.is_contiguous(), "qdecode: codes must be contiguous uint8");
-    TORCH_CHECK(s.is_contiguous() && o.is_contiguous() && s.scalar_type() == o.scalar_type(),
-                "qdecode: scale/offset must be contiguous, one dtype");
+    // rows must be packed (a view of the first n rows of a larger buffer is fine); b, h strides are free
+    TORCH_CHECK(c.scalar_type() == at::kByte && c.stride(3) == 1 && (c.size(2) <= 1 || c.stride(2) == c.size(3)),
+                "qdecode: codes must be uint8 with packed rows");
+    TORCH_CHECK(s.scalar_type() == o.scalar_type() && s.strides() == o.strides() && s.stride(3) == 1 &&
+                    (s.size(2) <= 1 || s.stride(2) == s.size(3)),
+                "qdecode: scale/offset must have packed rows, one dtype, the same strides");
     codes = c.data_ptr<uint8_t>();
     scale = s.data_ptr();
     offset = o.data_ptr();

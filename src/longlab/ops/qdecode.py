@@ -94,6 +94,14 @@ def quant_decode(q: torch.Tensor, query_pos: torch.Tensor, key_index: torch.Tens
     def c(t: torch.Tensor) -> torch.Tensor:
         return t if t.is_contiguous() else t.contiguous()
 
+    def packed(t: torch.Tensor) -> torch.Tensor:  # rows packed; a view of a buffer's first rows is fine
+        ok = t.stride(-1) == 1 and (t.shape[2] <= 1 or t.stride(2) == t.shape[3])
+        return t if ok else t.contiguous()
+
+    def pair(s: torch.Tensor, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s, o = packed(s), packed(o)
+        return (s, o) if s.stride() == o.stride() else (s.contiguous(), o.contiguous())
+
     def rows(t: torch.Tensor) -> torch.Tensor:
         return t if t.shape[2] == 0 or t.stride(-1) == 1 else t.contiguous()
 
@@ -103,8 +111,9 @@ def quant_decode(q: torch.Tensor, query_pos: torch.Tensor, key_index: torch.Tens
         out = ext.quant_decode(
             c(q.reshape(B, H, D).float()), index.to(torch.int32), c(query_pos.to(torch.int64)),
             rows(sink_k), rows(sink_v),
-            c(keys.codes), c(keys.scale), c(keys.offset), lam, keys.bits, keys.group, keys.channel,
-            c(values.codes), c(values.scale), c(values.offset), values.bits, values.group, values.channel,
+            packed(keys.codes), *pair(keys.scale, keys.offset), lam, keys.bits, keys.group, keys.channel,
+            packed(values.codes), *pair(values.scale, values.offset), values.bits, values.group,
+            values.channel,
             rows(res_k), rows(res_v), float(scaling), int(sliding_window or 0),
             _split(B, key_index.shape[1], key_index.shape[2]))
     return out.reshape(B, H, 1, D).to(q.dtype)

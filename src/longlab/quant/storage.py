@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..cache import LonglabLayer
+from ..cache import DECODE_RESERVE, SHORT_APPEND, LonglabLayer
 from ..ops import qdecode
 from .quantizer import (
     SCALE_DTYPES,
@@ -72,6 +72,7 @@ class _GroupStore:
         self.scale: torch.Tensor | None = None
         self.offset: torch.Tensor | None = None
         self.head_dim = 0
+        self._bufs: tuple[torch.Tensor, ...] | None = None  # spare rows for decode appends
 
     @property
     def n(self) -> int:
@@ -85,6 +86,12 @@ class _GroupStore:
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.codes, self.scale, self.offset) if t is not None]
+
+    def spare_nbytes(self) -> int:
+        """Bytes of spare rows allocated past the held ones for decode appends (not in ``tensors()``)."""
+        if self._bufs is None or self.codes is None or self.codes.data_ptr() != self._bufs[0].data_ptr():
+            return 0
+        return sum((buf.shape[2] - self.n) * buf[:, :, :1].numel() * buf.element_size() for buf in self._bufs)
 
     def map(self, fn) -> None:
         """Apply a batch-axis function (beam reorder) to every per-row tensor."""
@@ -129,9 +136,35 @@ class TokenGroupStore(_GroupStore):
         while bits > self.bits:  # PM-KVQ: enter at 16 bits, shift down to the current width
             codes, scale = equivalent_right_shift(codes, bits), _widen(scale, bits)
             bits //= 2
-        self.codes = torch.cat([self.codes, pack(codes, self.bits)], dim=-2)
-        self.scale = torch.cat([self.scale, scale], dim=-2)
-        self.offset = torch.cat([self.offset, offset], dim=-2)
+        self._append_rows(pack(codes, self.bits), scale, offset)
+
+    def _append_rows(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> None:
+        """Append rows ``[B, H, t, .]`` to codes/scale/offset. A short append (a decode step) goes into
+        spare rows of buffers grown by ``DECODE_RESERVE`` rows at a time, so decoding does not copy the
+        store each step (as :class:`~longlab.cache.LonglabLayer` does for its slots); ``codes``/``scale``/
+        ``offset`` stay views of the held rows. Any other assignment of them (take, shrink, batch
+        selection) leaves the buffers, which are then re-allocated on the next append."""
+        n, t = self.n, codes.shape[-2]
+        bufs = self._bufs
+        fits = (
+            bufs is not None
+            and all(cur.data_ptr() == buf.data_ptr() and cur.shape[:2] == buf.shape[:2]
+                    and cur.shape[3:] == buf.shape[3:] and cur.dtype == buf.dtype
+                    for cur, buf in zip((self.codes, self.scale, self.offset), bufs))
+            and bufs[0].shape[-2] >= n + t
+        )
+        if not fits:
+            spare = DECODE_RESERVE if t <= SHORT_APPEND else 0
+            bufs = tuple(
+                torch.empty(*cur.shape[:2], n + t + spare, *cur.shape[3:], dtype=cur.dtype, device=cur.device)
+                for cur in (self.codes, self.scale, self.offset)
+            )
+            for buf, cur in zip(bufs, (self.codes, self.scale, self.offset)):
+                buf[:, :, :n] = cur
+            self._bufs = bufs
+        for buf, new in zip(bufs, (codes, scale, offset)):
+            buf[:, :, n : n + t] = new
+        self.codes, self.scale, self.offset = (buf[:, :, : n + t] for buf in bufs)
 
     def dequantize(self, a: int, b: int) -> torch.Tensor:
         """Tokens ``a .. b`` of the store, fp32 ``[B, H, b - a, D]``."""
@@ -516,6 +549,10 @@ class QuantizedLayer(LonglabLayer):
         if not self.is_initialized:
             return 0
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def spare_nbytes(self) -> int:
+        """Spare capacity for decode appends: the slot buffers' and the packed stores' spare rows."""
+        return super().spare_nbytes() + self.key_store.spare_nbytes() + self.value_store.spare_nbytes()
 
     def code_nbytes(self) -> int:
         """Bytes of the K/V code words alone: packed main codes plus the full-precision sink and residual
