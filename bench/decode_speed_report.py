@@ -40,11 +40,15 @@ def accuracy(run_dir: str) -> Path:
     by = {}
     for recipe, task, length, sample, pred, score in rows:
         by.setdefault(recipe, {})[(task, length, sample)] = (pred, score)
+    def key(recipe: str) -> tuple[str, frozenset]:  # the recipe without its fused=false parameter
+        name, _, params = recipe.partition(":")
+        return name, frozenset(p for p in params.split(",") if p and p != "fused=false")
+
     pairs = []
     for recipe in sorted(by):
         if "fused=false" in recipe:
             continue
-        off = next((r for r in (f"{recipe},fused=false", f"{recipe}:fused=false") if r in by), None)
+        off = next((r for r in by if "fused=false" in r and key(r) == key(recipe)), None)
         if off is None:
             continue
         keys = sorted(set(by[recipe]) & set(by[off]))
