@@ -43,6 +43,7 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr float NINF = -std::numeric_limits<float>::infinity();
 constexpr int64_t TILE = 64;  // slots per online-softmax step
+constexpr int64_t PREFETCH_TILES = 2;  // software prefetch distance (tiles ahead)
 
 // ---- element conversion --------------------------------------------------------------------------------
 enum Dt { F32 = 0, F16 = 1, BF16 = 2 };
@@ -533,8 +534,8 @@ at::Tensor quant_decode(const at::Tensor& q, const at::Tensor& index, const at::
       for (int64_t t0 = a0; t0 < a1; t0 += TILE) {
         const int64_t t1 = std::min<int64_t>(a1, t0 + TILE), n = t1 - t0;
         {  // software prefetch of the tile after next (packed rows, their scales, the index): DRAM streams
-          const int64_t f0 = t0 + 2 * TILE, f1 = std::min<int64_t>(a1, f0 + TILE);
-          if (f0 < f1) {
+          const int64_t f0 = t0 + PREFETCH_TILES * TILE, f1 = std::min<int64_t>(a1, f0 + TILE);
+          if (PREFETCH_TILES > 0 && f0 < f1) {
             prefetch(idx + f0, (f1 - f0) * 4);
             if (f0 >= S && f0 < S + K.n)
               prefetch(kcodes + (f0 - S) * K.row_bytes, (std::min<int64_t>(f1, S + K.n) - f0) * K.row_bytes);
