@@ -252,3 +252,13 @@ def test_on_cuda_the_quant_layer_falls_back_to_the_pytorch_path_exactly():
     ctx = LayerContext(0, 1, None, "decode", q, 0.125, qpos[:, None], None, ql, None)
     ref = _reference(ql, q, qpos, 0.125)
     assert (ql.attend(ctx) - ref).abs().max().item() <= 2e-5
+
+
+@pytest.mark.parametrize("split", [2, 5])
+def test_fused_slot_ranges_merged_by_log_sum_exp(split, monkeypatch):
+    # with several threads a (row, KV head) is cut into slot ranges merged by log-sum-exp; a range may hold
+    # only invisible slots (the short row's padding) or only the residual
+    monkeypatch.setattr(qdecode, "_split", lambda B, H_kv, T: split)
+    ql = _quantize(_layer(), "kivi", 4, sink=2, n_keys=160, n_values=200)
+    _check(ql, H=6, window=150)
+    _check(ql, H=6)
