@@ -3,7 +3,7 @@
     python bench/decode_speed_report.py --accuracy runs/kernels-acc    # results.sqlite -> compact JSON
     python bench/decode_speed_report.py                                 # JSON files -> the page's tables
 
-Reads ``bench/results/decode_speed_fused.json`` (end to end), ``decode_speed_micro.json`` (kernel only),
+Reads ``bench/results/decode_speed_fused*.json`` (end to end), ``decode_speed_micro.json`` (kernel only),
 ``llamacpp_decode.json`` (llama.cpp) and ``decode_speed_accuracy.json`` (fused vs PyTorch path, written by
 ``--accuracy`` from a ``longlab eval`` results directory: per recipe pair, the samples whose predictions are
 identical) and rewrites the block between the page's ``BEGIN generated`` / ``END generated`` markers.
@@ -160,9 +160,18 @@ def accuracy_table(data: dict) -> list[str]:
     return out + [""]
 
 
+def _load_e2e() -> dict | None:
+    """``decode_speed_fused*.json`` (one run per length / batch set), rows concatenated."""
+    parts = [json.loads(p.read_text()) for p in sorted(RESULTS.glob("decode_speed_fused*.json"))]
+    if not parts:
+        return None
+    return {"rows": [r for part in parts for r in part["rows"]], "hardware": [p["hardware"] for p in parts]}
+
+
 def render() -> str:
-    e2e, micro, llama, acc = (_load(n) for n in ("decode_speed_fused.json", "decode_speed_micro.json",
-                                                  "llamacpp_decode.json", "decode_speed_accuracy.json"))
+    micro, llama, acc = (_load(n) for n in ("decode_speed_micro.json", "llamacpp_decode.json",
+                                            "decode_speed_accuracy.json"))
+    e2e = _load_e2e()
     lines = [BEGIN, ""]
     if e2e:
         lines += ["### Targets (end to end)", ""] + targets(e2e)
