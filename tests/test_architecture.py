@@ -17,7 +17,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "longlab"
 LAYERS: list[tuple[str, ...]] = [
     ("paths", "errors", "registry", "recipe", "safeio", "prompt", "tasks", "sparse.blockmask",
      "sparse.synthetic", "quant.quantizer", "eval.store"),
-    ("attention", "masks", "context_parallel"),  # masks: LongCA slice masks; context-parallel attention
+    ("attention", "masks", "context_parallel", "ops"),  # masks: LongCA slices; ops: compiled kernels
     ("cache",),
     # method families; kernels: one call; compress: context compressors (compress.api: above models)
     # position: RoPE methods (position.train, the training tool, sits with the tools)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longlab.sparse import block_flash
+from longlab.ops import block_flash
 from longlab.sparse.blockmask import BlockSparseMask, enforce_required, full_mask
 from longlab.sparse.executor import (
     SPLIT_COMMON,
@@ -239,8 +239,6 @@ def test_flash_refuses_what_it_cannot_run_and_can_be_switched_off(monkeypatch):
     assert "float32 only" in block_flash.unavailable_reason(q.double())
     with pytest.raises(RuntimeError, match="float32 only"):
         block_sparse_attention(q.double(), k.double(), v.double(), mask, backend="flash")
-    monkeypatch.setattr(block_flash, "_EXT", None)
-    monkeypatch.setattr(block_flash, "_REASON", None)
     monkeypatch.setenv("LONGLAB_BLOCK_FLASH", "0")
     assert block_flash.unavailable_reason(q) == "disabled by LONGLAB_BLOCK_FLASH=0"
     with torch.no_grad():  # auto falls back to grouped

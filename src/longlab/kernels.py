@@ -25,7 +25,7 @@ with ``q [B, H, T_q, D]``, ``k, v [B, H_kv, T_k, D]`` (GQA: query head ``h`` rea
   indices, masks) is the mask construction, built by :func:`prepare` for a given ``gqa``;
 * ``executor-grouped``: the executor's grouped backend (:func:`grouped_block_sparse_attention`);
 * ``executor-flash``: the executor's ``flash`` backend, longlab's C++ block-sparse flash kernel
-  (:mod:`longlab.sparse.block_flash`; CPU, float32, forward only; skipped with the reason where it cannot
+  (:mod:`longlab.ops.block_flash`; CPU, float32, forward only; skipped with the reason where it cannot
   be built);
 * ``executor-split``: the same per-head causal block layout, run as one fused-SDPA call per query tile for
   the (head-shared) diagonal blocks with their causal mask, plus one mask-free call per head over that
@@ -114,7 +114,7 @@ def unavailable_reason(kernel: str, mask: SliceMask | None = None, device: torch
         if mask is not None and _varlen_docs(mask) is None:
             return f"{kernel}: mask {mask.name} is not FULL/CAUSAL/document (the varlen interface's forms)"
     if kernel == "executor-flash":
-        from longlab.sparse.block_flash import unavailable_reason as flash_unavailable
+        from longlab.ops.block_flash import unavailable_reason as flash_unavailable
 
         reason = flash_unavailable(torch.empty(0, device=dev))
         if reason is not None:

@@ -19,6 +19,12 @@ exceed it and be read densely (``budget=20, P=16``: K = 3, dense up to 48 slots)
 the same way: it takes the top ``min(K, n_pages)`` pages, i.e. every page once ``n_pages <= K`` (it ranks
 the last page with the others instead of always reading it; here it is always read).
 
+Reading the selected pages: with ``fused=true`` (the default) a decode step runs
+:func:`longlab.ops.qdecode.paged_decode` where it is available (CPU, float32 K/V, the C++ extension
+built): each query head reads only its own pages' K/V rows, in place, with an online softmax; otherwise
+(``fused=false``, no compiler, ``LONGLAB_QDECODE=0``) :func:`attend_slots` gathers those rows in PyTorch.
+Both return the output and the log-sum-exp RetroAttention merges by.
+
 Page summaries are computed once per complete page and kept in ``layer.state`` (``quest.*``), so
 :meth:`Stream.fork <longlab.engine.stream.Stream.fork>` and batch selection carry them and ``nbytes`` counts
 them; they are recomputed if an eviction repacks the layer.
@@ -32,6 +38,7 @@ from typing import Any, ClassVar
 import torch
 
 from ..attention import dense_attention
+from ..ops import qdecode
 from ..recipe import Method, register
 from ..registry import MAX_BLOCK, MAX_LAYERS, MAX_TOKENS, param
 
@@ -176,7 +183,8 @@ def attend_slots(
 @dataclass
 class Quest(Method):
     """Quest (Tang et al. 2024, arXiv:2406.10774): per query head, attend over the top pages by
-    ``U_p = sum_c max(q_c m_pc, q_c M_pc)`` plus the last page; ``budget`` tokens, pages of ``page_size``."""
+    ``U_p = sum_c max(q_c m_pc, q_c M_pc)`` plus the last page; ``budget`` tokens, pages of ``page_size``;
+    ``fused``: the selected pages are read by the paged kernel (:mod:`longlab.ops.qdecode`) where it runs."""
 
     kind: ClassVar[str] = "decode"
     paper = "arXiv:2406.10774"
@@ -184,10 +192,7 @@ class Quest(Method):
     page_size: int = param(16, low=1, high=MAX_BLOCK, integer=True)
     min_pages: int = param(3, low=2, high=MAX_TOKENS, integer=True)
     dense_layers: int = param(2, low=0, high=MAX_LAYERS, integer=True)
-
-    def validate(self) -> None:
-        for name, low in (("budget", 1), ("page_size", 1), ("min_pages", 2), ("dense_layers", 0)):
-            self.check(name, low, integer=True)
+    fused: bool = param(True, choices=(True, False))
 
     @property
     def n_pages(self) -> int:
@@ -217,8 +222,18 @@ class Quest(Method):
     def attend_lse(self, ctx) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """``(out [B, H, 1, D], lse [B, H, 1], slots, pages)``; slots/pages None when dense."""
         slots, pages = self.select(ctx)
-        out, lse = attend_slots(ctx.q, ctx.k, ctx.v, ctx.key_index, ctx.query_index, ctx.scaling, slots)
+        k, v = ctx.k, ctx.v
+        if slots is not None and self.uses_fused(ctx.q, k):
+            qpos = ctx.query_index[:, -1]
+            out, lse = qdecode.paged_decode(ctx.q, k, v, ctx.key_index, qpos, slots, ctx.scaling)
+            return out, lse, slots, pages
+        out, lse = attend_slots(ctx.q, k, v, ctx.key_index, ctx.query_index, ctx.scaling, slots)
         return out.to(ctx.q.dtype), lse, slots, pages
+
+    def uses_fused(self, q: torch.Tensor, k: torch.Tensor) -> bool:
+        """Whether selected pages are read by :func:`longlab.ops.qdecode.paged_decode`: ``fused`` on, one
+        decode query per row, float32 K/V, the kernel available here."""
+        return self.fused and q.shape[-2] == 1 and k.dtype == torch.float32 and qdecode.available(q)
 
     def attend(self, ctx) -> torch.Tensor:  # [B, H, T_q, D]
         if not self.is_sparse_layer(ctx) or ctx.q.shape[-2] != 1:

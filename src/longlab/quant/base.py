@@ -46,7 +46,9 @@ class QuantPolicy(Method):
 
     ``scale_dtype``: dtype of stored scales and offsets; ``fp_dtype``: dtype of the full-precision
     sink and residual (``"model"``: the model's own dtype; ``"16bit"``: the model's dtype if 16-bit, else
-    float16)."""
+    float16); ``fused``: decode steps read the packed codes with the fused kernel
+    (:func:`longlab.ops.qdecode.quant_decode`) where it runs, else (``false``, or no compiler) the
+    chunked dequantise-and-attend PyTorch path."""
 
     kind: ClassVar[str] = "quant"
     acts_during_decode: ClassVar[bool] = True  # new entries are quantized as decoding proceeds
@@ -54,6 +56,7 @@ class QuantPolicy(Method):
 
     scale_dtype: str = param("float16", choices=tuple(SCALE_DTYPES))
     fp_dtype: str = param("model", choices=tuple(FP_DTYPES))
+    fused: bool = param(True, choices=(True, False))
 
     def make_layer(self, ctx: LayerContext) -> QuantizedLayer | None:
         """A QuantizedLayer taking over ``ctx.layer`` (None: not yet, e.g. fewer entries than sinks)."""
@@ -77,6 +80,7 @@ class QuantPolicy(Method):
             sink=self.sink,
             fp_dtype=resolve_fp_dtype(self.fp_dtype, ctx.layer.keys.dtype),
             chunk_tokens=self.chunk_tokens,
+            fused=self.fused,
         )
 
     def step(self, ctx: LayerContext, layer: QuantizedLayer) -> bool:

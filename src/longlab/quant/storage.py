@@ -12,9 +12,13 @@ token positions, -1 = empty slot) is shared. ``self.keys``/``self.values`` are t
 *residual* tensors: they are what :meth:`update` appends to and returns to transformers, so
 :func:`longlab.cache.active_layer` still finds the layer by ``keys.data_ptr()``.
 
-Reading: attention (:meth:`QuantizedLayer.attend`, called by the hook instead of dense attention)
-dequantises ``chunk_tokens`` slots at a time and merges the chunks with a running log-sum-exp
-(online softmax), so no full-precision copy of the layer is ever held. Eviction scorers that run
+Reading: attention (:meth:`QuantizedLayer.attend`, called by the hook instead of dense attention). A
+decode step (one query per row) runs the fused kernel :func:`longlab.ops.qdecode.quant_decode` where it
+is available (CPU, the C++ extension built; ``fused=True``, the default of every quant policy): it reads
+the packed codes and scales in place, scales folded into the query and the probabilities, online
+softmax. Otherwise (prefill chunks, no compiler, ``fused=false``, ``LONGLAB_QDECODE=0``) the pure-PyTorch
+path dequantises ``chunk_tokens`` slots at a time and merges the chunks with a running log-sum-exp
+(online softmax); neither ever holds a full-precision copy of the layer. Eviction scorers that run
 after quantization read :meth:`dequantized_keys`/:meth:`dequantized_values` through
 ``LayerContext.k``/``.v``: a transient dequantised view, freed after scoring.
 
@@ -31,7 +35,8 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..cache import LonglabLayer
+from ..cache import DECODE_RESERVE, SHORT_APPEND, LonglabLayer
+from ..ops import qdecode
 from .quantizer import (
     SCALE_DTYPES,
     dequantize_channels,
@@ -67,6 +72,7 @@ class _GroupStore:
         self.scale: torch.Tensor | None = None
         self.offset: torch.Tensor | None = None
         self.head_dim = 0
+        self._bufs: tuple[torch.Tensor, ...] | None = None  # spare rows for decode appends
 
     @property
     def n(self) -> int:
@@ -80,6 +86,12 @@ class _GroupStore:
 
     def tensors(self) -> list[torch.Tensor]:
         return [t for t in (self.codes, self.scale, self.offset) if t is not None]
+
+    def spare_nbytes(self) -> int:
+        """Bytes of spare rows allocated past the held ones for decode appends (not in ``tensors()``)."""
+        if self._bufs is None or self.codes is None or self.codes.data_ptr() != self._bufs[0].data_ptr():
+            return 0
+        return sum((buf.shape[2] - self.n) * buf[:, :, :1].numel() * buf.element_size() for buf in self._bufs)
 
     def map(self, fn) -> None:
         """Apply a batch-axis function (beam reorder) to every per-row tensor."""
@@ -124,9 +136,35 @@ class TokenGroupStore(_GroupStore):
         while bits > self.bits:  # PM-KVQ: enter at 16 bits, shift down to the current width
             codes, scale = equivalent_right_shift(codes, bits), _widen(scale, bits)
             bits //= 2
-        self.codes = torch.cat([self.codes, pack(codes, self.bits)], dim=-2)
-        self.scale = torch.cat([self.scale, scale], dim=-2)
-        self.offset = torch.cat([self.offset, offset], dim=-2)
+        self._append_rows(pack(codes, self.bits), scale, offset)
+
+    def _append_rows(self, codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> None:
+        """Append rows ``[B, H, t, .]`` to codes/scale/offset. A short append (a decode step) goes into
+        spare rows of buffers grown by ``DECODE_RESERVE`` rows at a time, so decoding does not copy the
+        store each step (as :class:`~longlab.cache.LonglabLayer` does for its slots); ``codes``/``scale``/
+        ``offset`` stay views of the held rows. Any other assignment of them (take, shrink, batch
+        selection) leaves the buffers, which are then re-allocated on the next append."""
+        n, t = self.n, codes.shape[-2]
+        bufs = self._bufs
+        fits = (
+            bufs is not None
+            and all(cur.data_ptr() == buf.data_ptr() and cur.shape[:2] == buf.shape[:2]
+                    and cur.shape[3:] == buf.shape[3:] and cur.dtype == buf.dtype
+                    for cur, buf in zip((self.codes, self.scale, self.offset), bufs))
+            and bufs[0].shape[-2] >= n + t
+        )
+        if not fits:
+            spare = DECODE_RESERVE if t <= SHORT_APPEND else 0
+            bufs = tuple(
+                torch.empty(*cur.shape[:2], n + t + spare, *cur.shape[3:], dtype=cur.dtype, device=cur.device)
+                for cur in (self.codes, self.scale, self.offset)
+            )
+            for buf, cur in zip(bufs, (self.codes, self.scale, self.offset)):
+                buf[:, :, :n] = cur
+            self._bufs = bufs
+        for buf, new in zip(bufs, (codes, scale, offset)):
+            buf[:, :, n : n + t] = new
+        self.codes, self.scale, self.offset = (buf[:, :, : n + t] for buf in bufs)
 
     def dequantize(self, a: int, b: int) -> torch.Tensor:
         """Tokens ``a .. b`` of the store, fp32 ``[B, H, b - a, D]``."""
@@ -279,9 +317,11 @@ class QuantizedLayer(LonglabLayer):
         sink: int = 0,
         fp_dtype: torch.dtype | None = None,
         chunk_tokens: int = 4096,
+        fused: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.fused = fused  # decode steps through longlab.ops.qdecode where it runs
         self.key_store = key_store
         self.value_store = value_store
         self.sink = sink  # sink slots wanted; n_sink slots held (fewer only after an eviction)
@@ -412,7 +452,10 @@ class QuantizedLayer(LonglabLayer):
 
     # --- attention -----------------------------------------------------------------------------------
     def attend(self, ctx) -> torch.Tensor:
-        """Attention of ``ctx.q [B, H, T_q, D]`` over every held entry, dequantising chunk by chunk."""
+        """Attention of ``ctx.q [B, H, T_q, D]`` over every held entry: the fused kernel for a decode step
+        where it runs (:meth:`fused_decode`), else dequantising chunk by chunk."""
+        if self.uses_fused(ctx.q):
+            return self.fused_decode(ctx.q, ctx.query_index[:, -1], ctx.scaling, ctx.sliding_window)
         return chunked_attention(
             ctx.q,
             ctx.query_index,
@@ -422,6 +465,29 @@ class QuantizedLayer(LonglabLayer):
             ctx.sliding_window,
             self.chunk_tokens,
         )
+
+    def uses_fused(self, q: torch.Tensor) -> bool:
+        """Whether a forward with queries ``q [B, H, T_q, D]`` runs :func:`longlab.ops.qdecode.quant_decode`:
+        one query per row, ``fused`` on, values without smoothing, the kernel available here."""
+        if not self.fused or q.shape[-2] != 1:
+            return False
+        if isinstance(self.value_store, TokenGroupStore) and self.value_store.channel_scale is not None:
+            return False
+        return qdecode.available(q)
+
+    def _packed(self, store) -> qdecode.Packed:
+        channel = isinstance(store, ChannelGroupStore)
+        smoothing = None if channel or store.channel_scale is None else store.channel_scale
+        return qdecode.Packed(store.codes, store.scale, store.offset, store.bits, store.group, channel,
+                              smoothing)
+
+    def fused_decode(self, q: torch.Tensor, query_pos: torch.Tensor, scaling: float,
+                     sliding_window: int | None = None) -> torch.Tensor:
+        """Decode attention read straight from the packed storage. q: [B, H, 1, D]; query_pos: [B] ->
+        [B, H, 1, D] (equal to :func:`chunked_attention` to float rounding; tested)."""
+        return qdecode.quant_decode(q, query_pos, self.index, self.sink_keys, self.sink_values,
+                                    self._packed(self.key_store), self._packed(self.value_store),
+                                    self.keys, self.values, scaling, sliding_window)
 
     # --- eviction ------------------------------------------------------------------------------------
     def keep(self, mask: torch.Tensor) -> None:
@@ -483,6 +549,10 @@ class QuantizedLayer(LonglabLayer):
         if not self.is_initialized:
             return 0
         return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def spare_nbytes(self) -> int:
+        """Spare capacity for decode appends: the slot buffers' and the packed stores' spare rows."""
+        return super().spare_nbytes() + self.key_store.spare_nbytes() + self.value_store.spare_nbytes()
 
     def code_nbytes(self) -> int:
         """Bytes of the K/V code words alone: packed main codes plus the full-precision sink and residual

@@ -12,7 +12,7 @@ Every selector is also a recipe prefill policy (``"xattention:tau=0.9"``), regis
 in the recipe registry; :data:`SELECTORS` is the registry's view of them.
 
 ``backend="auto"`` without autograd uses longlab's C++ block-sparse flash kernel on CPU in float32
-(:mod:`longlab.sparse.block_flash`, built once per machine, ~1 minute) and the grouped fused-SDPA backend
+(:mod:`longlab.ops.block_flash`, built once per machine, ~1 minute) and the grouped fused-SDPA backend
 for other dtypes or where it cannot be built; with autograd, compiled flex_attention for ``T_q >= 2048``
 (first call compiles, ~10-30 s on CPU) and the plain-PyTorch gather backend below that.
 """

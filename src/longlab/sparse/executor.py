@@ -15,7 +15,7 @@ Backends behind :func:`block_sparse_attention`:
   heads select alike) with equal block counts batched into mask-free fused-SDPA calls over cache-sized
   gathers, the diagonal blocks of every q-block in one ``is_causal`` call (aligned blocks) or one masked
   call, merged by log-sum-exp. Forward only; no compile.
-* ``"flash"``: longlab's own block-sparse flash kernel (:mod:`longlab.sparse.block_flash`, C++ built on
+* ``"flash"``: longlab's own block-sparse flash kernel (:mod:`longlab.ops.block_flash`, C++ built on
   first use): one 128-row tile per (head, q-block) for the whole pass, k-blocks read in place, the
   diagonal blocks' element mask inside the same online softmax. CPU, float32, forward only. Efficiency
   (ideal ``density x dense`` time / time) 0.84-1.01 in one-shot and 1.17-1.41 in chunked prefill at
@@ -40,8 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from longlab.attention import compiled_flex, merge_by_lse
-from longlab.sparse.block_flash import available as flash_available
-from longlab.sparse.block_flash import block_flash_attention
+from longlab.ops.block_flash import available as flash_available
+from longlab.ops.block_flash import block_flash_attention
 from longlab.sparse.blockmask import (
     BlockSparseMask,
     density_per_head,

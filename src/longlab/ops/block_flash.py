@@ -14,72 +14,27 @@ so the 128-row units of a per-head block mask cost it 1.10-1.52x a dense pair, a
 2.4x (``docs/results/attention-bench.md``). The GEMMs are the BLAS ``sgemm`` torch links (MKL on x86);
 the exponentials ATen's vectorised ``exp_u20``. Units run in parallel over torch's intra-op threads.
 
-The extension is compiled once per machine with ``torch.utils.cpp_extension`` (about 40 s; g++ and
-ninja needed) into ``cache_dir() / "torch_extensions"``. Without a compiler, with ``LONGLAB_BLOCK_FLASH=0``
-or on another device / dtype / with autograd, :func:`available` is False and the executor's ``auto``
-backend uses ``grouped`` instead.
+The extension is compiled once per machine through :mod:`longlab.ops.build` (about 40 s; g++ and ninja
+needed; a killed build, a stale lock or a truncated library are handled there). Without a compiler, with
+``LONGLAB_BLOCK_FLASH=0`` or on another device / dtype / with autograd, :func:`available` is False and the
+executor's ``auto`` backend uses ``grouped`` instead.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-import time
-import warnings
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from longlab.paths import cache_dir
+from longlab.ops import build
 from longlab.sparse.blockmask import BlockSparseMask
 
-__all__ = ["available", "unavailable_reason", "block_flash_attention", "KV_TILE"]
+__all__ = ["available", "unavailable_reason", "block_flash_attention", "KV_TILE", "KERNEL"]
 
 KV_TILE = 512  # keys per online-softmax step (4 blocks of 128; 256 measured equal at 8k)
-_SOURCE = Path(__file__).with_name("block_flash.cpp")
-_STALE_LOCK_S = 900  # a build takes about a minute; a lock this old belongs to a killed build
-_EXT: Any = None
-_REASON: str | None = None  # why the kernel cannot be used in this process (None: not tried or fine)
-
-
-def _flags() -> list[str]:
-    cap = torch.backends.cpu.get_cpu_capability()  # what ATen's own kernels run here: AVX512, AVX2, ...
-    if cap == "AVX512":
-        return ["-O3", "-DCPU_CAPABILITY_AVX512", "-DCPU_CAPABILITY=AVX512", "-mavx512f", "-mavx512bw",
-                "-mavx512vl", "-mavx512dq", "-mfma", "-mf16c"]
-    if cap == "AVX2":
-        return ["-O3", "-DCPU_CAPABILITY_AVX2", "-DCPU_CAPABILITY=AVX2", "-mavx2", "-mfma", "-mf16c"]
-    return ["-O3"]
-
-
-def _load() -> Any:
-    """The compiled extension, building it on first use; None (with :data:`_REASON`) when it cannot."""
-    global _EXT, _REASON
-    if _EXT is not None or _REASON is not None:
-        return _EXT
-    if os.environ.get("LONGLAB_BLOCK_FLASH", "1") == "0":
-        _REASON = "disabled by LONGLAB_BLOCK_FLASH=0"
-        return None
-    try:
-        from torch.utils.cpp_extension import load
-
-        cap = torch.backends.cpu.get_cpu_capability()
-        build = cache_dir() / "torch_extensions" / f"block_flash-{torch.__version__}-{cap}"
-        build.mkdir(parents=True, exist_ok=True)
-        lock = build / "lock"  # torch's build baton; one left by a build killed midway would block forever
-        if lock.exists() and time.time() - lock.stat().st_mtime > _STALE_LOCK_S:
-            lock.unlink(missing_ok=True)
-        if not any(build.glob("*.so")):
-            print(f"longlab: building the CPU block-sparse kernel once into {build} (about a minute)",
-                  file=sys.stderr, flush=True)
-        _EXT = load(f"longlab_block_flash_{cap.lower()}", [str(_SOURCE)], extra_cflags=_flags(),
-                    build_directory=str(build), verbose=False)
-    except Exception as exc:  # no compiler / ninja / BLAS symbol: the executor falls back to grouped
-        _REASON = f"could not build longlab/sparse/block_flash.cpp ({type(exc).__name__}: {exc})"
-        warnings.warn(f"{_REASON}; backend='auto' uses 'grouped'", RuntimeWarning, stacklevel=3)
-    return _EXT
+KERNEL = build.Kernel("block_flash", (Path(__file__).with_name("block_flash.cpp"),), "LONGLAB_BLOCK_FLASH",
+                      ("block_flash_forward",), tuple(build.cpu_flags()))
 
 
 def unavailable_reason(q: torch.Tensor | None = None) -> str | None:
@@ -89,8 +44,7 @@ def unavailable_reason(q: torch.Tensor | None = None) -> str | None:
             return f"CPU only (q is on {q.device.type})"
         if q.dtype != torch.float32:
             return f"float32 only (q is {q.dtype})"
-    _load()
-    return _REASON
+    return build.reason(KERNEL)
 
 
 def available(q: torch.Tensor | None = None) -> bool:
@@ -119,6 +73,7 @@ def block_flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mas
     torch.cumsum(sel.sum(-1), 0, out=indptr[1:])
     indices = sel.nonzero()[:, 1].contiguous()  # row-major: ascending k-blocks within each unit
     with torch.no_grad():
-        out = _EXT.block_flash_forward(padded(q, n_qb * bq), padded(k, n_kb * bk), padded(v, n_kb * bk),
-                                       indptr, indices, bq, bk, T_k - T_q, T_k, float(scaling), int(kv_tile))
+        ext = build.load(KERNEL)
+        out = ext.block_flash_forward(padded(q, n_qb * bq), padded(k, n_kb * bk), padded(v, n_kb * bk),
+                                      indptr, indices, bq, bk, T_k - T_q, T_k, float(scaling), int(kv_tile))
     return out[:, :, :T_q]

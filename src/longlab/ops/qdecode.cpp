@@ -1,0 +1,826 @@
+// Fused decode attention over longlab's quantized KV layout, and paged sparse decode (CPU, float32 math),
+// for longlab.ops.qdecode.
+//
+// quant_decode: one decode query per row (q [B, H, D]) against a QuantizedLayer's slots
+//   [ sink (fp) | main (packed codes) | residual (fp) ]   (keys and values have their own main length),
+// reading the packed codes and their scales in place: no dequantised copy of the cache. Scales fold into
+// the query (keys) and into the probabilities (values):
+//   per-channel keys (group gi of G tokens):  q.k_t = sum_c (q_c s_gi,c) code_t,c + sum_c q_c o_gi,c
+//   per-token keys (groups r of G channels):  q.k_t = sum_r s_t,r sum_{c in r} (q_c l_c) code_t,c
+//                                                     + sum_r o_t,r sum_{c in r} q_c l_c     (l: smoothing)
+//   per-token values:  sum_t p_t v_t,c = sum_t (p_t s_t,r(c)) code_t,c + sum_t p_t o_t,r(c)
+// and an online softmax (m' = max(m, max s), l' = l e^(m-m') + sum e^(s-m'), acc' = acc e^(m-m') + ...).
+// Work is split over (b, kv head, slot range) units run by at::parallel_for; partial (m, l, acc) of the
+// ranges of one (b, kv head) are merged by log-sum-exp at the end (flash-decoding).
+//
+// paged_decode: each query head attends over its own list of slots (Quest's selected pages plus the last
+// page; RetroAttention's loaded pages), reading those K/V rows in place (fp32), online softmax; returns
+// the output and the log-sum-exp.
+//
+// Codes are planar-packed (longlab.quant.quantizer.pack): with per = 8 / bits codes per byte and
+// P = D / per bytes per row, byte j holds codes j, j + P, ... at bit offsets 0, bits, ...; 16-bit codes are
+// a plane of low bytes then a plane of high bytes.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/extension.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr float NINF = -std::numeric_limits<float>::infinity();
+constexpr int64_t TILE = 64;  // slots per online-softmax step
+constexpr int64_t PREFETCH_TILES = 2;  // software prefetch distance (tiles ahead)
+
+// ---- element conversion --------------------------------------------------------------------------------
+enum Dt { F32 = 0, F16 = 1, BF16 = 2 };
+
+inline Dt dt_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return F32;
+    case at::kHalf: return F16;
+    case at::kBFloat16: return BF16;
+    default: TORCH_CHECK(false, "qdecode: float32/float16/bfloat16 expected, got ", t.scalar_type());
+  }
+  return F32;
+}
+
+inline int64_t esz(Dt dt) { return dt == F32 ? 4 : 2; }
+
+inline float ld(const void* p, int64_t i, Dt dt) {
+  switch (dt) {
+    case F16: return static_cast<float>(static_cast<const c10::Half*>(p)[i]);
+    case BF16: return static_cast<float>(static_cast<const c10::BFloat16*>(p)[i]);
+    default: return static_cast<const float*>(p)[i];
+  }
+}
+
+inline void prefetch(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(c + o, 0, 3);
+}
+
+// n elements of p (dtype dt) -> out as float
+inline void cvt_block(const void* p, int64_t n, Dt dt, float* out) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  if (dt == F16) {
+    const uint16_t* h = static_cast<const uint16_t*>(p);
+    for (; i + 16 <= n; i += 16)
+      _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
+  }
+#endif
+  for (; i < n; ++i) out[i] = ld(p, i, dt);
+}
+
+// a row of D elements as float: the row itself (fp32) or converted into buf
+inline const float* row_f32(const void* base, int64_t off, int64_t D, Dt dt, float* buf) {
+  if (dt == F32) return static_cast<const float*>(base) + off;
+  for (int64_t c = 0; c < D; ++c) buf[c] = ld(base, off + c, dt);
+  return buf;
+}
+
+// ---- unpacking -----------------------------------------------------------------------------------------
+#if defined(__AVX512F__)
+inline void u8x16_to_f32(__m128i x, float* dst) { _mm512_storeu_ps(dst, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(x))); }
+#elif defined(__AVX2__)
+inline void u8x16_to_f32(__m128i x, float* dst) {
+  _mm256_storeu_ps(dst, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(x)));
+  _mm256_storeu_ps(dst + 8, _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(x, 8))));
+}
+#endif
+
+// codes of one row (P packed bytes) -> dst[D] as float
+inline void unpack_row(const uint8_t* src, int64_t D, int bits, float* dst) {
+  if (bits == 16) {
+    for (int64_t c = 0; c < D; ++c) dst[c] = static_cast<float>(src[c] | (src[D + c] << 8));
+    return;
+  }
+  const int per = 8 / bits;
+  const int64_t P = D / per;
+  const unsigned mask = (1u << bits) - 1u;
+  int64_t j = 0;
+#if defined(__AVX512F__) || defined(__AVX2__)
+  const __m128i m = _mm_set1_epi8(static_cast<char>(mask));
+  for (; j + 16 <= P; j += 16) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + j));
+    if (bits == 8) {
+      u8x16_to_f32(x, dst + j);
+      continue;
+    }
+    for (int i = 0; i < per; ++i) {  // field i: shift right by i*bits within each byte, then mask
+      const __m128i f = _mm_and_si128(_mm_srli_epi16(x, i * bits), m);
+      u8x16_to_f32(f, dst + i * P + j);
+    }
+  }
+#endif
+  for (; j < P; ++j) {
+    const unsigned b = src[j];
+    for (int i = 0; i < per; ++i) dst[i * P + j] = static_cast<float>((b >> (i * bits)) & mask);
+  }
+}
+
+// ---- small vector helpers ------------------------------------------------------------------------------
+inline float hsum(Vec v) {
+#if defined(__AVX512F__)
+  return _mm512_reduce_add_ps(v);
+#else
+  alignas(64) float lanes[Vec::size()];
+  v.store(lanes);
+  float s = 0.0f;
+  for (int l = 0; l < Vec::size(); ++l) s += lanes[l];
+  return s;
+#endif
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t c = 0;
+  Vec acc(0.0f);
+  for (; c + Vec::size() <= n; c += Vec::size()) acc = at::vec::fmadd(Vec::loadu(a + c), Vec::loadu(b + c), acc);
+  float s = hsum(acc);
+  for (; c < n; ++c) s += a[c] * b[c];
+  return s;
+}
+
+inline void axpy(float w, const float* x, float* y, int64_t n) {  // y += w x
+  int64_t c = 0;
+  const Vec vw(w);
+  for (; c + Vec::size() <= n; c += Vec::size()) at::vec::fmadd(vw, Vec::loadu(x + c), Vec::loadu(y + c)).store(y + c);
+  for (; c < n; ++c) y[c] += w * x[c];
+}
+
+inline void mul(const float* a, const float* b, float* out, int64_t n) {  // out = a * b
+  int64_t c = 0;
+  for (; c + Vec::size() <= n; c += Vec::size()) (Vec::loadu(a + c) * Vec::loadu(b + c)).store(out + c);
+  for (; c < n; ++c) out[c] = a[c] * b[c];
+}
+
+inline float row_max(const float* x, int64_t n) {
+  int64_t c = 0;
+  Vec vm(NINF);
+  for (; c + Vec::size() <= n; c += Vec::size()) vm = at::vec::maximum(vm, Vec::loadu(x + c));
+  alignas(64) float lanes[Vec::size()];
+  vm.store(lanes);
+  float m = NINF;
+  for (int l = 0; l < Vec::size(); ++l) m = std::max(m, lanes[l]);
+  for (; c < n; ++c) m = std::max(m, x[c]);
+  return m;
+}
+
+inline void scale(float a, float* y, int64_t n) {
+  int64_t c = 0;
+  const Vec va(a);
+  for (; c + Vec::size() <= n; c += Vec::size()) (Vec::loadu(y + c) * va).store(y + c);
+  for (; c < n; ++c) y[c] *= a;
+}
+
+// ---- a packed store --------------------------------------------------------------------------------------
+struct Store {
+  const uint8_t* codes = nullptr;  // [B, H_kv, n, P] contiguous rows
+  const void* scale = nullptr;     // per-token: [B, H_kv, n, D/G]; per-channel: [B, H_kv, ceil(n/G), D]
+  const void* offset = nullptr;
+  const float* lam = nullptr;  // [H_kv, D] smoothing (per-token stores), or null
+  Dt sdt = F16;
+  int64_t n = 0, bits = 4, group = 32, row_bytes = 0, n_groups = 0;  // n_groups: scale rows (channel) or per row
+  bool channel = false;
+  int64_t cs_b = 0, cs_h = 0, ss_b = 0, ss_h = 0;  // strides (elements) of codes / scales over b, h
+
+  void init(const at::Tensor& c, const at::Tensor& s, const at::Tensor& o, const c10::optional<at::Tensor>& l,
+            int64_t bits_, int64_t group_, bool channel_, int64_t D) {
+    // rows must be packed (a view of the first n rows of a larger buffer is fine); b, h strides are free
+    TORCH_CHECK(c.scalar_type() == at::kByte && c.stride(3) == 1 && (c.size(2) <= 1 || c.stride(2) == c.size(3)),
+                "qdecode: codes must be uint8 with packed rows");
+    TORCH_CHECK(s.scalar_type() == o.scalar_type() && s.strides() == o.strides() && s.stride(3) == 1 &&
+                    (s.size(2) <= 1 || s.stride(2) == s.size(3)),
+                "qdecode: scale/offset must have packed rows, one dtype, the same strides");
+    codes = c.data_ptr<uint8_t>();
+    scale = s.data_ptr();
+    offset = o.data_ptr();
+    sdt = dt_of(s);
+    n = c.size(2);
+    bits = bits_;
+    group = group_;
+    channel = channel_;
+    row_bytes = c.size(3);
+    TORCH_CHECK(row_bytes == D * bits / 8, "qdecode: codes row of ", row_bytes, " bytes for D=", D, " at ", bits,
+                " bits");
+    cs_b = c.stride(0);
+    cs_h = c.stride(1);
+    ss_b = s.stride(0);
+    ss_h = s.stride(1);
+    n_groups = s.size(3);
+    if (l.has_value() && l->defined()) {
+      TORCH_CHECK(!channel && l->scalar_type() == at::kFloat && l->is_contiguous(), "qdecode: smoothing");
+      lam = l->data_ptr<float>();
+    }
+  }
+};
+
+struct FpRegion {  // sink or residual: [B, H_kv, n, D] with a contiguous last dim
+  const void* p = nullptr;
+  Dt dt = F32;
+  int64_t n = 0, sb = 0, sh = 0, st = 0;
+  void init(const at::Tensor& t) {
+    p = t.data_ptr();
+    dt = dt_of(t);
+    n = t.size(2);
+    sb = t.stride(0);
+    sh = t.stride(1);
+    st = t.stride(2);
+    TORCH_CHECK(n == 0 || t.stride(3) == 1, "qdecode: fp rows must have a contiguous last dim");
+  }
+};
+
+// ---- codes of one row straight into NV float vectors (BITS known at compile time; 0: any width, via memory)
+template <int BITS, int NV>
+inline void unpack_vecs(const uint8_t* src, int bits, Vec (&x)[NV], float* tmp) {
+  constexpr int L = Vec::size();
+#if defined(__AVX512F__)
+  constexpr int D = NV * L;
+  if constexpr (BITS == 8) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v)
+      x[v] = Vec(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + v * 16)))));
+    return;
+  } else if constexpr (BITS == 16) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + v * 16)));
+      const __m512i hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + D + v * 16)));
+      x[v] = Vec(_mm512_cvtepi32_ps(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 8))));
+    }
+    return;
+  } else if constexpr (BITS == 2 || BITS == 4) {
+    constexpr int per = 8 / BITS, P = D / per, chunks = P / 16;
+    static_assert(P % 16 == 0, "whole 16-byte chunks");
+    const __m128i m = _mm_set1_epi8(static_cast<char>((1 << BITS) - 1));
+#pragma GCC unroll 16
+    for (int jc = 0; jc < chunks; ++jc) {
+      const __m128i xb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + jc * 16));
+#pragma GCC unroll 8
+      for (int i = 0; i < per; ++i) {
+        const __m128i f = _mm_and_si128(_mm_srli_epi16(xb, i * BITS), m);
+        x[i * chunks + jc] = Vec(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(f)));
+      }
+    }
+    return;
+  }
+#endif
+  unpack_row(src, NV * L, bits, tmp);
+#pragma GCC unroll 16
+  for (int v = 0; v < NV; ++v) x[v] = Vec::loadu(tmp + v * L);
+}
+
+// ---- register-blocked runs of packed rows (D = NV vectors, GH query heads per KV head) ------------------
+// scores of n consecutive packed key rows: sb[j * TILE + i] = bias_i,j + sum_v (qk_j . x_i) where per-token
+// keys scale x by their group scale (ksc) and add the group offsets times the query sums (qsum).
+#if defined(__AVX512F__)
+// out lane i = the sum of the 16 lanes of r[i] (16 horizontal sums in 45 shuffles/adds, not 16 x 8)
+inline __m512 reduce16(const __m512* r) {
+  __m512 a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i)  // 256-bit halves: [r_i lo+hi | r_(i+8) lo+hi] as 4 blocks of 4 partials
+    a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[i], r[i + 8], 0x44), _mm512_shuffle_f32x4(r[i], r[i + 8], 0xEE));
+  for (int i = 0; i < 4; ++i)  // blocks: r_i, r_(i+8), r_(i+4), r_(i+12) (4 partials each)
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[i], a[i + 4], 0x88), _mm512_shuffle_f32x4(a[i], a[i + 4], 0xDD));
+  for (int i = 0; i < 2; ++i)  // within 128-bit blocks: 2 partials of b_i's and b_(i+2)'s token
+    c[i] = _mm512_add_ps(_mm512_shuffle_ps(b[i], b[i + 2], 0x44), _mm512_shuffle_ps(b[i], b[i + 2], 0xEE));
+  const __m512 d = _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD));
+  // lane 4k + p of d holds token [0, 2, 1, 3][p] + [0, 8, 4, 12][k]; put token i in lane i
+  const __m512i perm = _mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15);
+  return _mm512_permutexvar_ps(perm, d);
+}
+#endif
+
+// scores of n consecutive packed key rows: sb[j * TILE + i] = bias_j + qk_j . x_i where per-token keys scale
+// x by their group scales (ksc) and add their group offsets times the query sums (kof, qsum).
+template <int NV, int GH, int BITS>
+void scores_run(const uint8_t* codes, int64_t row_bytes, int64_t n, int bits, const float* qk, const float* bias,
+                const void* ksc, const void* kof, Dt sdt, int64_t kgr, const float* qsum, float* sb,
+                const char* vis) {
+  constexpr int L = Vec::size();
+  constexpr int64_t D = NV * L;
+  Vec qr[GH][NV];
+#pragma GCC unroll 16
+  for (int j = 0; j < GH; ++j)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) qr[j][v] = Vec::loadu(qk + j * D + v * L);
+  alignas(64) float cf[D];
+  alignas(64) float scs[TILE * 16], ofs[TILE * 16];
+  const int64_t G = D / kgr;
+  if (ksc != nullptr) {
+    cvt_block(ksc, n * kgr, sdt, scs);
+    cvt_block(kof, n * kgr, sdt, ofs);
+  }
+  auto token = [&](int64_t i, Vec (&acc)[GH]) {  // acc_j = qk_j . x_i (per-token scales applied)
+    Vec xs[NV];
+    unpack_vecs<BITS, NV>(codes + i * row_bytes, bits, xs, cf);
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) acc[j] = Vec(0.0f);
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      Vec x = xs[v];
+      if (ksc != nullptr) x = x * Vec(scs[i * kgr + (v * L) / G]);
+#pragma GCC unroll 16
+      for (int j = 0; j < GH; ++j) acc[j] = at::vec::fmadd(qr[j][v], x, acc[j]);
+    }
+  };
+  auto bias_of = [&](int64_t i, int j) {
+    float b0 = bias != nullptr ? bias[j] : 0.0f;
+    if (ksc != nullptr)
+      for (int64_t r = 0; r < kgr; ++r) b0 += ofs[i * kgr + r] * qsum[j * kgr + r];
+    return b0;
+  };
+  int64_t i0 = 0;
+#if defined(__AVX512F__)
+  for (; i0 + 16 <= n; i0 += 16) {  // 16 rows at a time: one transposed reduction per head
+    __m512 red[GH][16];
+    for (int64_t i = 0; i < 16; ++i) {
+      Vec acc[GH];
+      token(i0 + i, acc);
+#pragma GCC unroll 16
+      for (int j = 0; j < GH; ++j) red[j][i] = acc[j];
+    }
+    bool all = true;
+    for (int64_t i = 0; i < 16; ++i) all &= vis[i0 + i] != 0;
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) {
+      alignas(64) float out[16];
+      _mm512_store_ps(out, reduce16(red[j]));
+      float* dst = sb + j * TILE + i0;
+      for (int64_t i = 0; i < 16; ++i) dst[i] = (all || vis[i0 + i]) ? out[i] + bias_of(i0 + i, j) : NINF;
+    }
+  }
+#endif
+  for (int64_t i = i0; i < n; ++i) {
+    if (!vis[i]) continue;
+    Vec acc[GH];
+    token(i, acc);
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) sb[j * TILE + i] = bias_of(i, j) + hsum(acc[j]);
+  }
+}
+
+// values of n consecutive packed per-token rows: acc_j += sum_i (p_j,i s_i,r) code_i, offacc_j,r += p_j,i o_i,r
+template <int NV, int GH, int BITS>
+void values_run(const uint8_t* codes, int64_t row_bytes, int64_t n, int bits, const float* p, const void* vsc,
+                const void* vof, Dt sdt, int64_t vgr, float* acc, float* offacc, const char* vis) {
+  constexpr int L = Vec::size();
+  constexpr int64_t D = NV * L;
+  Vec ar[GH][NV];
+#pragma GCC unroll 16
+  for (int j = 0; j < GH; ++j)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) ar[j][v] = Vec::loadu(acc + j * D + v * L);
+  alignas(64) float cf[D];
+  alignas(64) float scs[TILE * 16], ofs[TILE * 16];  // this run's scales and offsets as float
+  cvt_block(vsc, n * vgr, sdt, scs);
+  cvt_block(vof, n * vgr, sdt, ofs);
+  const int64_t G = D / vgr;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!vis[i]) continue;
+    Vec xs[NV];
+    unpack_vecs<BITS, NV>(codes + i * row_bytes, bits, xs, cf);
+    const float* sc_ = scs + i * vgr;
+    const float* of_ = ofs + i * vgr;
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) {
+      const float pj = p[j * TILE + i];
+      for (int64_t r = 0; r < vgr; ++r) offacc[j * vgr + r] += pj * of_[r];
+    }
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) xs[v] = xs[v] * Vec(sc_[(v * L) / G]);  // code * its token's group scale
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) {
+      const Vec pj(p[j * TILE + i]);
+#pragma GCC unroll 16
+      for (int v = 0; v < NV; ++v) ar[j][v] = at::vec::fmadd(pj, xs[v], ar[j][v]);
+    }
+  }
+#pragma GCC unroll 16
+  for (int j = 0; j < GH; ++j)
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) ar[j][v].store(acc + j * D + v * L);
+}
+
+using ScoresFn = void (*)(const uint8_t*, int64_t, int64_t, int, const float*, const float*, const void*,
+                          const void*, Dt, int64_t, const float*, float*, const char*);
+using ValuesFn = void (*)(const uint8_t*, int64_t, int64_t, int, const float*, const void*, const void*, Dt,
+                          int64_t, float*, float*, const char*);
+
+template <int NV, int BITS>
+std::pair<ScoresFn, ValuesFn> runs_for_heads(int64_t g) {
+  switch (g) {
+    case 1: return {scores_run<NV, 1, BITS>, values_run<NV, 1, BITS>};
+    case 2: return {scores_run<NV, 2, BITS>, values_run<NV, 2, BITS>};
+    case 3: return {scores_run<NV, 3, BITS>, values_run<NV, 3, BITS>};
+    case 4: return {scores_run<NV, 4, BITS>, values_run<NV, 4, BITS>};
+    case 5: return {scores_run<NV, 5, BITS>, values_run<NV, 5, BITS>};
+    case 6: return {scores_run<NV, 6, BITS>, values_run<NV, 6, BITS>};
+    case 7: return {scores_run<NV, 7, BITS>, values_run<NV, 7, BITS>};
+    case 8: return {scores_run<NV, 8, BITS>, values_run<NV, 8, BITS>};
+    default: return {nullptr, nullptr};
+  }
+}
+
+template <int NV>
+std::pair<ScoresFn, ValuesFn> runs_for_bits(int64_t g, int64_t bits) {
+  constexpr int P2 = NV * Vec::size() / 4, P4 = NV * Vec::size() / 2;  // packed bytes per row at 2 / 4 bits
+  if (bits == 4 && P4 % 16 == 0) return runs_for_heads<NV, 4>(g);
+  if (bits == 2 && P2 % 16 == 0) return runs_for_heads<NV, 2>(g);
+  if (bits == 8) return runs_for_heads<NV, 8>(g);
+  if (bits == 16) return runs_for_heads<NV, 16>(g);
+  return runs_for_heads<NV, 0>(g);  // any width, unpacked through memory
+}
+
+// the register-blocked runs for head dim D, g query heads per KV head and the codes' width (nullptr: the
+// generic loop)
+std::pair<ScoresFn, ValuesFn> runs_for(int64_t D, int64_t g, int64_t bits) {
+  if (D % Vec::size() != 0) return {nullptr, nullptr};
+  const int64_t nv = D / Vec::size();
+  if (nv == 4) return runs_for_bits<4>(g, bits);
+  if (nv == 8) return runs_for_bits<8>(g, bits);
+  return {nullptr, nullptr};
+}
+
+}  // namespace
+
+// q: [B, H, D] float32 (already multiplied by nothing: `scale` is applied here); index: [B, H_kv, T] int32;
+// qpos: [B] int64 (query positions); window <= 0: none. Returns [B, H, D] float32.
+at::Tensor quant_decode(const at::Tensor& q, const at::Tensor& index, const at::Tensor& qpos,
+                        const at::Tensor& sink_k, const at::Tensor& sink_v,
+                        const at::Tensor& kc, const at::Tensor& ks, const at::Tensor& ko,
+                        const c10::optional<at::Tensor>& klam, int64_t kbits, int64_t kgroup, bool kchannel,
+                        const at::Tensor& vc, const at::Tensor& vs, const at::Tensor& vo, int64_t vbits,
+                        int64_t vgroup, bool vchannel, const at::Tensor& res_k, const at::Tensor& res_v,
+                        double scaling, int64_t window, int64_t split) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous() && q.dim() == 3, "qdecode: q [B, H, D] fp32");
+  TORCH_CHECK(index.scalar_type() == at::kInt && index.stride(2) == 1, "qdecode: index int32, rows contiguous");
+  TORCH_CHECK(qpos.scalar_type() == at::kLong && qpos.is_contiguous(), "qdecode: qpos int64");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2);
+  const int64_t H_kv = index.size(1), T = index.size(2);
+  TORCH_CHECK(H % H_kv == 0, "qdecode: H % H_kv");
+  const int64_t g = H / H_kv;
+  FpRegion SK, SV, RK, RV;
+  SK.init(sink_k);
+  SV.init(sink_v);
+  RK.init(res_k);
+  RV.init(res_v);
+  Store K, V;
+  K.init(kc, ks, ko, klam, kbits, kgroup, kchannel, D);
+  V.init(vc, vs, vo, c10::nullopt, vbits, vgroup, vchannel, D);
+  const int64_t S = SK.n;
+  TORCH_CHECK(SV.n == S && S + K.n + RK.n == T && S + V.n + RV.n == T, "qdecode: regions do not add up to T");
+  const float* qp = q.data_ptr<float>();
+  const int32_t* ip = index.data_ptr<int32_t>();
+  const int64_t* pp = qpos.data_ptr<int64_t>();
+  const float sc = static_cast<float>(scaling);
+
+  const int64_t nsplit = std::max<int64_t>(1, std::min<int64_t>(split, T));
+  const int64_t span = (T + nsplit - 1) / nsplit;
+  const int64_t units = B * H_kv * nsplit;
+  std::vector<float> pm(units * g), pl(units * g), pacc(units * g * D);
+
+  at::parallel_for(0, units, 1, [&](int64_t u0, int64_t u1) {
+    const int64_t kgr = K.channel ? D : std::max<int64_t>(1, D / K.group);  // key scale columns
+    const int64_t vgr_n = V.channel ? D : std::max<int64_t>(1, D / V.group);
+    std::vector<float> qv(g * D), qk(g * D), qsum(g * kgr), bias(g), cf(D), vrow(D), buf(D), sb(g * TILE);
+    std::vector<char> vis(TILE);
+    std::vector<float> m(g), l(g), acc(g * D), offacc(g * vgr_n), w(g);
+    const ScoresFn fast_scores = runs_for(D, g, K.bits).first;
+    const ValuesFn fast_values = runs_for(D, g, V.bits).second;
+    // the runs handle scale groups of whole vectors (at most 16 groups per row)
+    const bool kgr_fast = (D / kgr) % Vec::size() == 0 && kgr <= 16;
+    const bool vgr_fast = (D / vgr_n) % Vec::size() == 0 && vgr_n <= 16;
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t bh = u / nsplit, part = u % nsplit, b = bh / H_kv, h = bh % H_kv;
+      const int64_t a0 = part * span, a1 = std::min<int64_t>(T, a0 + span);
+      for (int64_t j = 0; j < g; ++j) {
+        const float* src = qp + (b * H + h * g + j) * D;
+        for (int64_t c = 0; c < D; ++c) qv[j * D + c] = src[c] * sc;
+      }
+      if (!K.channel) {  // per-token keys: q * smoothing, and its per-group sums
+        for (int64_t j = 0; j < g; ++j) {
+          for (int64_t c = 0; c < D; ++c) qk[j * D + c] = qv[j * D + c] * (K.lam ? K.lam[h * D + c] : 1.0f);
+          const int64_t G = D / kgr;
+          for (int64_t r = 0; r < kgr; ++r) {
+            float t = 0.0f;
+            for (int64_t c = r * G; c < (r + 1) * G; ++c) t += qk[j * D + c];
+            qsum[j * kgr + r] = t;
+          }
+        }
+      }
+      std::fill(m.begin(), m.end(), NINF);
+      std::fill(l.begin(), l.end(), 0.0f);
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      std::fill(offacc.begin(), offacc.end(), 0.0f);
+      const int32_t* idx = ip + b * index.stride(0) + h * index.stride(1);
+      const int64_t qp_b = pp[b];
+      int64_t cur_gi = -1;  // per-channel key group whose scales are folded into qk / bias
+      const uint8_t* kcodes = K.codes + b * K.cs_b + h * K.cs_h;
+      const uint8_t* vcodes = V.codes + b * V.cs_b + h * V.cs_h;
+      for (int64_t t0 = a0; t0 < a1; t0 += TILE) {
+        const int64_t t1 = std::min<int64_t>(a1, t0 + TILE), n = t1 - t0;
+        {  // software prefetch of the tile after next (packed rows, their scales, the index): DRAM streams
+          const int64_t f0 = t0 + PREFETCH_TILES * TILE, f1 = std::min<int64_t>(a1, f0 + TILE);
+          if (PREFETCH_TILES > 0 && f0 < f1) {
+            prefetch(idx + f0, (f1 - f0) * 4);
+            if (f0 >= S && f0 < S + K.n)
+              prefetch(kcodes + (f0 - S) * K.row_bytes, (std::min<int64_t>(f1, S + K.n) - f0) * K.row_bytes);
+            if (f0 >= S && f0 < S + V.n) {
+              const int64_t nn = std::min<int64_t>(f1, S + V.n) - f0;
+              prefetch(vcodes + (f0 - S) * V.row_bytes, nn * V.row_bytes);
+              if (!V.channel) {
+                const int64_t off = (b * V.ss_b + h * V.ss_h + (f0 - S) * vgr_n) * esz(V.sdt);
+                prefetch(static_cast<const char*>(V.scale) + off, nn * vgr_n * esz(V.sdt));
+                prefetch(static_cast<const char*>(V.offset) + off, nn * vgr_n * esz(V.sdt));
+              }
+            }
+            if (!K.channel && f0 >= S && f0 < S + K.n) {
+              const int64_t nn = std::min<int64_t>(f1, S + K.n) - f0;
+              const int64_t off = (b * K.ss_b + h * K.ss_h + (f0 - S) * kgr) * esz(K.sdt);
+              prefetch(static_cast<const char*>(K.scale) + off, nn * kgr * esz(K.sdt));
+              prefetch(static_cast<const char*>(K.offset) + off, nn * kgr * esz(K.sdt));
+            }
+          }
+        }
+        bool any = false;
+        int64_t tv = t0;
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+        {  // 16 slots at a time: 0 <= pos <= q_pos (and pos > q_pos - window)
+          const __m512i zero = _mm512_setzero_si512(), top = _mm512_set1_epi32(static_cast<int32_t>(qp_b));
+          const __m512i low = _mm512_set1_epi32(window > 0 ? static_cast<int32_t>(qp_b - window)
+                                                           : std::numeric_limits<int32_t>::min());
+          for (; tv + 16 <= t1; tv += 16) {
+            const __m512i p = _mm512_loadu_si512(idx + tv);
+            const __mmask16 ok = _mm512_cmpge_epi32_mask(p, zero) & _mm512_cmple_epi32_mask(p, top) &
+                                 _mm512_cmpgt_epi32_mask(p, low);
+            _mm_storeu_si128(reinterpret_cast<__m128i*>(vis.data() + tv - t0), _mm_movm_epi8(ok));
+            any |= ok != 0;
+            if (ok != 0xFFFF)
+              for (int64_t i = 0; i < 16; ++i)
+                if (!((ok >> i) & 1))
+                  for (int64_t j = 0; j < g; ++j) sb[j * TILE + tv + i - t0] = NINF;
+          }
+        }
+#endif
+        for (int64_t t = tv; t < t1; ++t) {  // visibility; invisible slots score -inf
+          const int32_t pos = idx[t];
+          const bool ok = pos >= 0 && pos <= qp_b && !(window > 0 && pos <= qp_b - window);
+          vis[t - t0] = ok;
+          any |= ok;
+          if (!ok)
+            for (int64_t j = 0; j < g; ++j) sb[j * TILE + t - t0] = NINF;
+        }
+        if (!any) continue;
+        // ---- scores sb[j][t - t0] = q_j . k_t (scaled)
+        for (int64_t t = t0; t < t1;) {
+          if (t < S || t >= S + K.n) {  // full-precision sink / residual key
+            if (vis[t - t0]) {
+              const FpRegion& R = t < S ? SK : RK;
+              const int64_t r = t < S ? t : t - S - K.n;
+              const float* kr = row_f32(R.p, b * R.sb + h * R.sh + r * R.st, D, R.dt, buf.data());
+              for (int64_t j = 0; j < g; ++j) sb[j * TILE + t - t0] = dot(qv.data() + j * D, kr, D);
+            }
+            ++t;
+            continue;
+          }
+          const int64_t r = t - S;
+          int64_t e = std::min<int64_t>(t1, S + K.n);  // a run of packed keys (one scale group if per channel)
+          if (K.channel) {
+            const int64_t gi = r / K.group;
+            e = std::min<int64_t>(e, S + (gi + 1) * K.group);
+            if (gi != cur_gi) {  // fold this group's per-channel scales into the queries
+              const int64_t off = (b * K.ss_b + h * K.ss_h + gi * D) * esz(K.sdt);
+              cvt_block(static_cast<const char*>(K.scale) + off, D, K.sdt, buf.data());
+              cvt_block(static_cast<const char*>(K.offset) + off, D, K.sdt, vrow.data());
+              for (int64_t j = 0; j < g; ++j) {
+                mul(qv.data() + j * D, buf.data(), qk.data() + j * D, D);
+                bias[j] = dot(qv.data() + j * D, vrow.data(), D);
+              }
+              cur_gi = gi;
+            }
+          }
+          const int64_t soff = b * K.ss_b + h * K.ss_h + r * kgr;  // per-token key scales of row r
+          if (fast_scores != nullptr && (K.channel || kgr_fast)) {
+            fast_scores(kcodes + r * K.row_bytes, K.row_bytes, e - t, static_cast<int>(K.bits), qk.data(),
+                        K.channel ? bias.data() : nullptr,
+                        K.channel ? nullptr : static_cast<const char*>(K.scale) + soff * esz(K.sdt),
+                        K.channel ? nullptr : static_cast<const char*>(K.offset) + soff * esz(K.sdt), K.sdt, kgr,
+                        qsum.data(), sb.data() + (t - t0), vis.data() + (t - t0));
+            t = e;
+            continue;
+          }
+          for (; t < e; ++t) {
+            if (!vis[t - t0]) continue;
+            const int64_t rr = t - S;
+            unpack_row(kcodes + rr * K.row_bytes, D, K.bits, cf.data());
+            if (K.channel) {
+              for (int64_t j = 0; j < g; ++j) sb[j * TILE + t - t0] = bias[j] + dot(qk.data() + j * D, cf.data(), D);
+            } else {
+              const int64_t off = b * K.ss_b + h * K.ss_h + rr * kgr, G = D / kgr;
+              for (int64_t j = 0; j < g; ++j) {
+                float sj = 0.0f;
+                for (int64_t gr = 0; gr < kgr; ++gr) {
+                  sj += ld(K.scale, off + gr, K.sdt) * dot(qk.data() + j * D + gr * G, cf.data() + gr * G, G) +
+                        ld(K.offset, off + gr, K.sdt) * qsum[j * kgr + gr];
+                }
+                sb[j * TILE + t - t0] = sj;
+              }
+            }
+          }
+        }
+        if (!any) continue;
+        // ---- online softmax over the tile: sb <- exp(sb - m')
+        for (int64_t j = 0; j < g; ++j) {
+          float* row = sb.data() + j * TILE;
+          float mx = std::max(m[j], row_max(row, n));
+          if (mx == NINF) {
+            std::fill(row, row + n, 0.0f);
+            continue;
+          }
+          const float alpha = std::exp(m[j] - mx);  // 0 when m was -inf
+          int64_t i = 0;
+          Vec vs(0.0f), vm(mx);
+          for (; i + Vec::size() <= n; i += Vec::size()) {
+            const Vec e = (Vec::loadu(row + i) - vm).exp_u20();
+            e.store(row + i);
+            vs = vs + e;
+          }
+          float sum = hsum(vs);
+          for (; i < n; ++i) {
+            row[i] = std::exp(row[i] - mx);
+            sum += row[i];
+          }
+          if (alpha != 1.0f) {
+            scale(alpha, acc.data() + j * D, D);
+            for (int64_t r = 0; r < vgr_n; ++r) offacc[j * vgr_n + r] *= alpha;
+          }
+          l[j] = l[j] * alpha + sum;
+          m[j] = mx;
+        }
+        // ---- values: acc_j += p_j,t v_t
+        for (int64_t t = t0; t < t1;) {
+          if (t < S || t >= S + V.n) {  // full-precision sink / residual value
+            if (vis[t - t0]) {
+              const FpRegion& R = t < S ? SV : RV;
+              const int64_t r = t < S ? t : t - S - V.n;
+              const float* vr = row_f32(R.p, b * R.sb + h * R.sh + r * R.st, D, R.dt, buf.data());
+              for (int64_t j = 0; j < g; ++j) axpy(sb[j * TILE + t - t0], vr, acc.data() + j * D, D);
+            }
+            ++t;
+            continue;
+          }
+          const int64_t r = t - S;
+          const int64_t e = std::min<int64_t>(t1, S + V.n);
+          if (fast_values != nullptr && !V.channel && vgr_fast) {
+            const int64_t off = b * V.ss_b + h * V.ss_h + r * vgr_n;
+            fast_values(vcodes + r * V.row_bytes, V.row_bytes, e - t, static_cast<int>(V.bits), sb.data() + (t - t0),
+                        static_cast<const char*>(V.scale) + off * esz(V.sdt),
+                        static_cast<const char*>(V.offset) + off * esz(V.sdt), V.sdt, vgr_n, acc.data(),
+                        offacc.data(), vis.data() + (t - t0));
+            t = e;
+            continue;
+          }
+          for (; t < e; ++t) {
+            if (!vis[t - t0]) continue;
+            for (int64_t j = 0; j < g; ++j) w[j] = sb[j * TILE + t - t0];
+            const int64_t rr = t - S;
+            unpack_row(vcodes + rr * V.row_bytes, D, V.bits, cf.data());
+            if (!V.channel) {
+              const int64_t off = b * V.ss_b + h * V.ss_h + rr * vgr_n, G = D / vgr_n;
+              for (int64_t gr = 0; gr < vgr_n; ++gr) {
+                const float vs_ = ld(V.scale, off + gr, V.sdt), vo_ = ld(V.offset, off + gr, V.sdt);
+                for (int64_t j = 0; j < g; ++j) {
+                  axpy(w[j] * vs_, cf.data() + gr * G, acc.data() + j * D + gr * G, G);
+                  offacc[j * vgr_n + gr] += w[j] * vo_;
+                }
+              }
+            } else {  // per-channel values: dequantise the row, then accumulate
+              const int64_t off = b * V.ss_b + h * V.ss_h + (rr / V.group) * D;
+              for (int64_t c = 0; c < D; ++c) {
+                vrow[c] = cf[c] * ld(V.scale, off + c, V.sdt) + ld(V.offset, off + c, V.sdt);
+              }
+              for (int64_t j = 0; j < g; ++j) axpy(w[j], vrow.data(), acc.data() + j * D, D);
+            }
+          }
+        }
+      }
+      for (int64_t j = 0; j < g; ++j) {
+        float* dst = pacc.data() + (u * g + j) * D;
+        const int64_t G = D / vgr_n;
+        for (int64_t c = 0; c < D; ++c) dst[c] = acc[j * D + c] + (V.channel ? 0.0f : offacc[j * vgr_n + c / G]);
+        pm[u * g + j] = m[j];
+        pl[u * g + j] = l[j];
+      }
+    }
+  });
+
+  auto out = at::empty({B, H, D}, q.options());
+  float* op = out.data_ptr<float>();
+  for (int64_t bh = 0; bh < B * H_kv; ++bh) {  // merge the ranges of each (b, kv head)
+    const int64_t b = bh / H_kv, h = bh % H_kv;
+    for (int64_t j = 0; j < g; ++j) {
+      float M = NINF;
+      for (int64_t p = 0; p < nsplit; ++p) M = std::max(M, pm[(bh * nsplit + p) * g + j]);
+      float* dst = op + (b * H + h * g + j) * D;
+      std::fill(dst, dst + D, 0.0f);
+      if (M == NINF) continue;  // no visible key: zeros
+      float L = 0.0f;
+      for (int64_t p = 0; p < nsplit; ++p) {
+        const int64_t u = bh * nsplit + p;
+        if (pm[u * g + j] == NINF) continue;
+        const float e = std::exp(pm[u * g + j] - M);
+        L += pl[u * g + j] * e;
+        axpy(e, pacc.data() + (u * g + j) * D, dst, D);
+      }
+      scale(1.0f / L, dst, D);
+    }
+  }
+  return out;
+}
+
+// q: [B, H, D] fp32; k, v: [B, H_kv, T, D] fp32 (last dim contiguous); index: [B, H_kv, T] int32;
+// qpos: [B] int64; slots: [B, H, S] int64 (each query head's slots, any order; -1 = none).
+// Returns (out [B, H, D], lse [B, H]); a head with no visible key gets 0 and -inf.
+std::vector<at::Tensor> paged_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                     const at::Tensor& index, const at::Tensor& qpos, const at::Tensor& slots,
+                                     double scaling) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous() && q.dim() == 3, "paged: q [B, H, D] fp32");
+  TORCH_CHECK(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "paged: k/v fp32");
+  TORCH_CHECK(k.stride(3) == 1 && v.stride(3) == 1, "paged: k/v rows contiguous");
+  TORCH_CHECK(index.scalar_type() == at::kInt && slots.scalar_type() == at::kLong && slots.is_contiguous(),
+              "paged: index int32, slots int64");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), H_kv = k.size(1), T = k.size(2);
+  const int64_t S = slots.size(2), g = H / H_kv;
+  const float* qp = q.data_ptr<float>();
+  const float* kp = k.data_ptr<float>();
+  const float* vp = v.data_ptr<float>();
+  const int32_t* ip = index.data_ptr<int32_t>();
+  const int64_t* sp = slots.data_ptr<int64_t>();
+  const int64_t* pp = qpos.data_ptr<int64_t>();
+  const int64_t kb = k.stride(0), kh = k.stride(1), kt = k.stride(2);
+  const int64_t vb = v.stride(0), vh = v.stride(1), vt = v.stride(2);
+  const int64_t ib = index.stride(0), ih = index.stride(1), it = index.stride(2);
+  auto out = at::empty({B, H, D}, q.options());
+  auto lse = at::empty({B, H}, q.options());
+  float* op = out.data_ptr<float>();
+  float* lp = lse.data_ptr<float>();
+  const float sc = static_cast<float>(scaling);
+  at::parallel_for(0, B * H, 1, [&](int64_t u0, int64_t u1) {
+    std::vector<float> qs(D), acc(D);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t b = u / H, hq = u % H, h = hq / g;
+      for (int64_t c = 0; c < D; ++c) qs[c] = qp[u * D + c] * sc;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      float m = NINF, l = 0.0f;
+      const int64_t* sl = sp + u * S;
+      const float* K = kp + b * kb + h * kh;
+      const float* V = vp + b * vb + h * vh;
+      const int32_t* I = ip + b * ib + h * ih;
+      for (int64_t i = 0; i < S; ++i) {
+        const int64_t t = sl[i];
+        if (t < 0 || t >= T) continue;
+        const int32_t pos = I[t * it];
+        if (pos < 0 || pos > pp[b]) continue;
+        const float s = dot(qs.data(), K + t * kt, D);
+        if (s > m) {
+          const float alpha = std::exp(m - s);
+          scale(alpha, acc.data(), D);
+          l *= alpha;
+          m = s;
+        }
+        const float e = std::exp(s - m);
+        l += e;
+        axpy(e, V + t * vt, acc.data(), D);
+      }
+      float* dst = op + u * D;
+      if (l > 0.0f) {
+        const float inv = 1.0f / l;
+        for (int64_t c = 0; c < D; ++c) dst[c] = acc[c] * inv;
+        lp[u] = m + std::log(l);
+      } else {
+        std::fill(dst, dst + D, 0.0f);
+        lp[u] = NINF;
+      }
+    }
+  });
+  return {out, lse};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("quant_decode", &quant_decode, "fused decode attention over packed KIVI / PM-KVQ storage (CPU)");
+  m.def("paged_decode", &paged_decode, "paged sparse decode attention over selected slots (CPU, fp32)");
+}

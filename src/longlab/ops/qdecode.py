@@ -1,0 +1,140 @@
+"""Fused decode attention over packed KV codes, and paged sparse decode (``qdecode.cpp``, CPU).
+
+**Quantized decode** (:func:`quant_decode`): one decode query per row against a quantized layer's slots
+``[ sink (fp) | main (packed codes) | residual (fp) ]`` (KIVI, Liu et al. 2024, arXiv:2402.02750: per-channel
+keys, per-token values, a full-precision residual window; PM-KVQ, ICLR 2026: per-token keys and values with
+key smoothing ``lambda``, 16/8/4/2-bit widths), reading the packed codes and their scales in place, with
+an online softmax (Dao et al. 2022), so no dequantised copy of the cache is ever made. The scales fold
+into the query and the probabilities:
+
+    per-channel keys (group i):  q.k_t = sum_c (q_c s_ic) code_tc + sum_c q_c o_ic
+    per-token keys (groups r):   q.k_t = sum_r [s_tr sum_(c in r) q_c lambda_c code_tc
+                                                + o_tr sum_(c in r) q_c lambda_c]
+    per-token values:            sum_t p_t v_tc = sum_t (p_t s_t,r(c)) code_tc + sum_t p_t o_t,r(c)
+
+so each code is converted once and used in one multiply-add per query head of its KV head (GQA).
+
+**Paged decode** (:func:`paged_decode`): each query head attends over its own slot list (Quest's top pages
+plus the last page, RetroAttention's loaded pages), reading only those K/V rows, in place; returns the
+output and the log-sum-exp (RetroAttention merges by it).
+
+Both run through :mod:`longlab.ops.build` (compiled once per machine, about a minute; ``LONGLAB_QDECODE=0``
+switches the extension off). Callers check :func:`available` and keep their pure-PyTorch path
+(``QuantizedLayer``'s chunked dequantise-and-attend, Quest's gather) as the fallback.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from longlab.ops import build
+
+__all__ = ["KERNEL", "Packed", "available", "unavailable_reason", "quant_decode", "paged_decode"]
+
+KERNEL = build.Kernel("qdecode", (Path(__file__).with_name("qdecode.cpp"),), "LONGLAB_QDECODE",
+                      ("quant_decode", "paged_decode"), tuple(build.cpu_flags()))
+_SPLIT_MIN = 2048  # slots per parallel range below which a (row, KV head) is not split
+
+
+@dataclass
+class Packed:
+    """One packed store: ``codes uint8 [B, H_kv, n, D * bits / 8]`` (planar, as ``quant.quantizer.pack``),
+    ``scale, offset`` (per token: ``[B, H_kv, n, D / group]``; per channel, ``channel=True``:
+    ``[B, H_kv, ceil(n / group), D]``), ``smoothing [H_kv, D]`` fp32 or None (per-token keys only)."""
+
+    codes: torch.Tensor
+    scale: torch.Tensor
+    offset: torch.Tensor
+    bits: int
+    group: int
+    channel: bool
+    smoothing: torch.Tensor | None = None
+
+
+def unavailable_reason(q: torch.Tensor | None = None) -> str | None:
+    """Why the fused kernels cannot run on ``q`` here (None when they can); builds on first call."""
+    if q is not None:
+        if q.device.type != "cpu":
+            return f"CPU only (q is on {q.device.type})"
+        if q.requires_grad and torch.is_grad_enabled():
+            return "forward only (q requires grad)"
+    return build.reason(KERNEL)
+
+
+def available(q: torch.Tensor | None = None) -> bool:
+    """Whether :func:`quant_decode` / :func:`paged_decode` can run on ``q`` on this machine."""
+    return unavailable_reason(q) is None
+
+
+def _split(B: int, H_kv: int, T: int) -> int:
+    threads = torch.get_num_threads()
+    if threads <= 1:
+        return 1
+    return max(1, min(T // _SPLIT_MIN, -(-2 * threads // (B * H_kv))))
+
+
+def quant_decode(q: torch.Tensor, query_pos: torch.Tensor, key_index: torch.Tensor, sink_k: torch.Tensor,
+                 sink_v: torch.Tensor, keys: Packed, values: Packed, res_k: torch.Tensor, res_v: torch.Tensor,
+                 scaling: float, sliding_window: int | None = None) -> torch.Tensor:
+    """Exact attention of one decode query per row over a packed layer (module docstring).
+
+    q: [B, H, 1, D]; query_pos: [B]; key_index: [B, H_kv, T] int32 (-1 = empty slot); sink_k/v:
+    [B, H_kv, S, D]; keys/values: main regions of ``n_k`` / ``n_v`` slots after the sink; res_k/v:
+    [B, H_kv, T - S - n_k (n_v), D] (fp32/fp16/bf16, last dim contiguous). A key is visible when
+    ``0 <= pos <= query_pos`` (and ``query_pos - pos < sliding_window``); a row that sees none gets zeros.
+    Returns [B, H, 1, D] in ``q.dtype``."""
+    ext = build.load(KERNEL)
+    if ext is None:
+        raise RuntimeError(f"quant_decode: {unavailable_reason()}")
+    B, H, _, D = q.shape
+
+    def c(t: torch.Tensor) -> torch.Tensor:
+        return t if t.is_contiguous() else t.contiguous()
+
+    def packed(t: torch.Tensor) -> torch.Tensor:  # rows packed; a view of a buffer's first rows is fine
+        ok = t.stride(-1) == 1 and (t.shape[2] <= 1 or t.stride(2) == t.shape[3])
+        return t if ok else t.contiguous()
+
+    def pair(s: torch.Tensor, o: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        s, o = packed(s), packed(o)
+        return (s, o) if s.stride() == o.stride() else (s.contiguous(), o.contiguous())
+
+    def rows(t: torch.Tensor) -> torch.Tensor:
+        return t if t.shape[2] == 0 or t.stride(-1) == 1 else t.contiguous()
+
+    lam = None if keys.smoothing is None else c(keys.smoothing.float().reshape(-1, D))
+    index = key_index if key_index.stride(-1) == 1 else key_index.contiguous()
+    with torch.no_grad():
+        out = ext.quant_decode(
+            c(q.reshape(B, H, D).float()), index.to(torch.int32), c(query_pos.to(torch.int64)),
+            rows(sink_k), rows(sink_v),
+            packed(keys.codes), *pair(keys.scale, keys.offset), lam, keys.bits, keys.group, keys.channel,
+            packed(values.codes), *pair(values.scale, values.offset), values.bits, values.group,
+            values.channel,
+            rows(res_k), rows(res_v), float(scaling), int(sliding_window or 0),
+            _split(B, key_index.shape[1], key_index.shape[2]))
+    return out.reshape(B, H, 1, D).to(q.dtype)
+
+
+def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_index: torch.Tensor,
+                 query_pos: torch.Tensor, slots: torch.Tensor, scaling: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of each query head over its own slots only (read in place, fp32 math).
+
+    q: [B, H, 1, D]; k, v: [B, H_kv, T, D] float32; key_index: [B, H_kv, T] int32; query_pos: [B];
+    slots: [B, H, S] slot ids (-1: none). Returns ``(out [B, H, 1, D] in q.dtype, lse [B, H, 1] fp32)``;
+    a head with no visible key gets 0 and -inf, as :func:`longlab.decode.quest.attend_slots`."""
+    ext = build.load(KERNEL)
+    if ext is None:
+        raise RuntimeError(f"paged_decode: {unavailable_reason()}")
+    B, H, _, D = q.shape
+    kk = k if k.stride(-1) == 1 else k.contiguous()
+    vv = v if v.stride(-1) == 1 else v.contiguous()
+    with torch.no_grad():
+        out, lse = ext.paged_decode(q.reshape(B, H, D).float().contiguous(), kk, vv,
+                                    key_index.to(torch.int32), query_pos.to(torch.int64).contiguous(),
+                                    slots.to(torch.int64).contiguous(), float(scaling))
+    return out.reshape(B, H, 1, D).to(q.dtype), lse.reshape(B, H, 1)
