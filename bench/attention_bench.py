@@ -8,7 +8,7 @@
     torchrun --nproc-per-node 4 bench/attention_bench.py --part cp --cp-backend nccl   # one world, torchrun
 
 Part ``kernels`` (Bu et al., arXiv 2510.17896, section "dense/sparse kernels"): for each head shape (SmolLM2
-GQA 9:3 and MHA 9:9, D = 64), length and mask, every available kernel of :mod:`longlab.kernels` is timed
+GQA 9:3 and MHA 9:9, D = 64), length and mask, every available kernel of :mod:`longlab.ops.kernels` is timed
 with interleaved repeats (the kernels take turns inside each repeat; medians reported): mask generation
 (slices), mask construction for the kernel (dense bool / BlockMask / gather plan), forward, backward where
 the kernel has one. FLOPs are LongCA's ``4 * area * H * D`` (backward 2.5x), peak memory is the growth of the
@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from common import hardware, write_json
 
-from longlab.context_parallel import (
+from longlab.ops.context_parallel import (
     STRATEGIES,
     CommStats,
     Layout,
@@ -48,7 +48,7 @@ from longlab.context_parallel import (
     spawn,
     theoretical_bytes,
 )
-from longlab.kernels import (
+from longlab.ops.kernels import (
     KERNELS,
     backward_unsupported_reason,
     flops,
@@ -56,7 +56,7 @@ from longlab.kernels import (
     run,
     unavailable_reason,
 )
-from longlab.masks import MASKS, SliceMask, make_mask
+from longlab.ops.masks import MASKS, SliceMask, make_mask
 
 SHAPES = {"gqa": (9, 3, 64), "mha": (9, 9, 64)}  # SmolLM2-135M heads: 9 query heads, 3 KV heads, D = 64
 DEFAULT_KERNELS = ["naive", "sdpa-math", "sdpa", "flex", "gather", "grouped", "executor-gather",
@@ -235,7 +235,7 @@ def _q(xs: list[float], p: float) -> float:
 
 # ---- part 3: the sparse-prefill executor at density rho vs rho x dense ----------------------------------
 def _exec_call(backend: str, q, k, v, m, scaling: float):
-    from longlab.kernels import split_block_sparse_attention
+    from longlab.ops.kernels import split_block_sparse_attention
     from longlab.sparse.executor import block_sparse_attention
 
     if backend == "sdpa-causal":  # queries are the last T_q keys (a prefill chunk when T_q < T_k)

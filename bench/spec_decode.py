@@ -42,7 +42,7 @@ from longlab.prompt import encode_prompts
 from longlab.spec import parse_draft, parse_verifier, speculative_decode
 from longlab.spec.dustin import save_heads, select_heads
 from longlab.spec.jacobi import jacobi_decode
-from longlab.spec.kernels import kv_slot_bytes
+from longlab.spec.slot_attention import kv_slot_bytes
 from longlab.tasks import Sample, essay_sentences, score
 from longlab.tasks import generate_samples as make_samples
 

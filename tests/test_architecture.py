@@ -17,11 +17,14 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "longlab"
 LAYERS: list[tuple[str, ...]] = [
     ("paths", "errors", "registry", "recipe", "safeio", "prompt", "tasks", "sparse.blockmask",
      "sparse.synthetic", "quant.quantizer", "eval.store"),
-    ("attention", "masks", "context_parallel", "ops"),  # masks: LongCA slices; ops: compiled kernels
+    # ops: the attention-kernel lab and compiled kernels (build, block_flash, qdecode; masks: LongCA slice
+    # masks; context_parallel: ring attention over torch.distributed), below the method families that use them
+    ("attention", "ops"),
     ("cache",),
-    # method families; kernels: one call; compress: context compressors (compress.api: above models)
-    # position: RoPE methods (position.train, the training tool, sits with the tools)
-    ("kv", "quant", "sparse", "decode", "kernels", "compress", "position"),
+    # method families; ops.kernels: LongCA-bench's kernels behind one call (it runs the sparse executor);
+    # compress: context compressors (compress.api: above models); position: RoPE methods (position.train,
+    # the training tool, sits with the tools)
+    ("kv", "quant", "sparse", "decode", "ops.kernels", "compress", "position"),
     ("hook",),
     ("models",),
     ("reuse",),  # per-document KV store, assembly and reuse methods: drive a model's layers, below pipeline
@@ -31,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine",),  # the one engine: streams, prefill-once planner, decode lanes, submit/step/run
     ("generation",),  # generate(): a thin facade over the engine
     # tools and the harness drive models and pipelines (capture: q/k/v capture for calibration, training)
-    ("capture", "kv.indexmem_train", "quant.calibrate", "eval", "cp_generate",  # cp_generate: CP prefill
+    ("capture", "kv.indexmem_train", "quant.calibrate", "eval", "ops.cp_generate",  # CP prefill
      "position.train", "lab"),  # lab: the layers lab (own LM + trainer), writes to eval.store
     ("methods",),  # the one list of method modules (registers every family); the package face imports it
     ("cli",),

@@ -57,7 +57,7 @@ def test_a_huge_context_is_refused_before_it_is_tokenized(tiny_models, tokenizer
 
 
 def test_a_process_group_without_loopback_is_refused(monkeypatch):
-    from longlab import context_parallel
+    from longlab.ops import context_parallel
 
     def no_network(*args, **kwargs):
         raise OSError(101, "Network is unreachable")

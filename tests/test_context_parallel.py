@@ -8,7 +8,7 @@ import zlib
 import pytest
 import torch
 
-from longlab.context_parallel import (
+from longlab.ops.context_parallel import (
     STRATEGIES,
     CommStats,
     Layout,
@@ -17,7 +17,7 @@ from longlab.context_parallel import (
     spawn,
     theoretical_bytes,
 )
-from longlab.masks import make_mask
+from longlab.ops.masks import make_mask
 from longlab.recipe import LonglabError
 
 T = 64

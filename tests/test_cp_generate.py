@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longlab.cp_generate import context_parallel_prefill, generate_context_parallel
 from longlab.generation import generate
+from longlab.ops.cp_generate import context_parallel_prefill, generate_context_parallel
 from longlab.recipe import LonglabError
 
 

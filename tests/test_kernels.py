@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longlab.kernels import (
+from longlab.ops.kernels import (
     KERNELS,
     attention,
     backward_unsupported_reason,
@@ -14,7 +14,7 @@ from longlab.kernels import (
     run,
     unavailable_reason,
 )
-from longlab.masks import MASKS, SliceMask, make_mask
+from longlab.ops.masks import MASKS, SliceMask, make_mask
 from longlab.recipe import LonglabError
 
 T = 203
@@ -189,7 +189,7 @@ def _split_id(c):
 @pytest.mark.parametrize("shared", [False, True], ids=["per-head", "head-shared"])
 @pytest.mark.parametrize("case", SPLIT_CASES, ids=_split_id)
 def test_split_executor_equals_masked_softmax(case, shared):
-    from longlab.kernels import split_block_sparse_attention
+    from longlab.ops.kernels import split_block_sparse_attention
     from longlab.sparse.blockmask import BlockSparseMask, enforce_required
 
     B, H, H_kv, T_q, T_k, D, bq, bk = case

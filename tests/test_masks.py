@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from longlab.masks import MASKS, SliceMask, make_mask, mask_from_dense, sample_document_lengths
+from longlab.ops.masks import MASKS, SliceMask, make_mask, mask_from_dense, sample_document_lengths
 from longlab.recipe import LonglabError
 
 T = 203  # not a multiple of any block size

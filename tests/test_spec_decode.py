@@ -292,7 +292,7 @@ def test_dustin_with_budget_over_context_equals_full(llama, tokenizer, prompts, 
 def test_dustin_sparse_view_attention_matches_dense_over_the_same_keys(llama, tokenizer, prompts, one_thread):
     """The sparse path over a view that holds every slot computes exact attention (to fp32 rounding)."""
     from longlab.spec.dustin import Dustin
-    from longlab.spec.kernels import SlotView
+    from longlab.spec.slot_attention import SlotView
 
     stream, _ = _stream(llama, "full", prompts[:1])
     layer = stream.cache.layers[1]

@@ -85,8 +85,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
         strict=args.strict, batch_decode=False,
     ).check()  # every argument checked before the model loads
-    if args.context_parallel is not None:  # longlab.cp_generate: the prefill split over processes
-        from ..cp_generate import cli_generate
+    if args.context_parallel is not None:  # longlab.ops.cp_generate: the prefill split over processes
+        from ..ops.cp_generate import cli_generate
 
         return cli_generate(args, request)
     store = None

@@ -178,7 +178,7 @@ def _spec_repr(res: Any) -> str:
 
 def _read_bytes(res: Any) -> float:
     """K/V bytes a plain decode read for its tokens (every held slot of every layer, every step)."""
-    from ..spec.kernels import kv_slot_bytes
+    from ..spec.slot_attention import kv_slot_bytes
 
     cache, n = res.cache, len(res.token_ids)
     total = 0.0

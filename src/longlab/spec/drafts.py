@@ -28,9 +28,9 @@ from ..cache import LonglabCache, left_pad
 from ..recipe import LonglabError, Recipe, parse_method, parse_recipe, shorten
 from ..registry import MAX_LAYERS, MAX_TOKENS, param
 from .base import Draft, Proposal, SpecContext, forward_tokens, register_draft
-from .kernels import SlotView, attend_kv, kv_slot_bytes
 from .loop import filtered_probs
 from .rollback import CacheSnapshot
+from .slot_attention import SlotView, attend_kv, kv_slot_bytes
 
 __all__ = ["LookupDraft", "SelfDraft", "ModelDraft", "lookup_proposal"]
 

@@ -38,7 +38,7 @@ from ..cache import LonglabCache
 from ..recipe import LonglabError, Recipe, check_range
 from ..registry import MAX_BLOCK, MAX_TOKENS, param
 from .base import Verifier, forward_tokens, register_verifier
-from .kernels import SlotView, attend_kv, kv_slot_bytes
+from .slot_attention import SlotView, attend_kv, kv_slot_bytes
 from .verify import exact_attention
 
 __all__ = ["Dustin", "head_recall", "select_heads", "save_heads", "load_heads", "page_mass"]

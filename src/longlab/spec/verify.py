@@ -22,8 +22,8 @@ import torch
 from ..attention import layer_attention
 from ..quant.storage import ChannelGroupStore
 from .base import Verifier, register_verifier
-from .kernels import attend_kv, kv_slot_bytes, lse_merge
 from .rollback import new_slots
+from .slot_attention import attend_kv, kv_slot_bytes, lse_merge
 
 __all__ = ["FullVerify", "sequential_quant_attention", "clone_layer", "exact_attention"]
 

@@ -1,4 +1,5 @@
-"""Attention kernels behind one call, for any :class:`longlab.masks.SliceMask` (LongCA-bench's kernel axis).
+"""Attention kernels behind one call, for any :class:`~longlab.ops.masks.SliceMask` (LongCA-bench's kernel
+axis).
 
 Bu et al., "LongCA-bench", arXiv 2510.17896 (ICLR 2026) compare dense and sparse attention kernels on the
 same masks. Here every kernel computes
@@ -51,7 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from longlab.attention import compiled_flex, merge_by_lse
-from longlab.masks import BlockLayout, SliceMask
+from longlab.ops.masks import BlockLayout, SliceMask
 from longlab.recipe import LonglabError
 from longlab.sparse.executor import (
     block_sparse_attention,

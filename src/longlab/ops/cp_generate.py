@@ -2,9 +2,9 @@
 
 ``longlab generate --context-parallel N`` (and :func:`generate_context_parallel`): this process is rank 0
 and forks ``N - 1`` workers that inherit the loaded model. The first ``n_cp`` context tokens (a multiple of
-``2N``) are sharded with the head/tail :class:`~longlab.context_parallel.Layout`; every rank runs the whole
-model on its tokens at their true positions, and each attention layer runs
-:func:`~longlab.context_parallel.context_parallel_attention` (Ring-P2P by default; causal, or causal
+``2N``) are sharded with the head/tail :class:`~longlab.ops.context_parallel.Layout`; every rank runs the
+whole model on its tokens at their true positions, and each attention layer runs
+:func:`~longlab.ops.context_parallel.context_parallel_attention` (Ring-P2P by default; causal, or causal
 sliding-window for sliding layers). The layers' post-RoPE K/V are then all-gathered into rank 0's
 :class:`~longlab.cache.LonglabCache` in position order; the remaining context tokens, the question and
 greedy decoding run on rank 0 exactly as :func:`longlab.generation.generate` does with the ``full`` recipe,
@@ -23,8 +23,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .attention import sliding_window_of
-from .cache import LonglabCache
+from ..attention import sliding_window_of
+from ..cache import LonglabCache
+from ..engine.stream import Stream, eos_token_ids
+from ..generation import GenerationResult
+from ..prompt import encode_prompts
+from ..recipe import LonglabError
 from .context_parallel import (
     STRATEGIES,
     Layout,
@@ -34,11 +38,7 @@ from .context_parallel import (
     _free_port,
     context_parallel_attention,
 )
-from .engine.stream import Stream, eos_token_ids
-from .generation import GenerationResult
 from .masks import make_mask
-from .prompt import encode_prompts
-from .recipe import LonglabError
 
 __all__ = ["generate_context_parallel", "context_parallel_prefill", "cli_generate"]
 
@@ -212,7 +212,7 @@ def cli_generate(args: Any, request: Any) -> int:
     ``request``: the checked :class:`~longlab.request.Request` (a context, the full recipe, greedy)."""
     import sys
 
-    from .models import load_model
+    from ..models import load_model
 
     if not request.parsed.recipe.is_empty:
         raise LonglabError(f"--context-parallel runs the full recipe only (no compression yet); pass "

@@ -1,7 +1,7 @@
 """Context-parallel attention over ``torch.distributed``: Ulysses, Ring-P2P, Ring-AllGather and USP.
 
 The four mechanisms LongCA-bench (Bu et al., arXiv 2510.17896, ICLR 2026) compares, forward and backward,
-for any :class:`longlab.masks.SliceMask` (the paper's distributed runs use FULL, CAUSAL and DOCUMENT):
+for any :class:`longlab.ops.masks.SliceMask` (the paper's distributed runs use FULL, CAUSAL and DOCUMENT):
 
 * **Ulysses** (Jacobs et al., DeepSpeed-Ulysses, arXiv 2309.14509): an all-to-all turns the sequence shard
   of every head into all tokens of ``H / N`` heads; attention runs locally; a second all-to-all turns it back.
@@ -47,7 +47,7 @@ import torch
 import torch.distributed as dist
 
 from longlab.attention import MAX_SCORE_BYTES, lse_merge
-from longlab.masks import SliceMask
+from longlab.ops.masks import SliceMask
 from longlab.recipe import LonglabError
 
 __all__ = [
