@@ -9,7 +9,7 @@ import torch
 
 from longlab.lab.tasks import (
     GROUPS,
-    TASKS,
+    LAB_TASKS,
     MTDTask,
     cayley_table,
     mirror_descent,
@@ -27,7 +27,7 @@ def _gen(seed: int = 0) -> torch.Generator:
 OTHER = {"lcube", "lorenz96", "meg", "track", "xor", "blobs"}
 
 
-@pytest.mark.parametrize("name", sorted(set(TASKS) - OTHER))
+@pytest.mark.parametrize("name", sorted(set(LAB_TASKS) - OTHER))
 @pytest.mark.parametrize("length", [64, 257])
 def test_exact_length_vocab_and_seeding(name, length):
     task = task_config("pcfg:max_length=300" if name == "pcfg" else name)

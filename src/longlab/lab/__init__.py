@@ -7,11 +7,11 @@ See :mod:`longlab.lab.mixers` (registered mixers), :mod:`longlab.lab.tasks` (reg
 
 from .mixers import MIXERS, MixerConfig, mixer_config, register_mixer
 from .model import LabConfig, LabLM, match_mlp_hidden
-from .positions import POSITIONS, Positions
+from .positions import LAB_POSITIONS, Positions
 
 __all__ = [
     "MIXERS",
-    "POSITIONS",
+    "LAB_POSITIONS",
     "LabConfig",
     "LabLM",
     "MixerConfig",

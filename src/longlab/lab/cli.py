@@ -141,12 +141,12 @@ def lab_main(args: Any) -> int:
         return 0
     if args.lab_command == "list":
         from .mixers import MIXERS
-        from .positions import POSITIONS
-        from .tasks import TASKS
+        from .positions import LAB_POSITIONS
+        from .tasks import LAB_TASKS
 
         for name, cls in MIXERS.items():
             print(f"mixer {name:<10} positions {'/'.join(cls.positions_allowed):<22} {cls.paper}")
-        print("positions " + ", ".join(POSITIONS))
-        print("tasks     " + ", ".join(TASKS))
+        print("positions " + ", ".join(LAB_POSITIONS))
+        print("tasks     " + ", ".join(LAB_TASKS))
         return 0
     raise LonglabError(f"longlab lab: unknown command {args.lab_command!r}")

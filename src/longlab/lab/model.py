@@ -27,7 +27,7 @@ from torch import nn
 
 from ..recipe import LonglabError
 from .mixers import MixerConfig, mixer_config
-from .positions import POSITIONS, Positions
+from .positions import LAB_POSITIONS, Positions
 
 __all__ = ["LabConfig", "LabLM", "match_mlp_hidden"]
 
@@ -73,9 +73,9 @@ class LabConfig:
         self.mixer = cfg.spec()
         if not self.positions:
             self.positions = cfg.default_positions
-        if self.positions not in POSITIONS:
+        if self.positions not in LAB_POSITIONS:
             raise LonglabError(
-                f"--positions: unknown {self.positions!r}; choose one of {', '.join(POSITIONS)}"
+                f"--positions: unknown {self.positions!r}; choose one of {', '.join(LAB_POSITIONS)}"
             )
         if self.positions not in cfg.positions_allowed:
             raise LonglabError(

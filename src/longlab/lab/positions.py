@@ -22,9 +22,9 @@ import torch
 from ..position.rope import ropeid_inv_freq
 from ..recipe import LonglabError
 
-__all__ = ["POSITIONS", "Positions", "log_length"]
+__all__ = ["LAB_POSITIONS", "Positions", "log_length"]
 
-POSITIONS = ("rope", "nope", "alibi", "nape", "ropeid")
+LAB_POSITIONS = ("rope", "nope", "alibi", "nape", "ropeid")
 
 
 class Positions:
@@ -32,8 +32,8 @@ class Positions:
 
     def __init__(self, kind: str, n_heads: int, head_dim: int, theta: float = 10000.0,
                  train_len: int = 0, cycles: float = 1.0) -> None:
-        if kind not in POSITIONS:
-            raise LonglabError(f"positions: unknown {kind!r}; choose one of {', '.join(POSITIONS)}")
+        if kind not in LAB_POSITIONS:
+            raise LonglabError(f"positions: unknown {kind!r}; choose one of {', '.join(LAB_POSITIONS)}")
         if kind in ("rope", "ropeid") and head_dim % 2:
             raise LonglabError(f"positions: {kind} needs an even head dim, got {head_dim}")
         if kind == "ropeid" and (head_dim < 4 or train_len < 2):

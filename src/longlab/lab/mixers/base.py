@@ -32,7 +32,7 @@ from torch import nn
 
 from ...recipe import LonglabError
 from ...registry import REGISTRY, Registered
-from ..positions import POSITIONS, Positions
+from ..positions import LAB_POSITIONS, Positions
 
 __all__ = [
     "MIXERS",
@@ -60,7 +60,7 @@ class MixerConfig(Registered):
     :meth:`build`."""
 
     family: ClassVar[str] = "mixer"
-    positions_allowed: ClassVar[tuple[str, ...]] = POSITIONS
+    positions_allowed: ClassVar[tuple[str, ...]] = LAB_POSITIONS
     default_positions: ClassVar[str] = "rope"
     # capabilities: "prenorm" blocks are RMSNorm → mixer + RMSNorm → MLP with residuals; "plain" blocks are
     # the mixer alone (a spiking layer stack); causal = False: an encoder mixer (masked pretraining)

@@ -1,8 +1,8 @@
 """Synthetic tasks of the layers lab: seeded generators with exact answers (or exact next-token
-distributions), any length. One task per module, each registered by name in ``TASKS``; the extension
+distributions), any length. One task per module, each registered by name in ``LAB_TASKS``; the extension
 point (:class:`Batch`, :class:`Task`, :func:`register_task`, :func:`task_config`) is in :mod:`.base`.
 
-Registered (``TASKS``; importing this package imports every task module):
+Registered (``LAB_TASKS``; importing this package imports every task module):
 
 - ``copy`` (:mod:`.copy`), ``mqar`` (:mod:`.mqar`), ``passkey`` (:mod:`.passkey`), ``flipflop``
   (:mod:`.flipflop`): recall with exact answers;
@@ -22,7 +22,7 @@ from __future__ import annotations
 from .algebra import GROUPS, QUERIES, AlgebraTask, cayley_table, group_order
 from .base import (
     IGNORE,
-    TASKS,
+    LAB_TASKS,
     Batch,
     ClassBatch,
     Task,
@@ -48,7 +48,7 @@ __all__ = [
     "GROUPS",
     "IGNORE",
     "QUERIES",
-    "TASKS",
+    "LAB_TASKS",
     "AlgebraTask",
     "Batch",
     "BlobsTask",

@@ -1,4 +1,4 @@
-"""The task extension point of the layers lab: :class:`Batch`, :class:`Task`, the registry ``TASKS``
+"""The task extension point of the layers lab: :class:`Batch`, :class:`Task`, the registry ``LAB_TASKS``
 (``@register_task("name")``) and :func:`task_config` (``"name"`` or ``"name:k=v,..."``).
 
 A task makes a :class:`Batch` of ``tokens: [B, T]`` (the model input), ``targets: [B, T]`` (the next
@@ -23,7 +23,7 @@ from ...recipe import LonglabError
 
 __all__ = [
     "IGNORE",
-    "TASKS",
+    "LAB_TASKS",
     "Batch",
     "ClassBatch",
     "Task",
@@ -33,14 +33,14 @@ __all__ = [
     "task_config",
 ]
 
-TASKS: dict[str, type[Task]] = {}
+LAB_TASKS: dict[str, type[Task]] = {}
 IGNORE = -100
 
 
 def register_task(name: str):
     def wrap(cls: type[Task]) -> type[Task]:
         cls.name = name
-        TASKS[name] = cls
+        LAB_TASKS[name] = cls
         return cls
 
     return wrap
@@ -186,11 +186,12 @@ def task_config(spec: str | Task, seed: int = 0) -> Task:
     if isinstance(spec, Task):
         return spec
     if not isinstance(spec, str) or not spec.strip():
-        raise LonglabError(f"--task: expected a task name, got {spec!r}; choose one of {', '.join(TASKS)}")
+        choices = ", ".join(LAB_TASKS)
+        raise LonglabError(f"--task: expected a task name, got {spec!r}; choose one of {choices}")
     name, _, rest = spec.strip().partition(":")
-    if name not in TASKS:
-        raise LonglabError(f"--task: unknown task {name!r}; choose one of {', '.join(sorted(TASKS))}")
-    cls = TASKS[name]
+    if name not in LAB_TASKS:
+        raise LonglabError(f"--task: unknown task {name!r}; choose one of {', '.join(sorted(LAB_TASKS))}")
+    cls = LAB_TASKS[name]
     fields = {f for f in cls.__dataclass_fields__}
     kwargs: dict = {"seed": seed}
     for item in filter(None, (p.strip() for p in _split_top(rest))):
