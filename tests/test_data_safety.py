@@ -226,3 +226,37 @@ def test_a_store_that_cannot_be_made_leaves_no_empty_database_in_a_users_directo
     with pytest.raises(LonglabError, match="--out"):
         ResultStore(users)
     assert _tree(users) == ["notes.txt"]
+
+
+# ---------------------------------------------------------------- train: every option acts or is refused
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["train", "indexmem", "--steps", "5"], "--steps: an option of drope, ropeid and repo, not of train"),
+        (["train", "indexmem", "--params", "cycles=2"], "--params: an option of drope, ropeid and repo"),
+        (["train", "indexmem", "--data", "pydoc"], "--data: an option of drope, ropeid and repo"),
+        (["train", "drope", "--inner-steps", "2"], "--inner-steps: an option of indexmem, not of train"),
+        (["train", "repo", "--lr-memory", "0.1"], "--lr-memory: an option of indexmem"),
+        (["train", "drope", "--seed", str(2**70)], "--seed must be an integer in [0, 4294967295]"),
+        (["train", "indexmem", "--seed", str(2**70)], "--seed must be an integer in [0, 4294967295]"),
+        (["train", "drope", "--seq-len", str(10**9)], "--seq-len must be an integer in [8, 131072]"),
+        (["train", "indexmem", "--seq-len", str(10**9)], "--seq-len must be an integer in [128, 131072]"),
+        (["train", "ropeid", "--steps", "1000000", "--batch", "1000"], "training tokens, more than"),
+        (["train", "drope", "--minutes", "1e30"], "--minutes must be"),
+    ],
+)
+def test_train_refuses_other_methods_options_and_unbounded_sizes(argv, words, tmp_path, capsys):
+    from longlab.cli import main
+
+    out = tmp_path / "out"
+    assert main(argv + ["--model", "no-such-model-is-loaded", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err, err
+    assert not out.exists()
+
+
+def test_train_cli_knows_every_trainable_position_method():
+    from longlab.cli.train import POSITION_METHODS
+    from longlab.position.train import TRAINABLE
+
+    assert POSITION_METHODS == TRAINABLE

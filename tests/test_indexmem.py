@@ -250,7 +250,7 @@ def test_train_refuses_a_non_finite_or_non_positive_lr_before_loading(lr, tmp_pa
     for flag in ("--lr", "--lr-memory"):
         assert cli_main(["train", "indexmem", "--model", "tiny-llama", flag, lr, "--out", str(out)]) == 2
         err = capsys.readouterr().err
-        assert f"{flag} must be a " in err and "positive number" in err and "Traceback" not in err
+        assert f"{flag} must be " in err and "in (0, 1], got" in err and "Traceback" not in err
     assert not list(tmp_path.iterdir())
 
 

@@ -192,7 +192,7 @@ def test_cli_train_drope_writes_a_loadable_variant(tmp_path, capsys):
     capsys.readouterr()
     assert main(["train", "drope", "--model", "tiny-llama", "--steps", "0", "--out", str(out)]) == 2
     printed = capsys.readouterr()
-    assert "--steps must be an integer >= 1, got 0" in printed.err
+    assert "--steps must be an integer in [1, 1048576], got 0" in printed.err
     assert "longlab train drope:" not in printed.out  # refused before the model loads and the plan prints
 
 

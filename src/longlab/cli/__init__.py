@@ -38,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_parser(sub)
     add_calibrate_parser(sub)
     add_train_parser(sub)
-    from ..lab.cli import add_lab_arguments  # longlab.lab: the layers lab (train/eval small LMs on CPU)
+    from .lab import add_lab_arguments  # longlab.lab: the layers lab (train/eval small LMs on CPU)
 
     add_lab_arguments(sub.add_parser("lab", help="layers lab: train/test small LMs with swappable mixers"))
     add_report_arguments(sub)

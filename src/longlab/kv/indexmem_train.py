@@ -21,7 +21,6 @@ files are written to temporary names and renamed, so a failed run leaves the pre
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import sys
@@ -51,10 +50,11 @@ from .indexmem import (
     residual_attention,
 )
 
-__all__ = ["train_indexmem", "training_texts", "add_train_arguments", "train_main"]
+__all__ = ["check_settings", "train_indexmem", "training_texts", "CLI_FLAGS"]
 
 RULER_TRAIN_TASKS = ("niah_single_2", "niah_multivalue", "niah_multiquery")
 SINKS, WINDOW, QUERIES = 4, 32, 64
+MAX_SEQ_LEN = 1 << 17  # tokens per training text (the model's own limit is checked once it is loaded)
 
 
 def training_texts(tokenizer: Any, seq_len: int, seed: int = 0) -> Iterator[tuple[str, list[int]]]:
@@ -165,13 +165,13 @@ def check_settings(
     def label(name: str) -> str:
         return flags[name] if flags else f"train indexmem: {name}"
 
-    check_range(label("minutes"), minutes, 0, low_open=True)
+    check_range(label("minutes"), minutes, 0, 7 * 24 * 60, low_open=True)
     if max_steps is not None:
-        check_range(label("max_steps"), max_steps, 1, integer=True)
-    check_range(label("seq_len"), seq_len, 2 * QUERIES, integer=True)
-    check_range(label("inner_steps"), inner_steps, 1, integer=True)
-    check_range(label("lr"), lr, 0, low_open=True)
-    check_range(label("lr_memory"), lr_memory, 0, low_open=True)
+        check_range(label("max_steps"), max_steps, 1, 1 << 30, integer=True)
+    check_range(label("seq_len"), seq_len, 2 * QUERIES, MAX_SEQ_LEN, integer=True)
+    check_range(label("inner_steps"), inner_steps, 1, 1024, integer=True)
+    check_range(label("lr"), lr, 0, 1, low_open=True)
+    check_range(label("lr_memory"), lr_memory, 0, 1, low_open=True)
     check_range(label("seed"), seed, 0, 2**32 - 1, integer=True)
 
 
@@ -398,72 +398,3 @@ def _write(path: Path, tensors: dict[str, torch.Tensor], manifest: dict[str, Any
     finally:
         tmp.unlink(missing_ok=True)
         man_tmp.unlink(missing_ok=True)
-
-
-# --------------------------------------------------------------------------------------------------
-# CLI: `longlab train indexmem ...`
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Arguments of ``longlab train``: ``indexmem --model M [--minutes 15] [--out PATH] ...``."""
-    parser.add_argument("method", choices=["indexmem"], help="method to train")
-    parser.add_argument("--model", default="smollm2-135m", help="model name or path (default: smollm2-135m)")
-    parser.add_argument("--minutes", type=float, default=15.0, help="wall-clock training budget (default 15)")
-    parser.add_argument(
-        "--max-steps", type=int, default=None, help="stop after this many texts (overrides --minutes)"
-    )
-    parser.add_argument("--seq-len", type=int, default=1024, help="tokens per training text (default 1024)")
-    parser.add_argument(
-        "--inner-steps", type=int, default=4, help="optimizer steps per model forward (default 4)"
-    )
-    parser.add_argument("--lr", type=float, default=1e-4, help="indexer learning rate (default 1e-4)")
-    parser.add_argument(
-        "--lr-memory", type=float, default=2e-3, help="feature map and gate learning rate (default 2e-3)"
-    )
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--out", default=None, help="weights file .safetensors (default: the longlab cache)")
-    return parser
-
-
-def train_main(args: argparse.Namespace) -> int:
-    """Run ``longlab train indexmem`` from parsed arguments."""
-    from ..models import load_model
-
-    check_settings(  # before the model loads
-        minutes=args.minutes, max_steps=args.max_steps, seq_len=args.seq_len, inner_steps=args.inner_steps,
-        lr=args.lr, lr_memory=args.lr_memory, seed=args.seed, flags=CLI_FLAGS,
-    )
-    if args.threads is not None:
-        check_range("--threads", args.threads, 1, 1024, integer=True)
-        torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model)
-    limit = getattr(model.config, "max_position_embeddings", None)
-    if limit is not None and args.seq_len > limit:
-        raise LonglabError(
-            f"--seq-len must be <= the model's max_position_embeddings ({limit}), got {args.seq_len}"
-        )
-    path = train_indexmem(
-        model,
-        tokenizer,
-        model_name=args.model,
-        minutes=args.minutes,
-        max_steps=args.max_steps,
-        seq_len=args.seq_len,
-        inner_steps=args.inner_steps,
-        lr=args.lr,
-        lr_memory=args.lr_memory,
-        seed=args.seed,
-        out=args.out,
-    )
-    man = json.loads(manifest_path(path).read_text(encoding="utf-8"))
-    loss = man["loss"]
-    print(
-        f"wrote {path} and {manifest_path(path).name}: {man['training']['forwards']} texts, "
-        f"{man['training']['optimizer_steps']} steps in {man['training']['seconds']:.0f}s; "
-        f"indexer KL {loss['indexer_kl']['first_10pct']:.3f} -> {loss['indexer_kl']['last_10pct']:.3f}, "
-        f"memory mse_ratio {loss['memory_mse_ratio']['first_10pct']:.3f} -> "
-        f"{loss['memory_mse_ratio']['last_10pct']:.3f}"
-    )
-    print(f"use the recipe indexmem@0.9{':weights=' + str(path) if args.out else ''}")
-    return 0

@@ -15,7 +15,6 @@ and renamed, so a failed run leaves nothing half-written.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -25,10 +24,10 @@ from typing import Any
 
 import torch
 
-from ..paths import __version__, cache_dir
+from ..paths import __version__
 from ..recipe import LonglabError, check_choice, check_range
-from ..safeio import check_output_dir, file_record, publish_dir
-from .base import PositionMethod, format_position, parse_position
+from ..safeio import file_record, publish_dir
+from .base import PositionMethod, format_position
 from .variants import (
     MANIFEST,
     VARIANT_FORMAT,
@@ -43,8 +42,6 @@ __all__ = [
     "recalibrate",
     "save_variant",
     "training_windows",
-    "add_position_train_arguments",
-    "position_train_main",
 ]
 
 TRAINABLE = ("drope", "ropeid", "repo")
@@ -122,13 +119,25 @@ def _loss(model: Any, windows: torch.Tensor) -> float:
     return sum(losses) / len(losses)
 
 
-def _check_schedule(steps: int, seq_len: int, batch: int, lr: float, train: str, data: str = "essay") -> None:
-    check_range("--steps", steps, 1, None, integer=True)
-    check_range("--seq-len", seq_len, 8, None, integer=True)
+MAX_SEQ_LEN = 1 << 17  # tokens per training window (a model's own limit is checked once it is loaded)
+MAX_TRAIN_TOKENS = 1 << 28  # steps x batch x seq_len: the token windows are built before training starts
+
+
+def _check_schedule(
+    steps: int, seq_len: int, batch: int, lr: float, train: str, data: str = "essay", seed: int = 0
+) -> None:
+    check_range("--steps", steps, 1, 1 << 20, integer=True)
+    check_range("--seq-len", seq_len, 8, MAX_SEQ_LEN, integer=True)
     check_choice("--data", data, DATA)
-    check_range("--batch", batch, 1, None, integer=True)
+    check_range("--batch", batch, 1, 1024, integer=True)
     check_range("--lr", lr, 0, 1, low_open=True)
     check_choice("--train", train, ("attn", "all", "added"))
+    check_range("--seed", seed, 0, 2**32 - 1, integer=True)
+    if steps * batch * seq_len > MAX_TRAIN_TOKENS:
+        raise LonglabError(
+            f"--steps x --batch x --seq-len = {steps * batch * seq_len:,} training tokens, more than "
+            f"{MAX_TRAIN_TOKENS:,}; lower one of them"
+        )
 
 
 def recalibrate(
@@ -148,7 +157,7 @@ def recalibrate(
 ) -> dict[str, Any]:
     """Train ``model`` (its position method already applied) in place; return the figures for the manifest
     (with the held-out loss of each window before and after, and for RePo the learned offsets ``|δ|``)."""
-    _check_schedule(steps, seq_len, batch, lr, train, data)
+    _check_schedule(steps, seq_len, batch, lr, train, data, seed)
     log = log or (lambda msg: None)
     torch.manual_seed(seed)
     params = _trainable(model, train)
@@ -297,114 +306,3 @@ def save_variant(
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 
     return publish_dir(out, write, "--out", owned=is_variant_dir, last=MANIFEST, what="trained variant")
-
-
-class _UnsetLr(float):
-    """``--lr``'s default when not given: IndexMem reads it as a float; drope/ropeid/repo use
-    :data:`DEFAULT_LR` of their method instead."""
-
-
-def add_position_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """Extend ``longlab train`` with ``drope``, ``ropeid`` and ``repo`` and their options."""
-    for action in parser._actions:
-        if action.dest == "method" and action.choices is not None:
-            action.choices = [*action.choices, *TRAINABLE]
-        if action.dest == "lr" and isinstance(action.default, float):
-            action.default = _UnsetLr(action.default)
-            action.help = (
-                f"learning rate (indexmem: the indexer's, default {action.default:g}; drope/ropeid/repo: "
-                + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LR.items()) + ")"
-            )
-    parser.add_argument(
-        "--steps", type=int, default=None, help="drope/ropeid/repo: optimizer steps (default 50)"
-    )
-    parser.add_argument(
-        "--batch", type=int, default=1, help="drope/ropeid/repo: windows per step (default 1)"
-    )
-    parser.add_argument(
-        "--params",
-        default="",
-        help="drope/ropeid/repo: the method's parameters, e.g. qk_norm=true or cycles=2",
-    )
-    parser.add_argument(
-        "--train",
-        default=None,
-        choices=("attn", "all", "added"),
-        help="drope/ropeid/repo: tensors to train (default attn; added for repo)",
-    )
-    parser.add_argument(
-        "--heldout-windows",
-        type=int,
-        default=2,
-        help="drope/ropeid/repo: held-out windows scored before and after, each in the manifest (default 2)",
-    )
-    parser.add_argument(
-        "--data",
-        default="essay",
-        choices=DATA,
-        help="drope/ropeid/repo: training text: essay (longlab's essay haystack, 1.8k tokens: short runs "
-        "memorise it) or pydoc (CPython's documentation topics, ~85k tokens, disjoint from "
-        "bench/position_ppl.py's text); default essay",
-    )
-
-
-def position_train_main(args: argparse.Namespace) -> int:
-    """Run ``longlab train drope|ropeid|repo`` from parsed arguments."""
-    from ..models import load_model
-
-    spec = args.method + (f":{args.params}" if args.params else "")
-    method = parse_position(spec)  # checked before the model loads
-    if method.weights:
-        raise LonglabError("--params: weights= is what training writes (use --out)")
-    steps = args.steps if args.steps is not None else 50
-    train = args.train or ("added" if args.method == "repo" else "attn")
-    lr = DEFAULT_LR[args.method] if isinstance(args.lr, _UnsetLr) else args.lr
-    data = getattr(args, "data", "essay")
-    _check_schedule(steps, args.seq_len, args.batch, lr, train, data)  # before the model loads
-    held = getattr(args, "heldout_windows", 2)
-    check_range("--heldout-windows", held, 1, 1024, integer=True)
-    if data == "pydoc" and held * args.seq_len > PYDOC_HELD_OUT:
-        raise LonglabError(
-            f"--heldout-windows: --data pydoc holds out {PYDOC_HELD_OUT} tokens: at most "
-            f"{PYDOC_HELD_OUT // args.seq_len} windows of --seq-len {args.seq_len}, got {held}"
-        )
-    if args.threads is not None:
-        check_range("--threads", args.threads, 1, 1024, integer=True)
-    key = Path(str(args.model)).name.replace(".gguf", "")
-    out = Path(args.out) if args.out else cache_dir() / "variants" / f"{key}-{method.spec.replace(':', '-')}"
-    check_output_dir(out, "--out", owned=is_variant_dir, what="trained variant")  # before the model loads
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(args.model, attn_implementation="sdpa", position=method)
-    print(
-        f"longlab train {args.method}: {args.model} with {method.spec}; {steps} steps x {args.batch} x "
-        f"{args.seq_len} tokens of {data}, lr {lr:g}, threads {torch.get_num_threads()}",
-        flush=True,
-    )
-    stats = recalibrate(
-        model,
-        tokenizer,
-        steps=steps,
-        seq_len=args.seq_len,
-        batch=args.batch,
-        lr=lr,
-        train=train,
-        seed=args.seed,
-        data=data,
-        eval_windows=held,
-        minutes=args.minutes if args.max_steps is None else None,
-        log=lambda m: print(m, flush=True),
-    )
-    save_variant(model, method, out, str(args.model), stats)
-    print(
-        f"held-out loss {stats['heldout_loss_before']:.3f} -> {stats['heldout_loss_after']:.3f} "
-        f"({stats['tokens']} training tokens, {stats['seconds']:.0f}s); wrote {out}",
-        flush=True,
-    )
-    if "repo_offset_abs_mean" in stats:
-        moved = stats["repo_offset_abs_mean"]
-        still = ": barely at all, the module has not learned (raise --lr or --steps)" if moved < 0.05 else ""
-        print(f"RePo positions moved by |δ| = {moved:.3g} on average (max {stats['repo_offset_abs_max']:.3g})"
-              f"{still}", flush=True)
-    print(f"load it: load_model({str(out)!r}) or --model {out}", flush=True)
-    return 0

@@ -81,7 +81,7 @@ def lab_main(args: Any) -> int:
 
         torch.set_num_threads(args.threads)
     if args.lab_command == "train":
-        from .train import TrainConfig, train
+        from ..lab.train import TrainConfig, train
 
         cfg = TrainConfig(
             mixer=args.mixer, task=args.task, train_len=args.train_len, steps=args.steps, batch=args.batch,
@@ -97,13 +97,13 @@ def lab_main(args: Any) -> int:
         )
         return 0
     if args.lab_command == "eval":
-        from .evaluate import evaluate
+        from ..lab.evaluate import evaluate
 
         evaluate(args.dir, args.lengths, out=args.out, samples=args.samples, batch=args.batch, seed=args.seed,
                  task=args.task)
         return 0
     if args.lab_command == "plot":
-        from .plot import plot_results
+        from ..lab.plot import plot_results
 
         path = plot_results(args.dir, args.out, args.skip)
         if path is None:
@@ -113,7 +113,7 @@ def lab_main(args: Any) -> int:
         if args.table:
             from pathlib import Path
 
-            from .plot import extrapolation_table, lab_rows
+            from ..lab.plot import extrapolation_table, lab_rows
 
             Path(args.table).write_text(extrapolation_table(lab_rows(args.dir, args.skip)) + "\n")
             print(f"longlab lab plot: {args.table}")
@@ -121,7 +121,7 @@ def lab_main(args: Any) -> int:
     if args.lab_command == "probe":
         import json
 
-        from .probes import probe_checkpoint
+        from ..lab.probes import probe_checkpoint
 
         res = probe_checkpoint(args.dir, args.length, args.widths, args.train, args.test, args.seed,
                                args.ridge)
@@ -140,9 +140,9 @@ def lab_main(args: Any) -> int:
             print(f"longlab lab probe: {args.out}")
         return 0
     if args.lab_command == "list":
-        from .mixers import MIXERS
-        from .positions import LAB_POSITIONS
-        from .tasks import LAB_TASKS
+        from ..lab.mixers import MIXERS
+        from ..lab.positions import LAB_POSITIONS
+        from ..lab.tasks import LAB_TASKS
 
         for name, cls in MIXERS.items():
             print(f"mixer {name:<10} positions {'/'.join(cls.positions_allowed):<22} {cls.paper}")
