@@ -44,6 +44,7 @@ import torch.nn.functional as F
 
 from ..capture import AttentionCapture, capture_attention
 from ..recipe import LonglabError, check_range
+from ..registry import MAX_TOKENS
 from .base import resolve_fp_dtype
 from .pmkvq import ALLOCATION_FORMAT, MIB, PMKVQ, code_bytes
 from .quantizer import SCALE_DTYPES, dequantize_tokens, quantize_tokens
@@ -268,11 +269,12 @@ def check_settings(
     def label(name: str) -> str:
         return flags[name] if flags else f"pmkvq: {name}"
 
-    for name, value in (("max_tokens", max_tokens), ("num_samples", num_samples),
-                        ("sample_tokens", sample_tokens), ("smooth_samples", smooth_samples)):
-        check_range(label(name), value, 1, integer=True)
+    sizes = (("max_tokens", max_tokens, MAX_TOKENS), ("num_samples", num_samples, 4096),
+             ("sample_tokens", sample_tokens, MAX_TOKENS), ("smooth_samples", smooth_samples, 4096))
+    for name, value, high in sizes:
+        check_range(label(name), value, 1, high, integer=True)
     if target_tokens is not None:
-        check_range(label("target_tokens"), target_tokens, 1, integer=True)
+        check_range(label("target_tokens"), target_tokens, 1, MAX_TOKENS, integer=True)
     check_range(label("seed"), seed, 0, 2**32 - 1, integer=True)
     if not bits_choices or any(isinstance(b, bool) or b not in (16, 8, 4, 2) for b in bits_choices):
         raise LonglabError(f"{label('bits_choices')} must be among 16, 8, 4, 2, got {list(bits_choices)}")
