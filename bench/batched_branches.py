@@ -42,8 +42,8 @@ def main() -> int:
 
     from longlab import load_model
     from longlab.cache import LonglabCache
+    from longlab.engine.decode import stack_streams as _stack
     from longlab.engine.stream import Stream
-    from longlab.eval.runner import _stack
     from longlab.hook import ChunkRecorder, replay_compression
     from longlab.prompt import encode_prompts
     from longlab.recipe import Recipe

@@ -127,26 +127,36 @@ def kvpress_driver(args: argparse.Namespace) -> int:
 
 
 def run_longlab(samples: list, variants: list[str], recipes: list[str], chunk_size: int) -> list[dict]:
+    """longlab on the given ids: the context prefilled under each recipe (compressed once, after its last
+    chunk, as kvpress compresses), the question part fed uncompressed, greedy decoding; scored by the
+    harness's metric."""
     import torch
-    from longlab.eval.sample_runner import SampleRunner
 
-    from longlab.eval.config import EvalConfig
+    from longlab.cache import LonglabCache
+    from longlab.engine.stream import Stream, eos_token_ids
     from longlab.models import load_model
+    from longlab.recipe import parse_recipe
+    from longlab.tasks.registry import score_sample
     from longlab.tasks.sample import Sample
 
     torch.set_num_threads(1)
     model, tokenizer = load_model("smollm2-135m")
-    config = EvalConfig(out="unused", recipes=recipes, chunk_size=chunk_size)
-    runner = SampleRunner(model, tokenizer, config, "kvpress-layout")
+    eos = eos_token_ids(model, tokenizer)
     rows = []
     for variant in variants:
         for raw in samples:
             sample = Sample.from_dict(raw)
             ctx, q = variant_ids(tokenizer, raw, variant)
             t0 = time.perf_counter()
-            for row in runner._run_recipes(sample, recipes, ctx, q):
-                rows.append({"variant": variant, "recipe": row["recipe"], "sample_id": sample.sample_id,
-                             "prediction": row["prediction"], "score": row["score"]})
+            for recipe in recipes:
+                with torch.inference_mode(), LonglabCache(parse_recipe(recipe)) as cache:
+                    stream = Stream(model, cache, 1)
+                    stream.feed([ctx], chunk_size, compress="end")
+                    logits = stream.feed([q], chunk_size, compress="none")
+                    (tokens,) = stream.decode(logits, raw["max_new_tokens"], eos)
+                prediction = tokenizer.decode(tokens, skip_special_tokens=True).strip()
+                rows.append({"variant": variant, "recipe": recipe, "sample_id": sample.sample_id,
+                             "prediction": prediction, "score": score_sample(sample, prediction)})
             print(f"longlab {variant} {sample.sample_id}: {time.perf_counter() - t0:.1f}s", file=sys.stderr,
                   flush=True)
     return rows

@@ -55,7 +55,9 @@ def _specs(ratios: list[float], extra: list[str]) -> list[str]:
 
 
 def cmd_accuracy(args: argparse.Namespace) -> int:
-    from longlab.eval.reuse_grid import run_reuse_eval
+    from longlab.eval.config import EvalConfig
+    from longlab.eval.runner import METRICS_KEY, SampleRunner
+    from longlab.eval.store import ResultStore, config_hash, make_run_key
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)
@@ -77,15 +79,26 @@ def cmd_accuracy(args: argparse.Namespace) -> int:
     out = OUT / args.task
     print(f"{len(samples)} samples x {len(specs)} methods -> {out}; {_uptime()}", flush=True)
     deadline = time.time() + args.max_minutes * 60
+    # the harness's own pieces (longlab.eval.driver does the same for `longlab eval --reuse`): one config
+    # hash, one run key per (sample, cell), rows already stored skipped, one transaction per row
+    config = EvalConfig(
+        out=str(out), model=args.model, tasks=[args.task], recipes=["full"], reuse=specs, seed=args.seed
+    )
+    config.validate()
+    runner = SampleRunner(model, tokenizer, config, config_hash(config.identity()))
+    cells = config.cells()
+    store = ResultStore(out)
+    done = store.done_keys()
     for s in samples:
         if time.time() > deadline:
             print("time budget reached; re-run to continue (stored rows are skipped)")
             break
-        summary = run_reuse_eval(
-            str(out), args.model, specs, [s], seed=args.seed, model=model, tokenizer=tokenizer, log=print
-        )
-        if summary.written:
-            print(f"  {summary.seconds:.1f}s", flush=True)
+        missing = [c for c in cells if make_run_key(**runner.identity(s, c)) not in done]
+        t0 = time.perf_counter()
+        for row in runner.run(s, missing):
+            store.add(row, metrics=row.pop(METRICS_KEY, None))
+        if missing:
+            print(f"  {s.sample_id}: {len(missing)} rows in {time.perf_counter() - t0:.1f}s", flush=True)
     print(_uptime())
     return 0
 

@@ -36,8 +36,8 @@ from common import ROOT, hardware, write_json
 from longlab import load_model
 from longlab.cache import LonglabCache
 from longlab.engine.stream import Stream, eos_token_ids
+from longlab.eval.spec_tables import mean_ci_cell, median_cell, paired_cell, score_ci_cell, spec_markdown
 from longlab.eval.stats import paired_difference
-from longlab.eval.tables import mean_ci_cell, median_cell, paired_cell, score_ci_cell, spec_markdown
 from longlab.prompt import encode_prompts
 from longlab.spec import parse_draft, parse_verifier, speculative_decode
 from longlab.spec.dustin import save_heads, select_heads
@@ -395,7 +395,7 @@ def table(path: Path, path_losa: Path) -> None:
 
 
 def eval_grid(out: str) -> None:
-    """Tables (longlab.eval.spec_grid.spec_markdown, 95% CIs) and the acceptance-vs-length plot of a
+    """Tables (longlab.eval.spec_tables.spec_markdown, 95% CIs) and the acceptance-vs-length plot of a
     ``longlab eval --speculative`` results directory."""
     import matplotlib
 
