@@ -56,8 +56,9 @@ def _specs(ratios: list[float], extra: list[str]) -> list[str]:
 
 def cmd_accuracy(args: argparse.Namespace) -> int:
     from longlab.eval.config import EvalConfig
+    from longlab.eval.identity import config_hash, make_run_key
     from longlab.eval.runner import METRICS_KEY, SampleRunner
-    from longlab.eval.store import ResultStore, config_hash, make_run_key
+    from longlab.eval.store import ResultStore
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)

@@ -289,7 +289,7 @@ MUTATIONS: list[Mutation] = [
       "ri = row_approx.topk(self.pre, dim=-1).indices  # [B, T, h, h, pre]",
       "ri = (-row_approx).topk(self.pre, dim=-1).indices  # [B, T, h, h, pre]",
       LAB, issue=True),
-    M("mtd-lambda", "lab/tasks.py",
+    M("mtd-lambda", "lab/tasks/mtd.py",
       "lag = torch.multinomial(lam, 1, generator=gen)[:, 0] + 1  # [B]",
       "lag = torch.multinomial(torch.ones_like(lam), 1, generator=gen)[:, 0] + 1  # [B]",
       LAB, issue=True),

@@ -14,11 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from longlab.eval.store import (
-    COLUMNS,
-    DB_NAME,
+from longlab.eval.identity import (
     RUN_KEY_FIELDS,
-    ResultStore,
     config_hash,
     git_commit,
     make_run_key,
@@ -26,6 +23,7 @@ from longlab.eval.store import (
     peak_rss_mb,
     run_key_of,
 )
+from longlab.eval.store import COLUMNS, DB_NAME, ResultStore
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -157,7 +155,8 @@ def test_helpers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 WRITER = textwrap.dedent(
     """
     import sys
-    from longlab.eval.store import ResultStore, run_key_of
+    from longlab.eval.identity import run_key_of
+    from longlab.eval.store import ResultStore
 
     N = 4000
     PAD = "x" * 1500  # a few KiB per row, so pages are in flight when the kill lands

@@ -224,7 +224,8 @@ def check_lengths(
 def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) -> EvalSummary:
     """Run every cell of ``config`` on every sample into ``config.out``; rows already stored are skipped."""
     from ..models import load_model
-    from .store import ResultStore, check_results_dir, config_hash, make_run_key
+    from .identity import config_hash, make_run_key
+    from .store import ResultStore, check_results_dir
 
     log = log or (lambda msg: print(msg, flush=True))
     config.validate()

@@ -129,7 +129,7 @@ class SampleRunner:
     def row(self, sample: Any, cell: Cell, res: Any, ref: Any, position: str = "none") -> dict[str, Any]:
         """The store row of one result (``ref``: its reference cell's result, or None)."""
         from ..tasks import score_sample
-        from .store import peak_rss_mb, run_key_of
+        from .identity import peak_rss_mb, run_key_of
 
         recipe = parse_recipe(cell.recipe)
         method, ratio = recipe_columns(recipe)

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from ..eval.store import ResultStore, check_results_dir, config_hash, make_run_key, peak_rss_mb
+from ..eval.identity import config_hash, make_run_key, peak_rss_mb
+from ..eval.store import ResultStore, check_results_dir
 from ..recipe import LonglabError
 from .tasks import task_config
 from .train import load_checkpoint
