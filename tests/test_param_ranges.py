@@ -23,7 +23,7 @@ from longlab.errors import LonglabError
 from longlab.registry import FAMILIES as FAMILIES_ALL
 from longlab.registry import REGISTRY, param_range
 
-FAMILIES = ("recipe", "reuse", "draft", "verify")  # position and mixer: other engineers' (not here yet)
+FAMILIES = ("recipe", "reuse", "draft", "verify", "position")  # mixer: the layers lab (its own checks)
 
 # What a method needs besides its defaults to be built at all (it has no sensible default for it).
 REQUIRED: dict[tuple[str, str], dict[str, typing.Any]] = {
@@ -47,7 +47,7 @@ FREE_TEXT = {
     "scorer",  # "self" or a model name
     "marker", "instruction", "ask", "history", "restrict",  # prompt text
     "base", "view", "recipe",  # a nested method or recipe spec, parsed by validate
-    "model_name", "fusion", "weights", "allocation", "heads",  # a model name or a file path
+    "model_name", "fusion", "weights", "allocation", "heads", "factors",  # a model name or a file path
     "model", "tokenizer",  # API-only objects (a loaded draft model)
 }
 

@@ -81,7 +81,7 @@ def test_upi_scales_the_top_heads_and_yarn():
 
 
 def test_upi_bad_input():
-    with pytest.raises(LonglabError, match="factor must be a number >= 1"):
+    with pytest.raises(LonglabError, match=r"factor must be in \[1, 1024\]"):
         apply_position(HybridLM(HybridConfig()), "upi:factor=0.5")
     with pytest.raises(LonglabError, match="hybrid"):
         apply_position(build_tiny_model("tiny-llama"), "upi:factor=2")

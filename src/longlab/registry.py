@@ -88,6 +88,7 @@ MAX_TOKENS = 1 << 20  # a count of tokens (budget, window, segment, sink): no co
 MAX_BLOCK = 1 << 14  # a block, page or group of tokens: executors pad to whole blocks, so a block is memory
 MAX_LAYERS = 1 << 10  # a layer index or count: no model has more layers
 MAX_SEED = 2**63 - 1  # a seed: a non-negative int64
+MAX_FACTOR = 1024.0  # a context-extension factor L'/L (no RoPE rescaling is tested beyond 1024x)
 
 
 def param(

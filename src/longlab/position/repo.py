@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..recipe import LonglabError
+from ..registry import MAX_LAYERS, param
 from .base import LayerRope, find_rotary, register_position
 from .variants import _Trainable, attention_modules
 
@@ -65,14 +66,12 @@ class RePo(_Trainable):
     ``weights=DIR`` loads a fine-tune (``longlab train repo``). Untrained (``δ = 0``) it is the base model."""
 
     paper = "arXiv 2512.14391"
-    start: int = 5
-    hidden: int = 0
+    start: int = param(5, low=0, high=MAX_LAYERS, integer=True)  # first layer with a RePo module
+    hidden: int = param(0, low=0, high=1 << 16, integer=True)  # 0: the paper's size
     weights: str = ""
-    qk_norm: bool = False  # not used by RePo; kept so the shared variant loader applies
+    qk_norm: bool = param(False, choices=(True, False))  # not RePo's (refused); for the shared variant loader
 
     def validate(self) -> None:
-        self.check("start", 0, None, integer=True)
-        self.check("hidden", 0, None, integer=True)
         if self.qk_norm:
             raise LonglabError("repo: qk_norm is a DroPE/RoPE-ID option, not RePo's")
 

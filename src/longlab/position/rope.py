@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from ..recipe import LonglabError, shorten
+from ..registry import MAX_FACTOR, MAX_TOKENS, param
 from .base import LayerRope, PositionMethod, check_factor, find_rotary, register_position
 
 __all__ = [
@@ -46,25 +47,16 @@ def _base_inv_freq(base: float, dim: int) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
 
 
-def _check_layers(method: PositionMethod) -> None:
-    method.check("layers", choices=("", "full", "all"))
-
-
-def _check_original(method: PositionMethod) -> None:
-    method.check("original", 0, None, integer=True)
-
-
 @dataclass
 class ScaledRope(PositionMethod):
     """Base of the methods whose only parameters are the scale ``factor`` s = L'/L (>= 1) and the layer
     types they change (``layers``: ``""``/``full`` the global layers, ``all`` every layer)."""
 
-    factor: float = 4.0
-    layers: str = ""
+    factor: float = param(4.0, low=1, high=MAX_FACTOR)
+    layers: str = param("", choices=("", "full", "all"))
 
     def validate(self) -> None:
         check_factor(self)
-        _check_layers(self)
 
 
 @register_position("pi")
@@ -111,7 +103,7 @@ class DynamicNTK(ScaledRope):
     ``rerotate=false`` is transformers' behaviour through a cache."""
 
     paper = "arXiv 2309.00071 (dynamic NTK, emozilla 2023)"
-    rerotate: bool = True
+    rerotate: bool = param(True, choices=(True, False))
 
     def layer_rope(self, params: dict[str, Any], head_dim: int, original: int) -> LayerRope:
         return LayerRope({**params, "rope_type": "dynamic", "factor": float(self.factor)})
@@ -273,25 +265,20 @@ class YaRN(PositionMethod):
     ``attention_factor`` > 0 replaces it."""
 
     paper = "arXiv 2309.00071"
-    factor: float = 4.0
-    original: int = 0  # trained length L (0: the model's max_position_embeddings)
-    beta_fast: float = 32.0
-    beta_slow: float = 1.0
-    ramp: str = "code"
-    attention_factor: float = 0.0  # 0: 0.1 ln s + 1
-    layers: str = ""
+    factor: float = param(4.0, low=1, high=MAX_FACTOR)
+    original: int = param(0, low=0, high=MAX_TOKENS, integer=True)  # trained length L (0: the model's)
+    beta_fast: float = param(32.0, low=0, high=1024, low_open=True)
+    beta_slow: float = param(1.0, low=0, high=1024, low_open=True)
+    ramp: str = param("code", choices=("code", "paper"))
+    attention_factor: float = param(0.0, low=0, high=10)  # 0: 0.1 ln s + 1; logits scale by its square
+    layers: str = param("", choices=("", "full", "all"))
 
     def validate(self) -> None:
         check_factor(self)
-        _check_original(self)
-        self.check("beta_slow", 0, None, low_open=True)
         if not self.beta_fast > self.beta_slow:
             raise LonglabError(
                 f"yarn: beta_fast must be > beta_slow ({self.beta_slow:g}), got {self.beta_fast:g}"
             )
-        self.check("ramp", choices=("code", "paper"))
-        self.check("attention_factor", 0, None)
-        _check_layers(self)
 
     @property
     def mscale(self) -> float:
@@ -331,17 +318,14 @@ class LongRoPE(PositionMethod):
     which re-rotates nothing already cached), so a chunked prefill sees one table."""
 
     paper = "arXiv 2402.13753"
-    factor: float = 4.0
-    original: int = 0
-    init: str = "ntk"
+    factor: float = param(4.0, low=1, high=MAX_FACTOR)
+    original: int = param(0, low=0, high=MAX_TOKENS, integer=True)
+    init: str = param("ntk", choices=("ntk", "pi"))
     factors: str = ""
-    layers: str = ""
+    layers: str = param("", choices=("", "full", "all"))
 
     def validate(self) -> None:
         check_factor(self)
-        _check_original(self)
-        self.check("init", choices=("ntk", "pi"))
-        _check_layers(self)
         if self.factors:
             self._searched = read_rescale(self.factors)
 

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from ..recipe import LonglabError
+from ..registry import MAX_FACTOR, MAX_SEED, param
 from .base import LayerRope, PositionMethod, check_factor, register_position
 from .rope import yarn_paper_inv_freq
 
@@ -239,20 +240,16 @@ class UPI(PositionMethod):
     :class:`HybridLM`."""
 
     paper = "From Collapse to Control (UPI), ICLR 2026"
-    factor: float = 2.0
-    top: float = 0.2
-    heads: str = "top"
-    yarn: bool = True
-    mode: str = "dt"
-    calib: int = 8
-    seed: int = 0
+    factor: float = param(2.0, low=1, high=MAX_FACTOR)
+    top: float = param(0.2, low=0, high=1, low_open=True)
+    heads: str = param("top", choices=("top", "all", "none"))
+    yarn: bool = param(True, choices=(True, False))
+    mode: str = param("dt", choices=("dt", "exact"))
+    calib: int = param(8, low=1, high=4096, integer=True)
+    seed: int = param(0, low=0, high=MAX_SEED, integer=True)
 
     def validate(self) -> None:
         check_factor(self)
-        self.check("top", 0, 1, low_open=True)
-        self.check("heads", choices=("top", "all", "none"))
-        self.check("mode", choices=("dt", "exact"))
-        self.check("calib", 1, None, integer=True)
 
     def layer_rope(self, params: dict[str, Any], head_dim: int, original: int) -> LayerRope:
         raise LonglabError(

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from ..recipe import LonglabError, shorten
+from ..registry import MAX_TOKENS, param
 from ..safeio import read_checked_tensors
 from .base import LayerRope, PositionMethod, register_position
 from .rope import ropeid_inv_freq
@@ -284,12 +285,9 @@ class DroPE(_Trainable):
     Without recalibration the model is a NoPE model it was never trained as: expect it to be much worse."""
 
     paper = "arXiv 2512.12167"
-    qk_norm: bool = False
+    qk_norm: bool = param(False, choices=(True, False))
     weights: str = ""
-    layers: str = ""
-
-    def validate(self) -> None:
-        self.check("layers", choices=("", "full", "all"))
+    layers: str = param("", choices=("", "full", "all"))
 
     def layer_rope(self, params: dict[str, Any], head_dim: int, original: int) -> LayerRope:
         return LayerRope({**params, "rope_type": "default"}, torch.zeros(head_dim // 2), 1.0)
@@ -308,20 +306,13 @@ class RoPEID(_Trainable):
     recalibration of a RoPE model (``longlab train ropeid``)."""
 
     paper = "arXiv 2603.18017"
-    cycles: float = 1.0
-    train_len: int = 0
-    rotated: float = 0.5
-    temp_len: int = 0
-    qk_norm: bool = False
+    cycles: float = param(1.0, low=0, high=MAX_TOKENS, low_open=True)
+    train_len: int = param(0, low=0, high=MAX_TOKENS, integer=True)  # 0: the model's trained length
+    rotated: float = param(0.5, low=0, high=1, low_open=True)
+    temp_len: int = param(0, low=0, high=MAX_TOKENS, integer=True)
+    qk_norm: bool = param(False, choices=(True, False))
     weights: str = ""
-    layers: str = ""
-
-    def validate(self) -> None:
-        self.check("cycles", 0, None, low_open=True)
-        self.check("train_len", 0, None, integer=True)
-        self.check("rotated", 0, 1, low_open=True)
-        self.check("temp_len", 0, None, integer=True)
-        self.check("layers", choices=("", "full", "all"))
+    layers: str = param("", choices=("", "full", "all"))
 
     def layer_rope(self, params: dict[str, Any], head_dim: int, original: int) -> LayerRope:
         train_len = self.train_len or original
