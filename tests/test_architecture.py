@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "longlab"
 # Within one layer the import graph must still be acyclic.
 LAYERS: list[tuple[str, ...]] = [
     ("paths", "errors", "registry", "recipe", "safeio", "prompt", "tasks", "sparse.blockmask",
-     "sparse.synthetic", "quant.quantizer", "eval.store"),
+     "sparse.synthetic", "quant.quantizer", "eval.store", "eval.identity"),
     # ops: the attention-kernel lab and compiled kernels (build, block_flash, qdecode; masks: LongCA slice
     # masks; context_parallel: ring attention over torch.distributed), below the method families that use them
     ("attention", "ops"),
