@@ -109,7 +109,7 @@ def _check_model_positions(model: Any, seq_len: int) -> None:
 def train_indexmem_main(args: argparse.Namespace) -> int:
     """``longlab train indexmem``: every setting checked before the model loads."""
     from ..kv.indexmem import manifest_path
-    from ..kv.indexmem_train import CLI_FLAGS, check_settings, train_indexmem
+    from ..kv.indexmem_train import CLI_FLAGS, check_settings, output_path, train_indexmem
     from ..models import load_model
 
     lr = INDEXMEM_LR if args.lr is None else args.lr
@@ -119,6 +119,8 @@ def train_indexmem_main(args: argparse.Namespace) -> int:
         minutes=args.minutes, max_steps=args.max_steps, seq_len=args.seq_len, inner_steps=inner,
         lr=lr, lr_memory=lr_memory, seed=args.seed, flags=CLI_FLAGS,
     )
+    if args.out:  # --out checked before the model loads (the file name inside a directory needs the model)
+        output_path(args.out, "model")
     _threads(args)
     model, tokenizer = load_model(args.model)
     _check_model_positions(model, args.seq_len)
