@@ -154,7 +154,7 @@ CASES: list[tuple[str, object, str]] = [
         [
             "eval",
             "--model",
-            NOMODEL,
+            "tiny-llama",
             "--out",
             "r",
             "--reuse",
@@ -179,7 +179,7 @@ CASES: list[tuple[str, object, str]] = [
     ),
     (
         "eval --verify without --speculative",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--verify", "greedy"],
+        ["eval", "--model", "tiny-llama", "--out", "r", "--verify", "full"],
         "--verify",
     ),
     (
@@ -239,7 +239,7 @@ CASES: list[tuple[str, object, str]] = [
         [
             "eval",
             "--model",
-            NOMODEL,
+            "tiny-llama",
             "--out",
             "r",
             "--reuse",
@@ -254,7 +254,7 @@ CASES: list[tuple[str, object, str]] = [
         [
             "eval",
             "--model",
-            NOMODEL,
+            "tiny-llama",
             "--out",
             "r",
             "--reuse",

@@ -23,7 +23,7 @@ from longlab.errors import LonglabError
 from longlab.registry import FAMILIES as FAMILIES_ALL
 from longlab.registry import REGISTRY, param_range
 
-FAMILIES = ("recipe", "reuse", "draft", "verify", "position")  # mixer: the layers lab (its own checks)
+FAMILIES = ("recipe", "reuse", "draft", "verify", "position", "mixer")
 
 # What a method needs besides its defaults to be built at all (it has no sensible default for it).
 REQUIRED: dict[tuple[str, str], dict[str, typing.Any]] = {

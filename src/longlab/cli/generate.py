@@ -84,7 +84,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         position=args.position, query_aware=args.query_aware, chunk_size=args.chunk_size,
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed,
         strict=args.strict, batch_decode=False,
-    ).check()  # every argument checked before the model loads
+    )
+    try:
+        request.check()  # every argument checked before the model loads
+    except LonglabError as exc:
+        raise LonglabError(as_flag(str(exc), request)) from None
     if args.context_parallel is not None:  # longlab.ops.cp_generate: the prefill split over processes
         from ..ops.cp_generate import cli_generate
 
@@ -109,6 +113,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     f" | store {pre.store_stats}")
     print(summary, file=sys.stderr if args.quiet_summary else sys.stdout)
     return 0
+
+
+def as_flag(message: str, request: Any) -> str:
+    """A request's error as the command line says it: a leading field name (``chunk_size must ...``)
+    becomes its flag (``--chunk-size must ...``)."""
+    import dataclasses
+    import re
+
+    fields = {f.name for f in dataclasses.fields(request)}
+    match = re.match(r"(\w+)\b", message)
+    if match and match.group(1) in fields:
+        return "--" + match.group(1).replace("_", "-") + message[match.end():]
+    return message
 
 
 def add_example_arguments(sub: Any) -> None:

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...recipe import LonglabError
+from ...registry import param
 from ..positions import Positions
 from .base import MixerConfig, MixerModule, _check_int, register_mixer
 
@@ -92,9 +93,9 @@ class CrissCrossConfig(MixerConfig):
     paper = "Jayalath & Parker Jones, MEG-XL (arXiv 2602.02494, ICML 2026)"
     positions_allowed = ("rope", "nope")
     causal = False
-    channels: int = 16
+    channels: int = param(16, low=1, high=1024, integer=True)
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_int(self.name, "channels", self.channels, 1)
 
     def build(self, dim: int, n_heads: int, positions: Positions) -> CrissCross:

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...recipe import LonglabError
+from ...registry import param
 from ..positions import Positions
 from .base import MixerConfig, _check_int, register_mixer
 from .softmax import Softmax
@@ -103,10 +104,10 @@ class EMFormerConfig(MixerConfig):
     """EMFormer attention: multi-scale causal depthwise conv (k = 1, 3, 5 merged into one k = 5) on qkv."""
 
     paper = "Chen et al., EMFormer (arXiv 2602.01194, ICML 2026)"
-    merged: bool = True  # false: three separate convolutions (the reference / timing baseline)
-    row_chunk: int = 256
+    merged: bool = param(True, choices=(True, False))  # false: three separate convs (the timing baseline)
+    row_chunk: int = param(256, low=1, high=1 << 16, integer=True)
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_int(self.name, "row_chunk", self.row_chunk, 1)
         if not isinstance(self.merged, bool):
             raise LonglabError(f"mixer {self.name}: merged must be true or false, got {self.merged!r}")

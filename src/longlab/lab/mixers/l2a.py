@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...registry import param
 from ..positions import Positions
 from .base import MixerConfig, _check_float, _check_int, register_mixer
 from .softmax import Softmax
@@ -88,14 +89,14 @@ class L2AConfig(MixerConfig):
     """L2A: ``window`` local attention + routed global attention; ``rate`` ρ in (0, 1]; ``lam`` λ ≥ 0."""
 
     paper = "Choudhary et al., Learning When to Attend (arXiv 2603.17484, ICML 2026) [recon]"
-    window: int = 16
-    tau: float = 0.5
-    rate: float = 0.2
-    lam: float = 1.0
-    dense_train: bool = True
-    bias_init: float = 0.0
-    hard_rate: bool = False
-    row_chunk: int = 256
+    window: int = param(16, low=1, high=1 << 16, integer=True)
+    tau: float = param(0.5, low=0, high=1, high_open=True)
+    rate: float = param(0.2, low=0, high=1, low_open=True)
+    lam: float = param(1.0, low=0, high=1000)
+    dense_train: bool = param(True, choices=(True, False))
+    bias_init: float = param(0.0, low=-100, high=100)
+    hard_rate: bool = param(False, choices=(True, False))
+    row_chunk: int = param(256, low=1, high=1 << 16, integer=True)
 
     def validate(self) -> None:
         _check_int(self.name, "window", self.window, 1)

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...registry import param
 from ..positions import Positions
 from .base import MixerConfig, _check_float, _check_int, register_mixer
 from .softmax import Softmax
@@ -198,13 +199,13 @@ class LaCTConfig(MixerConfig):
 
     paper = "Zhang et al., Test-Time Training Done Right (arXiv 2505.23884)"
     positions_allowed = ("rope", "nope")
-    chunk: int = 16
-    window: int = 16
-    fast_heads: int = 2
-    inter_multi: int = 2
-    lr_init: float = 1e-2
-    muon: bool = False
-    momentum: bool = False
+    chunk: int = param(16, low=1, high=1 << 16, integer=True)
+    window: int = param(16, low=1, high=1 << 16, integer=True)
+    fast_heads: int = param(2, low=1, high=64, integer=True)
+    inter_multi: int = param(2, low=1, high=64, integer=True)
+    lr_init: float = param(1e-2, low=0, high=1, low_open=True)
+    muon: bool = param(False, choices=(True, False))
+    momentum: bool = param(False, choices=(True, False))
 
     def validate(self) -> None:
         for f in ("chunk", "window", "fast_heads", "inter_multi"):

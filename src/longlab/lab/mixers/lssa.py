@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ...registry import param
 from ..positions import Positions
 from .base import AttnMixer, MixerConfig, _check_float, _check_int, register_mixer
 
@@ -68,7 +69,7 @@ class LSSAConfig(MixerConfig):
     """LSSA: softplus + L1 with the ``log d · log N_i`` scale."""
 
     paper = "Gao & Spratling, arXiv 2501.13428 (ICML 2026)"
-    row_chunk: int = 128
+    row_chunk: int = param(128, low=1, high=1 << 16, integer=True)
 
     def validate(self) -> None:
         _check_int(self.name, "row_chunk", self.row_chunk, 1)
@@ -83,10 +84,10 @@ class LSSARConfig(MixerConfig):
     """LSSAR: LSSA then ``ReLU(A·N − O)^p`` re-weighting; ``p`` > 0 (default 15)."""
 
     paper = "Gao & Spratling, arXiv 2501.13428 (ICML 2026)"
-    p: float = 15.0
-    shift: bool = True
-    free_rows: int = 3
-    row_chunk: int = 128
+    p: float = param(15.0, low=0, high=1000, low_open=True)
+    shift: bool = param(True, choices=(True, False))
+    free_rows: int = param(3, low=0, high=1 << 16, integer=True)
+    row_chunk: int = param(128, low=1, high=1 << 16, integer=True)
 
     def validate(self) -> None:
         _check_float(self.name, "p", self.p, 0.0, strict=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...registry import param
 from ..positions import Positions
 from .base import MixerConfig, MixerModule, _check_int, register_mixer
 
@@ -122,9 +123,9 @@ class RACEConfig(MixerConfig):
 
     paper = "Joshi et al., RACE Attention (arXiv 2510.04008)"
     positions_allowed = ("rope", "nope")
-    tables: int = 4
-    bits: int = 4
-    chunk: int = 64
+    tables: int = param(4, low=1, high=1024, integer=True)
+    bits: int = param(4, low=1, high=10, integer=True)
+    chunk: int = param(64, low=1, high=1 << 16, integer=True)
 
     def validate(self) -> None:
         _check_int(self.name, "tables", self.tables, 1)

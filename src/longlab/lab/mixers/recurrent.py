@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...registry import param
 from ..positions import Positions
 from .base import MixerConfig, MixerModule, _check_int, register_mixer
 
@@ -99,7 +100,7 @@ class LinearConfig(MixerConfig):
     paper = "Katharopoulos et al. 2020, Transformers are RNNs (arXiv 2006.16236)"
     positions_allowed = ("rope", "nope")
     default_positions = "nope"
-    chunk: int = 64
+    chunk: int = param(64, low=1, high=1 << 16, integer=True)
 
     def validate(self) -> None:
         _check_int(self.name, "chunk", self.chunk, 1)
@@ -199,10 +200,10 @@ class MambaConfig(MixerConfig):
     paper = "Gu & Dao 2023, Mamba (arXiv 2312.00752)"
     positions_allowed = ("nope",)
     default_positions = "nope"
-    expand: int = 2
-    d_state: int = 16
-    d_conv: int = 4
-    chunk: int = 16
+    expand: int = param(2, low=1, high=64, integer=True)
+    d_state: int = param(16, low=1, high=1024, integer=True)
+    d_conv: int = param(4, low=1, high=64, integer=True)
+    chunk: int = param(16, low=1, high=1 << 16, integer=True)
 
     def validate(self) -> None:
         for f in ("expand", "d_state", "d_conv", "chunk"):

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ...registry import param
 from ..positions import Positions, log_length
 from .base import NEG, AttnMixer, MixerConfig, _check_float, _check_int, register_mixer
 
@@ -65,7 +66,7 @@ class SoftmaxConfig(MixerConfig):
     """Softmax attention, the reference (SDPA)."""
 
     paper = "Vaswani et al. 2017, Attention Is All You Need (arXiv 1706.03762)"
-    row_chunk: int = 256
+    row_chunk: int = param(256, low=1, high=1 << 16, integer=True)
 
     def validate(self) -> None:
         _check_int(self.name, "row_chunk", self.row_chunk, 1)
@@ -103,8 +104,8 @@ class SSMaxConfig(MixerConfig):
     """Scalable-Softmax; ``s_init`` is the initial per-head ``s``."""
 
     paper = "Nakanishi 2025, Scalable-Softmax Is Superior for Attention (arXiv 2501.19399)"
-    s_init: float = 1.0
-    row_chunk: int = 256
+    s_init: float = param(1.0, low=0, high=1000, low_open=True)
+    row_chunk: int = param(256, low=1, high=1 << 16, integer=True)
 
     def validate(self) -> None:
         _check_float(self.name, "s_init", self.s_init, 0.0, strict=True)
@@ -160,9 +161,9 @@ class ASEntmaxConfig(MixerConfig):
 
     paper = "Vasylenko et al., Long-Context Generalization to Sequences... (arXiv 2506.16640, ICLR 2026)"
     default_positions = "nape"
-    alpha: float = 1.5
-    adaptive: bool = True
-    row_chunk: int = 128
+    alpha: float = param(1.5, low=1, high=10)
+    adaptive: bool = param(True, choices=(True, False))
+    row_chunk: int = param(128, low=1, high=1 << 16, integer=True)
 
     def validate(self) -> None:
         _check_float(self.name, "alpha", self.alpha, 1.0)

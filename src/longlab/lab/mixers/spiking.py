@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from ...recipe import LonglabError
+from ...registry import param
 from ..positions import Positions
 from .base import MixerConfig, MixerModule, _check_float, _check_int, register_mixer
 
@@ -137,11 +138,11 @@ class LIFConfig(MixerConfig):
     positions_allowed = ("nope",)
     default_positions = "nope"
     block = "plain"
-    tau: float = 0.5
-    v_th: float = 1.0
-    width: float = 1.0
+    tau: float = param(0.5, low=0, high=1)
+    v_th: float = param(1.0, low=0, high=1000, low_open=True)
+    width: float = param(1.0, low=0, high=1000, low_open=True)
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_neuron(self)
 
     def build(self, dim: int, n_heads: int, positions: Positions) -> SpikingLayer:
@@ -158,14 +159,14 @@ class TSConfig(MixerConfig):
     positions_allowed = ("nope",)
     default_positions = "nope"
     block = "plain"
-    tau: float = 0.5
-    v_th: float = 1.0
-    width: float = 1.0
-    beta: float = 0.9
-    period: int = 8
-    gamma: float = 0.1
+    tau: float = param(0.5, low=0, high=1)
+    v_th: float = param(1.0, low=0, high=1000, low_open=True)
+    width: float = param(1.0, low=0, high=1000, low_open=True)
+    beta: float = param(0.9, low=0, high=1, high_open=True)
+    period: int = param(8, low=1, high=1 << 16, integer=True)
+    gamma: float = param(0.1, low=-1000, high=1000)
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_neuron(self)
         _check_float(self.name, "beta", self.beta, 0.0)
         if self.beta >= 1:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ...registry import param
 from ..positions import Positions
 from .base import MixerConfig, _check_int, register_mixer
 from .softmax import Softmax
@@ -104,16 +105,16 @@ class UltraMemConfig(MixerConfig):
     ``rank``, ``sets``² virtual heads, ``top_m`` slots from ``pre``×``pre`` candidates, value dim ``d_v``)."""
 
     paper = "Huang et al., UltraMemV2 (arXiv 2508.18756)"
-    grid: int = 16
-    key_dim: int = 16
-    rank: int = 2
-    sets: int = 2
-    top_m: int = 16
-    pre: int = 8
-    d_v: int = 16
-    row_chunk: int = 256
+    grid: int = param(16, low=1, high=4096, integer=True)
+    key_dim: int = param(16, low=1, high=4096, integer=True)
+    rank: int = param(2, low=1, high=64, integer=True)
+    sets: int = param(2, low=1, high=64, integer=True)
+    top_m: int = param(16, low=1, high=4096, integer=True)
+    pre: int = param(8, low=1, high=4096, integer=True)
+    d_v: int = param(16, low=1, high=4096, integer=True)
+    row_chunk: int = param(256, low=1, high=1 << 16, integer=True)
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         for f in ("grid", "key_dim", "rank", "sets", "top_m", "pre", "d_v", "row_chunk"):
             _check_int(self.name, f, getattr(self, f), 1)
         if self.pre > self.grid or self.top_m > self.pre * self.pre:

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ...registry import param
 from ..positions import Positions
 from .base import AttnMixer, MixerConfig, _check_float, _check_int, register_mixer
 
@@ -76,10 +77,10 @@ class VLTAConfig(MixerConfig):
     """TAPTRv3's visibility-aware long-temporal attention: causal softmax + ``log(v_j + ε)`` per key."""
 
     paper = "Qu et al., TAPTRv3 (arXiv 2411.18671, ICLR 2026)"
-    eps: float = 1e-6
-    row_chunk: int = 256
+    eps: float = param(1e-6, low=0, high=1, low_open=True)
+    row_chunk: int = param(256, low=1, high=1 << 16, integer=True)
 
-    def __post_init__(self) -> None:
+    def validate(self) -> None:
         _check_float(self.name, "eps", self.eps, 0.0, strict=True)
         _check_int(self.name, "row_chunk", self.row_chunk, 1)
 
