@@ -74,12 +74,14 @@ def run_emformer(a: argparse.Namespace) -> None:
     trajectories."""
     from longlab.lab.tasks import task_config
 
-    task = task_config(a.task)
-    test = task.sample(a.test, task.window + max(a.leads), torch.Generator().manual_seed(777))
     common = ["--mixer", "emformer", "--task", a.task, "--batch", str(a.batch), "--dim", "64"]
     common += ["--layers", "2", "--heads", "4", "--ckpt-every", "500"]
-    one_step = ["--train-len", str(task.window + 1)]
     for seed in a.seeds:
+        # the task instance training used (`longlab lab train` seeds the task with --seed: here the
+        # attractor pool and the climatology that normalises the states), as `longlab lab eval` does
+        task = task_config(a.task, seed)
+        test = task.sample(a.test, task.window + max(a.leads), torch.Generator().manual_seed(777))
+        one_step = ["--train-len", str(task.window + 1)]
         out = RESULTS / f"emformer_seed{seed}.json"
         rows, cmds = [], {}
         pre = RUNS / "l96" / f"pre-s{seed}"
@@ -242,9 +244,9 @@ def run_meg(a: argparse.Namespace) -> None:
     from longlab.lab.tasks import task_config
     from longlab.lab.tasks.meg import event_probe
 
-    task = task_config(a.task)
-    c = task.channels
     for seed in a.seeds:
+        task = task_config(a.task, seed)  # training's task instance: its state patterns and event codes
+        c = task.channels
         out = RESULTS / f"meg_seed{seed}.json"
         rows, cmds = [], {}
         for steps_ctx in a.contexts:
@@ -421,8 +423,8 @@ def run_ts(a: argparse.Namespace) -> None:
     from longlab.lab import LabLM
     from longlab.lab.tasks import task_config
 
-    task = task_config(a.task)
     for seed in a.seeds:
+        task = task_config(a.task, seed)  # training's task instance (blobs: its centres)
         out = RESULTS / f"ts_{a.task}_seed{seed}.json"
         rows, cmds = [], {}
         for t in a.timesteps:
