@@ -453,3 +453,97 @@ def test_lab_config_new_fields_are_checked():
         mixer_config("lif:tau=2")
     with pytest.raises(LonglabError, match="beta"):
         mixer_config("ts:beta=1")
+
+
+def test_ts_with_gamma_zero_from_the_registry_is_the_lif_model():
+    """``ts:gamma=0`` (the trace adds γ·m = 0) built through the registry equals the ``lif`` lab model:
+    outputs and the gradients of every shared weight; ``ts`` at its default γ does not."""
+    cfg = {"vocab_size": 0, "input_dim": 16, "output_dim": 2, "dim": 16, "n_layers": 2, "n_heads": 1}
+    torch.manual_seed(0)
+    lif = LabLM(LabConfig(mixer="lif", positions="nope", **cfg))
+    ts0 = LabLM(LabConfig(mixer="ts:gamma=0", positions="nope", **cfg))
+    ts = LabLM(LabConfig(mixer="ts", positions="nope", **cfg))
+    for m in (ts0, ts):
+        missing, unexpected = m.load_state_dict(lif.state_dict(), strict=False)
+        assert not unexpected and all(k.endswith("gamma") for k in missing)
+    x = (torch.rand(4, 12, 16, generator=_gen(3)) < 0.3).float() * 3
+    a, b = lif(x), ts0(x)
+    assert torch.equal(a, b)
+    ga = torch.autograd.grad(a.square().sum(), list(lif.parameters()))
+    gb = torch.autograd.grad(b.square().sum(), [p for n, p in ts0.named_parameters() if "gamma" not in n])
+    assert all(torch.equal(u, v) for u, v in zip(ga, gb))
+    assert not torch.equal(ts(x), a)
+
+
+def _bench_modalities(monkeypatch, tmp_path):
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    monkeypatch.syspath_prepend(str(bench))
+    spec = importlib.util.spec_from_file_location("lab_modalities_bench", bench / "lab_modalities.py")
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, mod)  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+    return mod
+
+
+def _bits(acc: float, n: int = 200) -> str:
+    k = round(acc * n)
+    return "1" * k + "0" * (n - k)
+
+
+def _write(tmp_path, name: str, rows: list[dict]) -> None:
+    import json
+
+    (tmp_path / name).write_text(json.dumps({"experiment": name, "commands": {}, "rows": rows}))
+
+
+def test_page_verdicts_follow_the_numbers_and_flip_when_the_data_flip(monkeypatch, tmp_path):
+    """The page's verdicts are computed from the stored rows: a clear win reproduces, the same rows with
+    the arms swapped do not reproduce, and a difference whose interval covers 0 is not significant."""
+    mod = _bench_modalities(monkeypatch, tmp_path)
+
+    def meg(long_accs, short_accs):
+        for s, (hi, lo) in enumerate(zip(long_accs, short_accs)):
+            rows = [{"context": c, "seed": s, "encoder": e, "labels": 80, "correct": _bits(acc),
+                     "final_loss": 1.0}
+                    for c, acc in ((500, hi), (50, lo)) for e in ("pretrained", "untrained")]
+            _write(tmp_path, f"meg_seed{s}.json", rows)
+        return mod.claims_meg()[0].verdict
+
+    assert meg([0.6, 0.65, 0.62], [0.4, 0.42, 0.41]) == "reproduces"
+    assert meg([0.4, 0.42, 0.41], [0.6, 0.65, 0.62]) == "does not reproduce"
+    assert meg([0.6, 0.4, 0.52], [0.5, 0.5, 0.5]) == "not significant"
+
+    def ts(lif, ts_):  # accuracies at T = 4 and T = 64, per seed
+        for s in range(3):
+            rows = [{"neuron": n, "T": t, "seed": s, "correct": _bits(accs[i][s]), "grad_ratio": 1.0,
+                     "grad_ratio_init": 1e24}
+                    for n, accs in (("lif", lif), ("ts", ts_)) for i, t in enumerate((4, 64))]
+            _write(tmp_path, f"ts_xor_seed{s}.json", rows)
+        return mod.claims_ts("xor")[0]
+
+    flat = ([0.95, 0.96, 0.97], [0.95, 0.96, 0.97])
+    falls = ([0.95, 0.96, 0.97], [0.6, 0.62, 0.65])
+    assert ts(falls, flat).verdict == "reproduces"
+    assert ts(flat, falls).verdict == "does not reproduce"  # TS declines, LIF does not
+    assert ts(flat, flat).verdict == "not significant"
+    assert "∞" in ts(falls, flat).figures  # a zero ‖∂L/∂u_T‖ is shown as ∞, not 1e24
+
+    def emf(d20, d1):  # rollout − one-step RMSE per seed at leads 20 and 40, and at lead 1
+        for s in range(3):
+            base = {"1": [0.1] * 4, "20": [0.8] * 4, "40": [1.2] * 4}
+            roll = {"1": [0.1 + d1[s]] * 4, "20": [0.8 + d20[s]] * 4, "40": [1.2 + d20[s]] * 4}
+            rows = [{"arm": "one-step@0.0001", "seed": s, "rmse": base},
+                    {"arm": "rollout@0.0001", "seed": s, "rmse": roll}]
+            _write(tmp_path, f"emformer_seed{s}.json", rows)
+        return mod.claims_emformer()[0].verdict
+
+    better, none = [-0.1, -0.12, -0.11], [0.0, 0.001, -0.001]
+    assert emf(better, none) == "reproduces"
+    assert emf([-d for d in better], none) == "does not reproduce"
+    assert emf(better, [-d / 10 for d in better]) == "does not reproduce"  # lead 1 hurt
+    assert emf([-0.1, 0.1, -0.02], none) == "not significant"
