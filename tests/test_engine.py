@@ -172,3 +172,14 @@ def test_cancel_frees_a_batch_row_and_the_others_go_on(tiny_models, tokenizer):
     assert engine.held_bytes()[c] > 0 and engine.cancel(c) and not engine.busy
     with pytest.raises(LonglabError, match="temperature"):
         engine.check(Request(context=CTX, question="Where?", temperature=-1))
+
+
+def test_a_one_turn_chat_without_a_template_is_a_plain_prompt(tiny_models, tokenizer):
+    """messages=[one user turn] on a tokenizer without a chat template: the turn is the prompt's context
+    part (it was an empty context that crashed the prefill planner), as context= with no question."""
+    model = tiny_models["tiny-llama"][0]
+    chat, plain = Engine(model, tokenizer).run([
+        Request(messages=[{"role": "user", "content": CTX}], recipe="snapkv@0.5", max_new_tokens=4),
+        Request(context=CTX, chat_template=False, recipe="snapkv@0.5", max_new_tokens=4),
+    ])
+    assert chat.token_ids == plain.token_ids and chat.kv_bytes_after < chat.kv_bytes_before
