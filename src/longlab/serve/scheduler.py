@@ -4,11 +4,11 @@ HTTP handlers hand it :class:`Ticket` objects; the thread checks each (tokens, s
 memory: :meth:`Engine.check`), queues it, and admits the queue's head into the engine between steps when
 
 - fewer than ``max_batch`` requests run, and
-- the KV bytes the running requests hold (:meth:`Engine.held_bytes`, spare slots included) plus the head's
-  estimate fit ``kv_budget_bytes``. The estimate is ``(prompt + max_tokens) x kv_bytes_per_token x r``,
-  ``r`` the ratio ``kv_bytes_after / kv_bytes_before`` last seen for the head's recipe (1 until one of its
-  requests has finished). A request always runs when nothing else does, so one larger than the budget is
-  not refused forever.
+- the KV bytes the running requests hold (:meth:`Engine.held_bytes`, spare slots and batch padding
+  included) plus the head's estimate fit ``kv_budget_bytes``. The estimate is ``(prompt + max_tokens) x
+  kv_bytes_per_token x r``, ``r`` what the last admitted request of the head's recipe held on its first
+  step over that same product (1 until one has run). A request always runs when nothing else does, so
+  one larger than the budget is not refused forever.
 
 One request is admitted per step (its prefill is that step), so a failure while admitting belongs to it
 alone. Finished rows leave, their results go back to their tickets; a cancelled ticket's row leaves the
@@ -48,6 +48,8 @@ class Ticket:
     arrived: float = field(default_factory=time.perf_counter)
     key: int | None = None
     estimate: int = 0
+    size: int = 0  # (prompt + max_tokens) x kv_bytes_per_token: an uncompressed cache's bytes
+    observed: bool = False
     sent: str = ""  # the text streamed so far
     first_token_s: float | None = None
     cancelled: bool = False
@@ -160,8 +162,8 @@ class Scheduler:
         if req.documents is not None:  # the reuse prefill tokenizes them; an estimate for the budget
             text = "\n".join(req.documents) + "\n" + (req.question or "")
             n = len(self.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
-        ratio = self._ratio.get(t.parsed.recipe, 1.0)
-        t.estimate = int((n + req.max_new_tokens) * self.per_token * ratio)
+        t.size = (n + req.max_new_tokens) * self.per_token
+        t.estimate = int(t.size * self._ratio.get(t.parsed.recipe, 1.0))
         with self._cv:
             self._queue.append(t)
         t.emit("accepted")
@@ -211,8 +213,6 @@ class Scheduler:
                 continue
             if t.first_token_s is None:
                 self._first_token(t, now)
-            if r.kv_bytes_before:
-                self._ratio[t.parsed.recipe] = r.kv_bytes_after / r.kv_bytes_before
             if t.parsed.stream:
                 self._stream(t, r.text)
             t.emit("done", r)
@@ -280,6 +280,11 @@ class Scheduler:
     def _measure(self) -> None:
         held = self.engine.held_bytes() if self._running else {}
         self.held = sum(held.values())
+        for key, n in held.items():  # learn what a request of this recipe holds, for admission estimates
+            t = self._running.get(key)
+            if t is not None and not t.observed and t.size:
+                t.observed = True
+                self._ratio[t.parsed.recipe] = n / t.size
         self.peak_held = max(self.peak_held, self.held)
         if self.metrics is None:
             return
