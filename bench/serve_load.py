@@ -7,7 +7,7 @@ asyncio clients, each sending ``--requests`` streaming chat requests one after a
 answer the same requests, the order alternating by repeat. Contexts are ~``--tokens`` tokens, recipes
 alternate ``full`` / ``snapkv@0.5``, greedy, ``--max-tokens`` each. Recorded per run: generated tokens
 per second of wall time, p50/p95 TTFT (first content chunk) and latency, the scheduler's peak KV bytes
-and peak running requests. A budget phase then sends the same 16 requests all-``full`` and
+and peak running requests. A budget phase then sends the same requests all-``full`` and
 all-``snapkv@0.5`` to a server whose ``kv_budget`` is ``--budget-rows`` full requests: the peak rows it
 admitted and the bytes it held under each.
 
@@ -84,6 +84,7 @@ async def _load(url: str, model: str, per_client: list[list[tuple[str, str]]], m
     t0 = time.perf_counter()
     rows = await asyncio.gather(*(_client(client, model, jobs, max_tokens) for jobs in per_client))
     wall = time.perf_counter() - t0
+    await client.close()
     flat = [r for rs in rows for r in rs]
     return {"wall_s": wall, "requests": flat}
 
@@ -120,11 +121,13 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--budget-rows", type=int, default=4, help="budget phase: the budget in full requests")
+    p.add_argument("--budget-clients", type=int, default=12, help="budget phase: requests sent at once")
     p.add_argument("--out", default="bench/results/serve_load.json")
     args = p.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
     if not (1 <= args.requests <= 20 and 1 <= max(clients) <= 64 and 64 <= args.tokens <= 8192
-            and 1 <= args.max_tokens <= 512 and 1 <= args.repeats <= 5 and 1 <= args.budget_rows <= 64):
+            and 1 <= args.max_tokens <= 512 and 1 <= args.repeats <= 5 and 1 <= args.budget_rows <= 64
+            and 1 <= args.budget_clients <= 16):
         p.error("sizes out of range (requests 1-20, clients 1-64, tokens 64-8192, max-tokens 1-512)")
 
     from longlab import Engine, load_model
@@ -165,12 +168,13 @@ def main() -> int:
             same = sum(a == b for a, b in zip(answers["batched"], answers["serial"]))
             runs[-1]["same_answers_as_other_mode"] = runs[-2]["same_answers_as_other_mode"] = same
             print(f"  answers equal between modes: {same}/{len(answers['batched'])}", flush=True)
+            write_json(args.out, {"hardware": hardware(), "args": vars(args), "runs": runs, "partial": True})
     budget = []
-    n = 16
+    n = args.budget_clients
     for recipe in recipes:
         sched = apps["budget"].state.scheduler
         _reset(sched)
-        per_client = [[(contexts[c], recipe)] for c in range(n)]
+        per_client = [[(contexts[c], recipe)] for c in range(n)]  # n: --budget-clients
         run = asyncio.run(_load(servers["budget"][1], args.model, per_client, args.max_tokens))
         row = {"recipe": recipe, "clients": n, "budget_bytes": args.budget_rows * full_bytes,
                **_summary(run, sched)}

@@ -11,9 +11,11 @@ memory: :meth:`Engine.check`), queues it, and admits the queue's head into the e
   one larger than the budget is not refused forever.
 
 One request is admitted per step (its prefill is that step), so a failure while admitting belongs to it
-alone. Finished rows leave, their results go back to their tickets; a cancelled ticket's row leaves the
-engine at once (:meth:`Engine.cancel`) and its bytes with it. Past ``max_queue`` waiting requests a new
-one is refused (503 with ``Retry-After``).
+alone, and while rows are running admissions alternate with decode steps: a queue of long prompts does not
+hold back the tokens of the rows already decoding (each prompt's prefill is still one step: no chunked
+prefill between decode steps yet). Finished rows leave, their results go back to their tickets; a
+cancelled ticket's row leaves the engine at once (:meth:`Engine.cancel`) and its bytes with it. Past
+``max_queue`` waiting requests a new one is refused (503 with ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -73,6 +75,7 @@ class Scheduler:
         self._running: dict[int, Ticket] = {}
         self._ratio: dict[str, float] = {}
         self._stop = False
+        self._admitted_last = False  # the last step was an admission (the next one decodes)
         self._thread: threading.Thread | None = None
         self.held = 0  # KV bytes the running requests hold (after the last step)
         self.peak_held = 0
@@ -177,9 +180,11 @@ class Scheduler:
 
     def _admit_one(self) -> Ticket | None:
         with self._cv:
-            if not self._can_admit():
+            if not self._can_admit() or (self._admitted_last and self.engine.busy):
+                self._admitted_last = False
                 return None
             t = self._queue.popleft()
+        self._admitted_last = True
         try:
             t.key = self.engine.submit(t.parsed.request)
         except LonglabError as exc:
