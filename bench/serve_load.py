@@ -112,7 +112,29 @@ def _reset(sched: Any) -> None:
     sched.peak_held = sched.peak_running = 0
 
 
+def table(path: str) -> str:
+    """A Markdown table of a stored run (``--table JSON``): one row per concurrency and mode."""
+    import json
+
+    data = json.loads(Path(path).read_text())
+    lines = ["| clients | mode | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) | peak KV (MiB) "
+             "| peak rows |", "|---|---|---|---|---|---|---|"]
+    for r in data["runs"]:
+        lines.append(f"| {r['clients']} | {r['mode']} | {r['tokens_per_s']:.2f} | {r['ttft_p50_s']:.1f} / "
+                     f"{r['ttft_p95_s']:.1f} | {r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | "
+                     f"{r['peak_kv_bytes'] / 2**20:.1f} | {r['peak_running']} |")
+    for r in data.get("budget", []):
+        lines.append(f"| {r['clients']} | budget {r['budget_bytes'] / 2**20:.0f} MiB, all {r['recipe']} | "
+                     f"{r['tokens_per_s']:.2f} | {r['ttft_p50_s']:.1f} / {r['ttft_p95_s']:.1f} | "
+                     f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | "
+                     f"{r['peak_kv_bytes'] / 2**20:.1f} | {r['peak_running']} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
+    if len(sys.argv) == 3 and sys.argv[1] == "--table":
+        print(table(sys.argv[2]))
+        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--clients", default="1,4,16")
