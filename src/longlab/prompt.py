@@ -127,6 +127,10 @@ def encode_messages(
     head = "\n\n".join(m["content"] for m in before)
     if answer_prefix and not answer_prefix[0].isspace():
         answer_prefix = " " + answer_prefix
+    if not head:  # one turn, plain text: a prompt to continue (the context part is never empty)
+        return list(tokenizer(last["content"])["input_ids"]), (
+            list(tokenizer(answer_prefix, add_special_tokens=False)["input_ids"]) if answer_prefix else []
+        )
     ctx = list(tokenizer(head)["input_ids"]) if head else []
     q = list(tokenizer(("\n\n" if head else "") + last["content"] + answer_prefix,
                        add_special_tokens=not head)["input_ids"])

@@ -2,8 +2,8 @@
 
 ``generate`` / ``example`` (:mod:`.generate`), ``eval`` (:mod:`.eval`), ``report``, ``methods``, ``store``
 (the document KV store), ``calibrate`` (PM-KVQ), ``train`` (IndexMem; DroPE, RoPE-ID, RePo) and ``lab``
-(the layers lab). Each module builds its parser and calls library functions. User errors (bad arguments,
-unknown names, missing files) print one line and exit 2, no traceback.
+(the layers lab), ``serve`` (the OpenAI-compatible server). Each module builds its parser and calls library
+functions. User errors (bad arguments, unknown names, missing files) print one line and exit 2, no traceback.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .generate import add_example_arguments, add_generate_arguments
     from .methods import add_methods_arguments
     from .report import add_report_arguments
+    from .serve import add_serve_arguments
     from .store import add_store_parser
     from .train import add_train_parser
 
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_lab_arguments(sub.add_parser("lab", help="layers lab: train/test small LMs with swappable mixers"))
     add_report_arguments(sub)
+    add_serve_arguments(sub)
     return parser
 
 

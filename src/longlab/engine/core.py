@@ -120,20 +120,70 @@ class Engine:
     # ------------------------------------------------------------------------------------ public API
     def submit(self, request: Request | dict[str, Any]) -> int:
         """Check ``request`` and queue it; returns its handle (``Result.key``)."""
-        if isinstance(request, dict):
-            request = Request(**request)
-        if not callable(getattr(request, "check", None)):
-            raise LonglabError(f"submit takes a longlab.Request, got {request.__class__.__name__}")
-        request.check()
-        if request.parsed.recipe.is_empty is False:
-            check_attention(self.model, request.parsed.recipe)
-        ctx, q = self._tokenize(request)
-        if request.documents is None:  # a reuse prefill checks each document and the whole prompt itself
-            check_size(self.model, request, len(ctx) + len(q))
+        request, ctx, q = self._checked(request)
         key = self._next
         self._next += 1
         self._waiting.append(_Pending(key, request, ctx, q))
         return key
+
+    def check(self, request: Request | dict[str, Any]) -> int:
+        """Every check :meth:`submit` makes (fields, methods, the prompt's size against the model and
+        memory), without queueing; returns the prompt's token count (0 for ``documents=``, which the
+        reuse prefill tokenizes and checks itself)."""
+        _, ctx, q = self._checked(request)
+        return len(ctx) + len(q)
+
+    def cancel(self, key: int) -> bool:
+        """Drop request ``key``, queued or running: a row of the shared batch leaves it now (its cache
+        rows are freed), a lane of its own is closed. It yields no result. False: no such request is
+        queued or running (unknown, or already finished)."""
+        for p in self._waiting:
+            if p.key == key:
+                self._waiting.remove(p)
+                return True
+        for lane in self._lanes:
+            if not any(r.key == key for r in lane.rows):
+                continue
+            keep = [i for i, r in enumerate(lane.rows) if r.key != key]
+            if keep and isinstance(lane, StreamLane) and lane.drop:
+                lane.stream._select_rows(keep)
+                lane.rows = [lane.rows[i] for i in keep]
+            elif keep:  # finished rows ride along in this lane: mark it done (never reported)
+                next(r for r in lane.rows if r.key == key).finish = "cancelled"
+            else:
+                self._lanes.remove(lane)
+                if lane is self._batch:
+                    self._batch = None
+                lane.close()
+            self._branches.pop(key, None)
+            if not self._lanes and not self._waiting:
+                self._set_position("none")
+            return True
+        return False
+
+    def progress(self) -> dict[int, list[int]]:
+        """The tokens each running (admitted, unfinished) request has produced so far, by key (a
+        speculative or guided lane shows its tokens when it finishes)."""
+        return {r.key: list(r.tokens) for lane in self._lanes for r in lane.rows if r.finish is None}
+
+    def held_bytes(self) -> dict[int, int]:
+        """KV bytes each running request holds now, allocated spare slots included: a lane of its own,
+        its cache's; a row of the shared batch, its share of the batch cache (rows are stacked with
+        empty slots up to the longest, so each row holds ``batch bytes / rows``)."""
+        out: dict[int, int] = {}
+        for lane in self._lanes:
+            live = [r for r in lane.rows if r.finish is None]
+            stream = getattr(lane, "stream", None)
+            if stream is None and live:
+                stream = self._branches.get(live[0].key, (None, {}))[1].get("held")
+            cache = getattr(stream, "cache", None)
+            if cache is None or not live:
+                continue
+            total = cache.nbytes() + cache.spare_nbytes()
+            rows = max(len(lane.rows), 1)
+            for r in live:
+                out[r.key] = total // rows
+        return out
 
     @property
     def busy(self) -> bool:
@@ -179,6 +229,19 @@ class Engine:
         return [out[first + i] for i in range(len(requests))]
 
     # --------------------------------------------------------------------------------------- checks
+    def _checked(self, request: Request | dict[str, Any]) -> tuple[Request, list[int], list[int]]:
+        if isinstance(request, dict):
+            request = Request(**request)
+        if not callable(getattr(request, "check", None)):
+            raise LonglabError(f"submit takes a longlab.Request, got {request.__class__.__name__}")
+        request.check()
+        if request.parsed.recipe.is_empty is False:
+            check_attention(self.model, request.parsed.recipe)
+        ctx, q = self._tokenize(request)
+        if request.documents is None:  # a reuse prefill checks each document and the whole prompt itself
+            check_size(self.model, request, len(ctx) + len(q))
+        return request, ctx, q
+
     def _tokenize(self, request: Request) -> tuple[list[int], list[int]]:
         from ..prompt import encode_messages, encode_prompts
 
@@ -310,6 +373,7 @@ class Engine:
         """A lane of its own: speculative decoding, guided decoding, or a recipe that acts at decode."""
         req, squeeze = pending.request, branch.squeeze
         row = self._row(pending, branch.logits[0])
+        self._branches[pending.key][1]["held"] = branch.stream  # for held_bytes()
         hook = (lambda: squeeze.applied(self.model)) if squeeze is not None else None
         if req.parsed.draft is not None:
             from ..spec.loop import speculative_steps

@@ -1,0 +1,301 @@
+"""One background thread that owns the :class:`~longlab.engine.Engine` and drives ``step()``.
+
+HTTP handlers hand it :class:`Ticket` objects; the thread checks each (tokens, size against the model and
+memory: :meth:`Engine.check`), queues it, and admits the queue's head into the engine between steps when
+
+- fewer than ``max_batch`` requests run, and
+- the KV bytes the running requests hold (:meth:`Engine.held_bytes`, spare slots and batch padding
+  included) plus the head's estimate fit ``kv_budget_bytes``. The estimate is ``(prompt + max_tokens) x
+  kv_bytes_per_token x r``, ``r`` what the last admitted request of the head's recipe held on its first
+  step over that same product (1 until one has run). A request always runs when nothing else does, so
+  one larger than the budget is not refused forever.
+
+One request is admitted per step (its prefill is that step), so a failure while admitting belongs to it
+alone, and while rows are running admissions alternate with decode steps: a queue of long prompts does not
+hold back the tokens of the rows already decoding (each prompt's prefill is still one step: no chunked
+prefill between decode steps yet). Finished rows leave, their results go back to their tickets; a
+cancelled ticket's row leaves the engine at once (:meth:`Engine.cancel`) and its bytes with it. Past
+``max_queue`` waiting requests a new one is refused (503 with ``Retry-After``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine import Engine
+from ..engine.limits import kv_bytes_per_token
+from ..errors import LonglabError
+from .protocol import ApiError, Parsed, bad_request
+
+__all__ = ["Ticket", "Scheduler"]
+
+log = logging.getLogger("longlab.serve")
+
+
+@dataclass
+class Ticket:
+    """One HTTP request on its way through the scheduler. Events (``(kind, value)`` on ``events``, put
+    from the scheduler thread): ``("accepted", None)``, ``("delta", text)`` (streaming only),
+    ``("done", Result)``, ``("error", ApiError)``."""
+
+    parsed: Parsed
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue = field(default_factory=asyncio.Queue)
+    arrived: float = field(default_factory=time.perf_counter)
+    key: int | None = None
+    estimate: int = 0
+    size: int = 0  # (prompt + max_tokens) x kv_bytes_per_token: an uncompressed cache's bytes
+    observed: bool = False
+    sent: str = ""  # the text streamed so far
+    first_token_s: float | None = None
+    cancelled: bool = False
+
+    def emit(self, kind: str, value: Any = None) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, *, kv_budget_bytes: int | None = None, max_batch: int = 16,
+                 max_queue: int = 64, metrics: Any = None) -> None:
+        self.engine = engine
+        self.budget = kv_budget_bytes
+        self.max_batch, self.max_queue = max_batch, max_queue
+        self.metrics = metrics
+        self.per_token = kv_bytes_per_token(engine.model)
+        self._cv = threading.Condition()
+        self._inbox: deque[Ticket] = deque()  # arrived, not yet checked
+        self._queue: deque[Ticket] = deque()  # checked, waiting for admission
+        self._cancels: deque[Ticket] = deque()
+        self._running: dict[int, Ticket] = {}
+        self._ratio: dict[str, float] = {}
+        self._stop = False
+        self._admitted_last = False  # the last step was an admission (the next one decodes)
+        self._thread: threading.Thread | None = None
+        self.held = 0  # KV bytes the running requests hold (after the last step)
+        self.peak_held = 0
+        self.peak_running = 0  # the most requests admitted at once
+
+    # ----------------------------------------------------------------------------- handler side
+    def submit(self, ticket: Ticket) -> None:
+        """Queue ``ticket`` (any thread); 503 with Retry-After past ``max_queue`` waiting requests."""
+        with self._cv:
+            if self._stop:
+                raise ApiError(503, "the server is shutting down", type="server_error")
+            if len(self._inbox) + len(self._queue) >= self.max_queue:
+                if self.metrics is not None:
+                    self.metrics.rejected(ticket.parsed.recipe)
+                raise ApiError(503, f"the queue is full ({self.max_queue} requests wait); retry later",
+                               type="server_error", code="queue_full", headers={"Retry-After": "1"})
+            self._inbox.append(ticket)
+            self._cv.notify()
+
+    def cancel(self, ticket: Ticket) -> None:
+        """The client left: drop the ticket's request wherever it is (any thread)."""
+        with self._cv:
+            ticket.cancelled = True
+            self._cancels.append(ticket)
+            self._cv.notify()
+
+    @property
+    def queued(self) -> int:
+        with self._cv:
+            return len(self._inbox) + len(self._queue)
+
+    @property
+    def running(self) -> int:
+        return len(self._running)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="longlab-scheduler", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+
+    # --------------------------------------------------------------------------- scheduler thread
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not (self._stop or self._inbox or self._cancels or self.engine.busy
+                           or (self._queue and self._can_admit())):
+                    self._cv.wait(timeout=0.5)
+                if self._stop:
+                    break
+                cancels, self._cancels = list(self._cancels), deque()
+                inbox, self._inbox = list(self._inbox), deque()
+            for t in cancels:
+                self._drop(t)
+            for t in inbox:
+                self._accept(t)
+            admitting = self._admit_one()
+            if self.engine.busy:
+                self._step(admitting)
+            self._measure()
+        for t in [*self._inbox, *self._queue, *self._running.values()]:
+            t.emit("error", ApiError(503, "the server is shutting down", type="server_error"))
+
+    def _accept(self, t: Ticket) -> None:
+        if t.cancelled:
+            return
+        req = t.parsed.request
+        try:
+            n = self.engine.check(req)
+        except LonglabError as exc:
+            t.emit("error", bad_request(exc, t.parsed.fields))
+            self._count_error(t)
+            return
+        except Exception:  # noqa: BLE001  a bug, not the client's: logged with its traceback, 500
+            log.exception("checking a request failed")
+            t.emit("error", ApiError(500, "internal error while checking the request", type="server_error"))
+            return
+        if req.documents is not None:  # the reuse prefill tokenizes them; an estimate for the budget
+            text = "\n".join(req.documents) + "\n" + (req.question or "")
+            n = len(self.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+        t.size = (n + req.max_new_tokens) * self.per_token
+        t.estimate = int(t.size * self._ratio.get(t.parsed.recipe, 1.0))
+        with self._cv:
+            self._queue.append(t)
+        t.emit("accepted")
+
+    def _can_admit(self) -> bool:
+        if not self._queue or len(self._running) >= self.max_batch:
+            return False
+        if self.budget is None or not self._running:
+            return True
+        return self.held + self._queue[0].estimate <= self.budget
+
+    def _admit_one(self) -> Ticket | None:
+        with self._cv:
+            if not self._can_admit() or (self._admitted_last and self.engine.busy):
+                self._admitted_last = False
+                return None
+            t = self._queue.popleft()
+        self._admitted_last = True
+        try:
+            t.key = self.engine.submit(t.parsed.request)
+        except LonglabError as exc:
+            t.emit("error", bad_request(exc, t.parsed.fields))
+            self._count_error(t)
+            return None
+        self._running[t.key] = t
+        self.peak_running = max(self.peak_running, len(self._running))
+        return t
+
+    def _step(self, admitting: Ticket | None) -> None:
+        try:
+            results = self.engine.step()
+        except Exception as exc:  # noqa: BLE001
+            self._step_failed(exc, admitting)
+            return
+        progress = self.engine.progress()
+        now = time.perf_counter()
+        for key, tokens in progress.items():
+            t = self._running.get(key)
+            if t is None or not tokens:
+                continue
+            if t.first_token_s is None:
+                self._first_token(t, now)
+            if t.parsed.stream:
+                self._stream(t, self._partial_text(t, tokens))
+        for r in results:
+            t = self._running.pop(r.key, None)
+            r.cache = None  # the server keeps no cache past its request
+            if t is None:
+                continue
+            if t.first_token_s is None:
+                self._first_token(t, now)
+            if t.parsed.stream:
+                self._stream(t, r.text)
+            t.emit("done", r)
+            if self.metrics is not None:
+                self.metrics.finished(t.parsed.recipe, r, now - t.arrived)
+
+    def _step_failed(self, exc: Exception, admitting: Ticket | None) -> None:
+        if admitting is not None and admitting.key in self._running:  # the admission (prefill) failed
+            self._running.pop(admitting.key)
+            self.engine.cancel(admitting.key)
+            if isinstance(exc, LonglabError):
+                admitting.emit("error", bad_request(exc, admitting.parsed.fields))
+            else:
+                log.error("prefill failed: %s: %s", exc.__class__.__name__, exc)
+                admitting.emit("error", ApiError(500, "internal error during prefill", type="server_error"))
+            self._count_error(admitting)
+            return
+        log.exception("a decode step failed; the running requests are failed and the engine restarted",
+                      exc_info=exc)
+        for t in self._running.values():
+            t.emit("error", ApiError(500, "internal error during decoding", type="server_error"))
+            self._count_error(t)
+        self._running.clear()
+        old = self.engine
+        self.engine = Engine(old.model, old.tokenizer, store=old.store)
+
+    def _drop(self, t: Ticket) -> None:
+        with self._cv:
+            found = t in self._queue or t.key is None
+            if t in self._queue:
+                self._queue.remove(t)
+        if t.key is not None and self._running.pop(t.key, None) is not None:
+            self.engine.cancel(t.key)
+            found = True
+        if found and self.metrics is not None:
+            self.metrics.cancelled(t.parsed.recipe)
+
+    def _first_token(self, t: Ticket, now: float) -> None:
+        t.first_token_s = now - t.arrived
+        if self.metrics is not None:
+            self.metrics.ttft(t.parsed.recipe, t.first_token_s)
+
+    def _count_error(self, t: Ticket) -> None:
+        if self.metrics is not None:
+            self.metrics.failed(t.parsed.recipe)
+
+    # ---------------------------------------------------------------------------------- streaming
+    def _partial_text(self, t: Ticket, tokens: list[int]) -> str:
+        """The text of ``tokens`` that the final answer surely starts with: the engine strips the answer
+        and cuts it at a stop string, so trailing whitespace, an unfinished UTF-8 character and a tail
+        that may begin a stop string are held back."""
+        text = self.engine.tokenizer.decode(tokens, skip_special_tokens=True).lstrip().rstrip("\ufffd")
+        stop = t.parsed.request.stop
+        if stop:
+            cut = min((text.find(s) for s in stop if s in text), default=-1)
+            text = text[:cut] if cut >= 0 else text[: max(len(text) - max(map(len, stop)) + 1, 0)]
+        return text.rstrip()
+
+    def _stream(self, t: Ticket, text: str) -> None:
+        if text.startswith(t.sent) and len(text) > len(t.sent):
+            t.emit("delta", text[len(t.sent):])
+            t.sent = text
+
+    # ------------------------------------------------------------------------------------ metrics
+    def _measure(self) -> None:
+        held = self.engine.held_bytes() if self._running else {}
+        self.held = sum(held.values())
+        for key, n in held.items():  # learn what a request of this recipe holds, for admission estimates
+            t = self._running.get(key)
+            if t is not None and not t.observed and t.size:
+                t.observed = True
+                self._ratio[t.parsed.recipe] = n / t.size
+        self.peak_held = max(self.peak_held, self.held)
+        if self.metrics is None:
+            return
+        by_recipe: dict[str, int] = {}
+        for key, n in held.items():
+            t = self._running.get(key)
+            if t is not None:
+                by_recipe[t.parsed.recipe] = by_recipe.get(t.parsed.recipe, 0) + n
+        self.metrics.state(self.queued, len(self._running), by_recipe)
