@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("generation",),  # generate(): a thin facade over the engine
     # tools and the harness drive models and pipelines (capture: q/k/v capture for calibration, training)
     ("capture", "kv.indexmem_train", "quant.calibrate", "eval", "ops.cp_generate",  # CP prefill
-     "position.train", "lab"),  # lab: the layers lab (own LM + trainer), writes to eval.store
+     "position.train", "lab",  # lab: the layers lab (own LM + trainer), writes to eval.store
+     "data"),  # data: EntropyLong training-data construction (drives a scorer model) and its corpora
     ("methods",),  # the one list of method modules (registers every family); the package face imports it
     ("cli",),
     ("",),  # the package face: longlab/__init__.py
