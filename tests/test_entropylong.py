@@ -22,6 +22,7 @@ from longlab.data.entropylong import (
     merge_positions,
     position_entropy,
     process_document,
+    retrieve,
     select_positions,
 )
 from longlab.data.groundtruth import ATTRIBUTES, Corpus, Doc, generate_corpus, load_corpus, write_corpus
@@ -109,6 +110,10 @@ def test_bm25_matches_a_hand_computed_score():
 
     np.testing.assert_allclose(s, [part(2, 3, 1), part(1, 2, 2), part(3, 4, 2)])
     assert index.scores("nothing here").tolist() == [0.0, 0.0, 0.0]
+    none = np.zeros(3, dtype=bool)
+    assert retrieve(index, "apple cherry", none, 2) == [int(i) for i in np.argsort(-s)[:2]]
+    assert retrieve(index, "cherry", np.array([False, False, True]), 5) == [1]  # excluded, zero-score dropped
+    assert retrieve(index, "nothing here", none, 5) == []
 
 
 def test_embedder_ranks_paraphrase_above_unrelated():

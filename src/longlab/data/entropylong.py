@@ -65,6 +65,7 @@ __all__ = [
     "find_groups",
     "chunk_pool",
     "BM25Index",
+    "retrieve",
     "EmbeddingIndex",
     "MiniLMEmbedder",
     "delta_entropy",
@@ -260,7 +261,10 @@ def _terms(text: str) -> list[str]:
 class BM25Index:
     """Okapi BM25 over chunk texts (lower-cased word tokens): ``score(q, d) = sum_{t in q} idf_t *
     tf_{t,d} (k1 + 1) / (tf_{t,d} + k1 (1 - b + b |d| / avgdl))``, ``idf_t = ln(1 + (N - df_t + 0.5) /
-    (df_t + 0.5))``; each distinct query term counts once."""
+    (df_t + 0.5))``; each distinct query term counts once. A chunk that shares no term with the query
+    (score 0) is never retrieved, so a query of unseen words retrieves nothing rather than ties."""
+
+    positive_only = True
 
     def __init__(self, texts: Sequence[str], k1: float = 1.5, b: float = 0.75) -> None:
         from scipy.sparse import csr_matrix
@@ -343,6 +347,8 @@ class MiniLMEmbedder:
 class EmbeddingIndex:
     """Cosine similarity of MiniLM embeddings: ``scores(q) = E q`` with unit rows."""
 
+    positive_only = False
+
     def __init__(self, texts: Sequence[str], embedder: MiniLMEmbedder | None = None,
                  progress: bool = False) -> None:
         self.embedder = embedder or MiniLMEmbedder()
@@ -352,9 +358,12 @@ class EmbeddingIndex:
         return (self.vectors @ self.embedder.encode([query])[0]).numpy()
 
 
-def _top_k(scores: np.ndarray, exclude: np.ndarray, k: int) -> list[int]:
-    """Indices of the k best scores outside ``exclude`` (ties: lower index first)."""
-    s = np.where(exclude, -np.inf, scores.astype(np.float64))
+def retrieve(index: Any, query: str, exclude: np.ndarray, k: int) -> list[int]:
+    """Indices of the k best-scoring chunks for ``query`` outside ``exclude`` (ties: lower index first);
+    an index with ``positive_only`` (BM25) drops chunks that score 0."""
+    scores = index.scores(query)
+    bad = exclude | (scores <= 0) if getattr(index, "positive_only", False) else exclude
+    s = np.where(bad, -np.inf, scores.astype(np.float64))
     order = np.argsort(-s, kind="stable")[:k]
     return [int(i) for i in order if np.isfinite(s[i])]
 
@@ -418,7 +427,7 @@ def process_document(
     candidates = []
     for g in groups:
         query = tokenizer.decode(ids[max(0, g.peak - cfg.query_tokens + 1) : g.peak + 1])
-        candidates.append(_top_k(index.scores(query), own, cfg.top_k))
+        candidates.append(retrieve(index, query, own, cfg.top_k))
     unique = sorted({c for cand in candidates for c in cand})
     dH = delta_entropy(model, ids, H, groups, [chunks[c].ids for c in unique], cfg.prefill_chunk,
                        cfg.batch_tokens)
