@@ -325,6 +325,9 @@ def test_resume_gives_the_uninterrupted_output(llama, tokenizer, tmp_path, one_t
     assert out.read_text() == full.read_text()
     assert not (tmp_path / "resumed.jsonl.partial").exists()
     assert build_dataset(corpus, llama, tokenizer, out, _small_cfg(), progress=False)["complete_already"]
+    with pytest.raises(LonglabError, match=r"max_doc_tokens \(--max-doc-tokens\) \+ chunk_tokens"):
+        build_dataset(corpus, llama, tokenizer, tmp_path / "y.jsonl",
+                      _small_cfg(max_doc_tokens=8192, target_tokens=9000), progress=False)
     (tmp_path / "x.jsonl.partial").write_text(lines[0].replace('"alpha": 0.5', '"alpha": 0.7') + lines[1])
     with pytest.raises(LonglabError, match="--out: .*other settings"):
         build_dataset(corpus, llama, tokenizer, tmp_path / "x.jsonl", _small_cfg(), progress=False)

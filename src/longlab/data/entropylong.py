@@ -539,6 +539,12 @@ def build_dataset(
         raise LonglabError("--corpus: no documents to extend (empty corpus)")
     if len(docs) > MAX_DOCUMENTS:
         raise LonglabError(f"--max-docs: at most {MAX_DOCUMENTS:,} documents per run, got {len(docs):,}")
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and cfg.max_doc_tokens + cfg.chunk_tokens > limit:
+        raise LonglabError(
+            f"entropylong: max_doc_tokens (--max-doc-tokens) + chunk_tokens (--chunk-tokens) must be <= the "
+            f"scorer's max_position_embeddings ({limit}), got {cfg.max_doc_tokens} + {cfg.chunk_tokens}"
+        )
     out = check_output_file(out, flag, owned=owns_output, what="EntropyLong dataset")
     partial = check_output_file(out.with_name(out.name + ".partial"), flag, owned=owns_output,
                                 what="EntropyLong partial dataset")
