@@ -1,9 +1,9 @@
 """``longlab`` command line: all of its argparse, one module per command.
 
 ``generate`` / ``example`` (:mod:`.generate`), ``eval`` (:mod:`.eval`), ``report``, ``methods``, ``store``
-(the document KV store), ``calibrate`` (PM-KVQ), ``train`` (IndexMem; DroPE, RoPE-ID, RePo) and ``lab``
-(the layers lab), ``serve`` (the OpenAI-compatible server). Each module builds its parser and calls library
-functions. User errors (bad arguments, unknown names, missing files) print one line and exit 2, no traceback.
+(the document KV store), ``calibrate`` (PM-KVQ), ``train`` (IndexMem; DroPE, RoPE-ID, RePo), ``data``
+(EntropyLong training data), ``lab`` (the layers lab) and ``serve`` (the OpenAI-compatible server). Each
+module builds its parser and calls library functions. User errors (bad arguments, unknown names, missing files) print one line and exit 2, no traceback.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ __all__ = ["main", "build_parser", "read_context_file", "EXAMPLE_QUESTION", "EXA
 
 def build_parser() -> argparse.ArgumentParser:
     from .calibrate import add_calibrate_parser
+    from .data import add_data_parser
     from .eval import add_eval_parser
     from .generate import add_example_arguments, add_generate_arguments
     from .methods import add_methods_arguments
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_parser(sub)
     add_calibrate_parser(sub)
     add_train_parser(sub)
+    add_data_parser(sub)  # longlab data entropylong|groundtruth: long-context training data
     from .lab import add_lab_arguments  # longlab.lab: the layers lab (train/eval small LMs on CPU)
 
     add_lab_arguments(sub.add_parser("lab", help="layers lab: train/test small LMs with swappable mixers"))
