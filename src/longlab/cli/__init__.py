@@ -3,7 +3,8 @@
 ``generate`` / ``example`` (:mod:`.generate`), ``eval`` (:mod:`.eval`), ``report``, ``methods``, ``store``
 (the document KV store), ``calibrate`` (PM-KVQ), ``train`` (IndexMem; DroPE, RoPE-ID, RePo), ``data``
 (EntropyLong training data), ``lab`` (the layers lab) and ``serve`` (the OpenAI-compatible server). Each
-module builds its parser and calls library functions. User errors (bad arguments, unknown names, missing files) print one line and exit 2, no traceback.
+module builds its parser and calls library functions. User errors (bad arguments, unknown names, missing
+files) print one line and exit 2, no traceback.
 """
 
 from __future__ import annotations
