@@ -145,16 +145,13 @@ class Engine:
             if not any(r.key == key for r in lane.rows):
                 continue
             keep = [i for i, r in enumerate(lane.rows) if r.key != key]
-            if keep and isinstance(lane, StreamLane) and lane.drop:
-                lane.stream._select_rows(keep)
-                lane.rows = [lane.rows[i] for i in keep]
-            elif keep:  # finished rows ride along in this lane: mark it done (never reported)
-                next(r for r in lane.rows if r.key == key).finish = "cancelled"
-            else:
+            if not keep:
                 self._lanes.remove(lane)
                 if lane is self._batch:
                     self._batch = None
                 lane.close()
+            elif not lane.keep_rows(keep):  # its rows ride along in this lane: mark it done (never reported)
+                next(r for r in lane.rows if r.key == key).finish = "cancelled"
             self._branches.pop(key, None)
             if not self._lanes and not self._waiting:
                 self._set_position("none")

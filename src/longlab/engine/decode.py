@@ -95,6 +95,11 @@ class Lane:
     def close(self) -> None:
         """Release what the lane holds (the engine calls it once every row has finished)."""
 
+    def keep_rows(self, keep: list[int]) -> bool:
+        """Keep only the rows at indices ``keep`` now, freeing the others' cache rows; False where the lane
+        cannot (its rows then ride along until it ends)."""
+        return False
+
 
 class StreamLane(Lane):
     """The rows of one stream, one forward per step. ``joinable``: the lane runs under the empty recipe
@@ -115,6 +120,13 @@ class StreamLane(Lane):
         self.drop = drop and all(m.batch_select_safe for m in stream.cache.recipe.methods)
         self.hook = hook  # a context manager factory active around every forward (merged embeddings)
         self._done: list[Row] = []  # finished rows still in the batch (``drop`` off)
+
+    def keep_rows(self, keep: list[int]) -> bool:
+        if not self.drop:
+            return False
+        self.stream._select_rows(keep)
+        self.rows = [self.rows[i] for i in keep]
+        return True
 
     def step(self) -> list[Row]:
         t0 = time.perf_counter()
