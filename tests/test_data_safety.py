@@ -260,3 +260,63 @@ def test_train_cli_knows_every_trainable_position_method():
     from longlab.position.train import TRAINABLE
 
     assert POSITION_METHODS == TRAINABLE
+
+
+# ---------------------------------------------------------------- files longlab deletes are its own
+def test_the_eval_writer_lock_never_replaces_or_removes_a_users_file(tmp_path):
+    from longlab.eval.driver import _writer_lock
+
+    notes = tmp_path / ".longlab-eval.lock"
+    notes.write_text("my notes, not a pid\n")
+    with pytest.raises(LonglabError, match="is not longlab's writer lock"):
+        _writer_lock(tmp_path)
+    assert notes.read_text() == "my notes, not a pid\n"
+    notes.unlink()
+    target = tmp_path / "target.txt"
+    target.write_text("data")
+    notes.symlink_to(target)  # a link by that name is not a lock either: neither it nor its target is touched
+    with pytest.raises(LonglabError, match="is not longlab's writer lock"):
+        _writer_lock(tmp_path)
+    assert notes.is_symlink() and target.read_text() == "data"
+
+
+def test_the_eval_writer_lock_removes_only_the_lock_it_opened(tmp_path):
+    from longlab.eval.driver import _writer_lock
+
+    (tmp_path / ".longlab-eval.lock").write_text("12345")  # a dead run's lock: reused, then removed
+    lock = _writer_lock(tmp_path)
+    lock.close()
+    assert not (tmp_path / ".longlab-eval.lock").exists()
+    lock = _writer_lock(tmp_path)
+    replaced = tmp_path / "replacement"
+    replaced.write_text("someone else's file")
+    replaced.replace(tmp_path / ".longlab-eval.lock")  # the lock file was replaced while the run held it
+    lock.close()
+    assert (tmp_path / ".longlab-eval.lock").read_text() == "someone else's file"
+
+
+def test_a_results_store_never_adopts_or_removes_a_users_orphan_sqlite_sidecar(tmp_path):
+    from longlab.eval.store import ResultStore
+
+    wal = tmp_path / "results.sqlite-wal"
+    wal.write_bytes(b"the user's bytes")
+    with pytest.raises(LonglabError, match="exists without its database"):
+        ResultStore(tmp_path)
+    assert wal.read_bytes() == b"the user's bytes" and not (tmp_path / "results.sqlite").exists()
+
+
+def test_a_failed_open_removes_only_the_files_it_made_in_a_users_directory(tmp_path, monkeypatch):
+    import sqlite3
+
+    from longlab.eval.store import ResultStore
+
+    (tmp_path / "thesis.tex").write_text("data")
+
+    def broken(self):
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(ResultStore, "_create_schema", broken)
+    with pytest.raises(LonglabError):
+        ResultStore(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["thesis.tex"]
+    assert (tmp_path / "thesis.tex").read_text() == "data"

@@ -260,3 +260,24 @@ def test_readonly_store_reads_and_refuses_writes(model, tokenizer, tmp_path):
     with pytest.raises(LonglabError, match="read-only"):
         reader.remove(doc_id)
     assert len(reader) == 1
+
+
+def test_a_failed_put_removes_only_its_own_temporary_file(model, tokenizer, tmp_path, monkeypatch):
+    # another writer's temporary object (or anything else in the folder) is not this call's: it stays
+    import safetensors.torch
+
+    store = DocStore(tmp_path / "s")
+    store.put(model, tokenizer, TEXTS[1])
+    folders = {p.parent for p in _files(tmp_path / "s") if p.suffix == ".safetensors"}
+    other = next(iter(folders)) / ".other-writer-123-abc.tmp"
+    other.write_bytes(b"another writer's bytes")
+
+    def full(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"partial")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    before = set(_files(tmp_path / "s"))
+    with pytest.raises(LonglabError, match="nothing was added"):
+        store.put(model, tokenizer, TEXTS[0])
+    assert set(_files(tmp_path / "s")) == before and other.read_bytes() == b"another writer's bytes"

@@ -332,7 +332,9 @@ class _WriterLock:
         import os
 
         self.path = directory / self.NAME
-        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        _check_lock_file(self.path, directory)  # a file of that name that is not a lock is the user's
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        self._inode = os.fstat(self._fd).st_ino
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -349,9 +351,33 @@ class _WriterLock:
         import os
 
         if self._fd is not None:
-            self.path.unlink(missing_ok=True)  # longlab's own lock file
+            try:  # remove the lock file only while it is still the one this lock opened
+                if os.stat(self.path, follow_symlinks=False).st_ino == self._inode:
+                    self.path.unlink()
+            except OSError:
+                pass
             os.close(self._fd)  # releases the lock
             self._fd = None
+
+
+def _check_lock_file(path: Path, directory: Path) -> None:
+    """An existing ``path`` must be a lock longlab wrote (a regular file holding at most a pid): anything
+    else is the user's, and is never truncated or removed."""
+    import stat
+
+    try:
+        st = path.lstat()
+    except FileNotFoundError:
+        return
+    ours = stat.S_ISREG(st.st_mode) and st.st_size <= 32
+    if ours:
+        text = path.read_bytes().strip()
+        ours = not text or text.isdigit()
+    if not ours:
+        raise LonglabError(
+            f"--out {directory}: {path.name} exists and is not longlab's writer lock; longlab never replaces "
+            "it: move it away or choose another --out"
+        )
 
 
 def _writer_lock(directory: Path) -> _WriterLock:

@@ -130,6 +130,12 @@ class ResultStore:
         self.out_dir, self.path, created = _results_dir(out_dir, what, create=not self.readonly)
         sidecars = [p for p in _sidecars(self.path) if not p.exists()]  # -wal/-shm this open may make
         new_db = not self.path.exists()  # made by this open: removed again if the open fails
+        if new_db and len(sidecars) < 2 and not self.readonly:  # SQLite would adopt (or clobber) them
+            orphan = next(p for p in _sidecars(self.path) if p not in sidecars)
+            raise LonglabError(
+                f"{what}: {orphan} exists without its database {self.path.name}: not longlab's (or a damaged "
+                "store); longlab never replaces it: move it away or choose another directory"
+            )
         try:
             if self.readonly:
                 self._conn = _connect_readonly(self.path, timeout)
@@ -154,8 +160,8 @@ class ResultStore:
             _remove_sidecars(sidecars)  # SQLite leaves them behind when the open fails
             if created:  # leave no empty directory (or half-made database) behind
                 _remove_new(self.path, self.out_dir)
-            elif new_db:  # the directory was the user's: remove only the database this open made
-                for p in (self.path, *_sidecars(self.path)):
+            elif new_db:  # the directory was the user's: remove only the files this open made
+                for p in (self.path, *sidecars):
                     p.unlink(missing_ok=True)
             if isinstance(err, LonglabError):
                 raise
