@@ -255,3 +255,26 @@ def test_readonly_store_reads_an_older_schema(tmp_path: Path) -> None:
     # opened for writing it is upgraded in place (the columns it lacks are added)
     with ResultStore(tmp_path) as store:
         assert "config_hash" in store.rows()[0] and store.metrics() == []
+
+
+def test_a_compressed_store_is_read_from_a_private_copy_and_never_written(tmp_path):
+    # bench/results keeps stores as results.sqlite.gz: readers open them, writers are told to gunzip
+    import gzip
+
+    from longlab import LonglabError
+
+    out = tmp_path / "r"
+    with ResultStore(out) as store:
+        store.add({"model": "m", "recipe": "full", "task": "t", "length": 1, "sample_id": "0", "score": 1.0})
+    db = out / "results.sqlite"
+    (out / "results.sqlite.gz").write_bytes(gzip.compress(db.read_bytes()))
+    db.unlink()
+    with ResultStore(out, readonly=True) as store:
+        assert len(store) == 1
+        copy = store.path
+    assert not copy.exists() and sorted(p.name for p in out.iterdir()) == ["results.sqlite.gz"]
+    with pytest.raises(LonglabError, match="gunzip -k"):
+        ResultStore(out)
+    (out / "results.sqlite.gz").write_bytes(b"not gzip")
+    with pytest.raises(LonglabError, match="not a readable gzip file"):
+        ResultStore(out, readonly=True)

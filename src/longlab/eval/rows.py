@@ -189,12 +189,15 @@ def one_per_sample(rows: Sequence[Row], *, all_configs: bool = False) -> Selecti
 
 
 def _db_path(out_dir: str | os.PathLike[str], what: str) -> Path | None:
-    """``DIR/results.sqlite``, or ``None`` when it does not exist; a LonglabError when DIR is not a
-    directory or the database path is not a file."""
+    """``DIR/results.sqlite`` (or its compressed ``results.sqlite.gz``, which the store reads from a
+    private copy), or ``None`` when neither exists; a LonglabError when DIR is not a directory or the
+    database path is not a file."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise LonglabError(f"{what}: {out} is a file, not a results directory")
     path = out / DB_NAME
+    if not path.exists() and Path(f"{path}.gz").is_file():
+        path = Path(f"{path}.gz")
     if not path.exists():
         return None
     if not path.is_file():

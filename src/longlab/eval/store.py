@@ -128,6 +128,20 @@ class ResultStore:
         self._provenance: dict[str, Any] | None = None
         self._tables: set[str] = set()
         self.out_dir, self.path, created = _results_dir(out_dir, what, create=not self.readonly)
+        self._unpacked: tempfile.TemporaryDirectory | None = None  # a read copy of results.sqlite.gz
+        packed = Path(f"{self.path}.gz")
+        if not self.path.exists() and packed.is_file():
+            if not self.readonly:
+                raise LonglabError(
+                    f"{what}: {self.out_dir} holds a compressed results store ({packed.name}); "
+                    f"`gunzip -k {packed}` to add rows to it, or choose another directory"
+                )
+            self._unpacked = tempfile.TemporaryDirectory(prefix="longlab-store-")
+            try:
+                self.path = _gunzip(packed, Path(self._unpacked.name) / DB_NAME, what)
+            except LonglabError:
+                self._unpacked.cleanup()
+                raise
         sidecars = [p for p in _sidecars(self.path) if not p.exists()]  # -wal/-shm this open may make
         new_db = not self.path.exists()  # made by this open: removed again if the open fails
         if new_db and len(sidecars) < 2 and not self.readonly:  # SQLite would adopt (or clobber) them
@@ -192,6 +206,9 @@ class ResultStore:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+        if getattr(self, "_unpacked", None) is not None:
+            self._unpacked.cleanup()  # the read copy longlab made
+            self._unpacked = None
 
     def __enter__(self) -> ResultStore:
         return self
@@ -420,9 +437,30 @@ def _results_dir(
             f"{what}: {path} is not a file (a directory?), so it cannot be the results database; "
             "move it away or choose another directory"
         )
-    if not path.exists() and not create and must_exist:
+    if not path.exists() and not create and must_exist and not Path(f"{path}.gz").is_file():
         raise LonglabError(f"{what}: no results database in {out} (expected {path})")
     return out, path, created
+
+
+MAX_UNPACKED_BYTES = 1 << 30  # a committed results store, decompressed for reading
+
+
+def _gunzip(packed: Path, dest: Path, what: str) -> Path:
+    """``packed`` (gzip) decompressed into ``dest``, at most :data:`MAX_UNPACKED_BYTES`; a damaged or
+    oversized file is a LonglabError naming it."""
+    import gzip
+
+    try:
+        with gzip.open(packed, "rb") as src, open(dest, "wb") as out:
+            copied = 0
+            while chunk := src.read(1 << 20):
+                copied += len(chunk)
+                if copied > MAX_UNPACKED_BYTES:
+                    raise LonglabError(f"{what}: {packed} unpacks to more than {MAX_UNPACKED_BYTES:,} bytes")
+                out.write(chunk)
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise LonglabError(f"{what}: {packed} is not a readable gzip file ({err})") from None
+    return dest
 
 
 def check_results_dir(out_dir: Any, what: str = "--out") -> None:
