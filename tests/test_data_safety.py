@@ -237,6 +237,7 @@ def test_a_store_that_cannot_be_made_leaves_no_empty_database_in_a_users_directo
         (["train", "indexmem", "--data", "pydoc"], "--data: an option of drope, ropeid and repo"),
         (["train", "drope", "--inner-steps", "2"], "--inner-steps: an option of indexmem, not of train"),
         (["train", "repo", "--lr-memory", "0.1"], "--lr-memory: an option of indexmem"),
+        (["train", "drope", "--max-steps", "3"], "--max-steps: an option of indexmem"),  # drope: --steps
         (["train", "drope", "--seed", str(2**70)], "--seed must be an integer in [0, 4294967295]"),
         (["train", "indexmem", "--seed", str(2**70)], "--seed must be an integer in [0, 4294967295]"),
         (["train", "drope", "--seq-len", str(10**9)], "--seq-len must be an integer in [8, 131072]"),

@@ -14,7 +14,7 @@ from typing import Any
 __all__ = ["add_train_parser", "train_indexmem_main", "train_position_main"]
 
 POSITION_METHODS = ("drope", "ropeid", "repo")  # longlab.position.train.TRAINABLE (checked by a test)
-INDEXMEM_ONLY = {"inner_steps": "--inner-steps", "lr_memory": "--lr-memory"}
+INDEXMEM_ONLY = {"inner_steps": "--inner-steps", "lr_memory": "--lr-memory", "max_steps": "--max-steps"}
 POSITION_ONLY = {
     "steps": "--steps", "batch": "--batch", "params": "--params", "train": "--train",
     "heldout_windows": "--heldout-windows", "data": "--data",
@@ -28,9 +28,6 @@ def add_train_parser(sub: Any) -> None:
     t.add_argument("method", choices=("indexmem", *POSITION_METHODS), help="method to train")
     t.add_argument("--model", default="smollm2-135m", help="model name or path (default: smollm2-135m)")
     t.add_argument("--minutes", type=float, default=15.0, help="wall-clock training budget (default 15)")
-    t.add_argument(
-        "--max-steps", type=int, default=None, help="stop after this many texts (overrides --minutes)"
-    )
     t.add_argument("--seq-len", type=int, default=1024, help="tokens per training text (default 1024)")
     t.add_argument(
         "--lr",
@@ -48,6 +45,7 @@ def add_train_parser(sub: Any) -> None:
         "longlab cache); never one longlab did not write",
     )
     g = t.add_argument_group("indexmem only")
+    g.add_argument("--max-steps", type=int, default=None, help="stop after this many texts (over --minutes)")
     g.add_argument(
         "--inner-steps", type=int, default=None, help=f"steps per forward (default {INDEXMEM_INNER_STEPS})"
     )
@@ -165,8 +163,6 @@ def train_position_main(args: argparse.Namespace) -> int:
     lr = DEFAULT_LR[args.method] if args.lr is None else args.lr
     _check_schedule(steps, args.seq_len, batch, lr, train, data, args.seed)
     check_range("--minutes", args.minutes, 0, 7 * 24 * 60, low_open=True)
-    if args.max_steps is not None:
-        check_range("--max-steps", args.max_steps, 1, 1 << 30, integer=True)
     check_range("--heldout-windows", held, 1, 1024, integer=True)
     if data == "pydoc" and held * args.seq_len > PYDOC_HELD_OUT:
         raise LonglabError(
@@ -186,7 +182,7 @@ def train_position_main(args: argparse.Namespace) -> int:
     )
     stats = recalibrate(
         model, tokenizer, steps=steps, seq_len=args.seq_len, batch=batch, lr=lr, train=train, seed=args.seed,
-        data=data, eval_windows=held, minutes=args.minutes if args.max_steps is None else None,
+        data=data, eval_windows=held, minutes=args.minutes,
         log=lambda m: print(m, flush=True),
     )
     save_variant(model, method, out, str(args.model), stats)
