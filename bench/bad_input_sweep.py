@@ -33,8 +33,14 @@ NOMODEL = "no-such-model-is-loaded"
 FIFO = "@fifo"  # replaced by the path of a FIFO made in the scratch directory
 
 # (label, argv of `longlab` or ("api", python code), words the refusal must contain)
+
+
+def ev(*args: str) -> list[str]:
+    """``longlab eval`` on the tiny model into ``r`` (refused before it is made), plus ``args``."""
+    return ["eval", "--model", "tiny-llama", "--out", "r", *args]
+
+
 CASES: list[tuple[str, object, str]] = [
-    # data safety
     (
         "train drope --out DIR of the user's",
         ["train", "drope", "--model", NOMODEL, "--out", "precious"],
@@ -74,67 +80,26 @@ CASES: list[tuple[str, object, str]] = [
         ],
         "--out",
     ),
-    # nothing hangs, everything bounded
-    (
-        "eval --skip-rows FIFO",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--skip-rows", FIFO],
-        "--skip-rows",
-    ),
-    ("eval --jsonl FIFO", ["eval", "--model", "tiny-llama", "--out", "r", "--jsonl", FIFO], "--jsonl"),
-    (
-        "eval --jsonl directory",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--jsonl", "precious"],
-        "--jsonl",
-    ),
-    (
-        "eval --jsonl /dev/null",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--jsonl", "/dev/null"],
-        "--jsonl",
-    ),
+    ("eval --skip-rows FIFO", ev("--skip-rows", FIFO), "--skip-rows"),
+    ("eval --jsonl FIFO", ev("--jsonl", FIFO), "--jsonl"),
+    ("eval --jsonl directory", ev("--jsonl", "precious"), "--jsonl"),
+    ("eval --jsonl /dev/null", ev("--jsonl", "/dev/null"), "--jsonl"),
     ("train --seq-len 1e9", ["train", "drope", "--model", NOMODEL, "--seq-len", "1000000000"], "--seq-len"),
     (
         "eval --reuse --lengths 1e8",
-        [
-            "eval",
-            "--model",
-            "tiny-llama",
-            "--out",
-            "r",
-            "--reuse",
-            "epic",
-            "--tasks",
-            "multidoc_qa_1",
-            "--lengths",
-            "100000000",
-        ],
+        ev("--reuse", "epic", "--tasks", "multidoc_qa_1", "--lengths", "100000000"),
         "--lengths",
     ),
     (
         "eval --speculative --lengths 1e8",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--speculative", "lookup", "--lengths", "100000000"],
+        ev("--speculative", "lookup", "--lengths", "100000000"),
         "--lengths",
     ),
-    (
-        "inftythink:segment=1e12",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--recipes", "inftythink:segment=999999999999"],
-        "segment",
-    ),
-    (
-        "xattention:bq=1e12",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--recipes", "xattention:bq=999999999999"],
-        "bq",
-    ),
+    ("inftythink:segment=1e12", ev("--recipes", "inftythink:segment=999999999999"), "segment"),
+    ("xattention:bq=1e12", ev("--recipes", "xattention:bq=999999999999"), "bq"),
     (
         "dustin page_size huge",
-        [
-            "eval",
-            "--model",
-            "tiny-llama",
-            "--out",
-            "r",
-            "--speculative",
-            "self:dustin:page_size=999999999999",
-        ],
+        ev("--speculative", "lookup", "--verify", "dustin:page_size=999999999999"),
         "page_size",
     ),
     (
@@ -148,45 +113,16 @@ CASES: list[tuple[str, object, str]] = [
         ),
         "context",
     ),
-    # every argument acts or is refused
     (
         "eval --reuse --max-new-tokens 0",
-        [
-            "eval",
-            "--model",
-            "tiny-llama",
-            "--out",
-            "r",
-            "--reuse",
-            "epic",
-            "--tasks",
-            "multidoc_qa_1",
-            "--max-new-tokens",
-            "0",
-        ],
+        ev("--reuse", "epic", "--tasks", "multidoc_qa_1", "--max-new-tokens", "0"),
         "--max-new-tokens",
     ),
-    (
-        "eval --speculative --limit -1",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--speculative", "lookup", "--limit", "-1"],
-        "--limit",
-    ),
-    ("eval --threads -1", ["eval", "--model", "tiny-llama", "--out", "r", "--threads", "-1"], "--threads"),
-    (
-        "eval --num-docs without multidoc",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--num-docs", "4"],
-        "--num-docs",
-    ),
-    (
-        "eval --verify without --speculative",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--verify", "full"],
-        "--verify",
-    ),
-    (
-        "eval --recipes yarn (a position method)",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--recipes", "full,yarn:factor=2"],
-        "position",
-    ),
+    ("eval --speculative --limit -1", ev("--speculative", "lookup", "--limit", "-1"), "--limit"),
+    ("eval --threads -1", ev("--threads", "-1"), "--threads"),
+    ("eval --num-docs without multidoc", ev("--num-docs", "4"), "--num-docs"),
+    ("eval --verify without --speculative", ev("--verify", "full"), "--verify"),
+    ("eval --recipes yarn (a position method)", ev("--recipes", "full,yarn:factor=2"), "position"),
     (
         "generate --docs --chunk-size 0",
         [
@@ -209,82 +145,30 @@ CASES: list[tuple[str, object, str]] = [
     ),
     ("store rm on a missing store", ["store", "rm", "--store", "nostore", "abc"], "store"),
     ("store gc on a missing store", ["store", "gc", "--store", "nostore"], "store"),
-    (
-        "yarn:attention_factor=1e30",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--positions", "yarn:attention_factor=1e30"],
-        "attention_factor",
-    ),
-    (
-        "ntk:factor=1e30",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--positions", "ntk:factor=1e30"],
-        "factor",
-    ),
-    (
-        "pyramidkv:beta=-1",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--recipes", "pyramidkv@0.5:beta=-1"],
-        "beta",
-    ),
-    (
-        "restkv:scale=1e30",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--recipes", "restkv@0.5:scale=1e30"],
-        "scale",
-    ),
-    (
-        "sale:bits=1e30",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--recipes", "sale:bits=1e30"],
-        "bits",
-    ),
+    ("yarn:attention_factor=1e30", ev("--positions", "yarn:attention_factor=1e30"), "attention_factor"),
+    ("ntk:factor=1e30", ev("--positions", "ntk:factor=1e30"), "factor"),
+    ("pyramidkv:beta=-1", ev("--recipes", "pyramidkv@0.5:beta=-1"), "beta"),
+    ("restkv:scale=1e30", ev("--recipes", "restkv@0.5:scale=1e30"), "scale"),
+    ("sale:bits=1e30", ev("--recipes", "sale:bits=1e30"), "bits"),
     (
         "cacheblend:recompute=1e30",
-        [
-            "eval",
-            "--model",
-            "tiny-llama",
-            "--out",
-            "r",
-            "--reuse",
-            "cacheblend:recompute=1e30",
-            "--tasks",
-            "multidoc_qa_1",
-        ],
+        ev("--reuse", "cacheblend:recompute=1e30", "--tasks", "multidoc_qa_1"),
         "recompute",
     ),
     (
         "ape:temperature=1e30",
-        [
-            "eval",
-            "--model",
-            "tiny-llama",
-            "--out",
-            "r",
-            "--reuse",
-            "ape:temperature=1e30",
-            "--tasks",
-            "multidoc_qa_1",
-        ],
+        ev("--reuse", "ape:temperature=1e30", "--tasks", "multidoc_qa_1"),
         "temperature",
     ),
+    ("snapkv@Arabic-Indic digits", ev("--recipes", "snapkv@٠.٥"), "@"),
+    ("--skip-rows Infinity", ev("--skip-rows", "@infinity"), "--skip-rows"),
+    ("--skip-rows deep nesting", ev("--skip-rows", "@deep"), "--skip-rows"),
+    ("JSONL answers: []", ev("--jsonl", "@noanswers"), "answers"),
     (
-        "snapkv@Arabic-Indic digits",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--recipes", "snapkv@٠.٥"],
-        "@",
+        "train --seed 2**70",
+        ["train", "drope", "--model", NOMODEL, "--seed", "1180591620717411303424"],
+        "--seed",
     ),
-    (
-        "--skip-rows Infinity",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--skip-rows", "@infinity"],
-        "--skip-rows",
-    ),
-    (
-        "--skip-rows deep nesting",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--skip-rows", "@deep"],
-        "--skip-rows",
-    ),
-    (
-        "JSONL answers: []",
-        ["eval", "--model", "tiny-llama", "--out", "r", "--jsonl", "@noanswers"],
-        "answers",
-    ),
-    ("train --seed 2**70", ["train", "drope", "--model", NOMODEL, "--seed", str(2**70)], "--seed"),
     ("train indexmem --steps", ["train", "indexmem", "--model", NOMODEL, "--steps", "5"], "--steps"),
     (
         "train indexmem --params",
@@ -301,7 +185,7 @@ CASES: list[tuple[str, object, str]] = [
             "--budget-mb",
             "1",
             "--target-tokens",
-            str(10**12),
+            "1000000000000",
             "--out",
             "a.json",
         ],
