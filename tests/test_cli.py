@@ -152,7 +152,7 @@ def test_generate_utf8_bom_is_dropped(capsys, tmp_path):
     "recipe, fragment",
     [
         ("random@0.5:seed=abc", "random: seed must be an integer"),
-        ("streaming:budget=" + "9" * 23, "streaming: budget must be an integer in [-2^63, 2^63 - 1]"),
+        ("streaming:budget=" + "9" * 23, "streaming: budget must be an integer in [1, 1048576]"),
         ("snapkv@", "the compression ratio after '@' is empty"),
     ],
 )

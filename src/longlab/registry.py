@@ -289,9 +289,9 @@ def build_method(
     for key, value in kwargs.items():
         tp = hints.get(key)
         if tp is not None and not _matches(value, tp):
-            rng = param_range(fields[key])
-            also = f" ({rng})" if rng and rng != _describe(tp) else ""
-            raise LonglabError(f"{name}: {key} must be {_describe(tp)}{also}, got {shorten(value)}")
+            rng = param_range(fields[key])  # the declared range says more than the type's own
+            must = _describe(tp) if not rng else f"{_describe(tp)} {rng}" if rng.startswith("in ") else rng
+            raise LonglabError(f"{name}: {key} must be {must}, got {shorten(value)}")
     try:
         return cls(**kwargs)
     except LonglabError:
