@@ -39,6 +39,7 @@ from .recipe import LonglabError, LonglabTypeError, shorten
 
 __all__ = [
     "load_model",
+    "load_tokenizer",
     "MODEL_NAMES",
     "DEFAULT_MODEL",
     "cache_dir",
@@ -333,6 +334,33 @@ def _check_device(device: str | torch.device) -> torch.device:
             f"indices 0-{count() - 1}"
         )
     return dev
+
+
+def load_tokenizer(name: str = DEFAULT_MODEL) -> tuple[Any, int]:
+    """The tokenizer of a built-in model without its weights, and the model's vocab size (its
+    embedding rows, which may exceed the tokenizer's ids: a padded vocabulary). Read from the cached
+    safetensors directory when :func:`load_model` made one, else from the GGUF file's metadata."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    if name in TINY_MODELS:
+        return tiny_tokenizer(), int(build_tiny_model(name).config.vocab_size)
+    locate: dict[str, Callable[[], Path]] = {DEFAULT_MODEL: _smollm2_gguf, "gemma3-270m": _gemma3_gguf}
+    for split in SPLIT_GGUF_MODELS:
+        locate[split] = lambda split=split: _split_gguf(split)
+    if name not in locate:
+        raise LonglabError(
+            f"load_tokenizer takes a built-in name ({', '.join(MODEL_NAMES)}), got {shorten(name)}"
+        )
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    target = cache_dir() / "models" / name
+    if (target / "config.json").exists():
+        tokenizer, config = AutoTokenizer.from_pretrained(target), AutoConfig.from_pretrained(target)
+    else:
+        gguf = locate[name]()
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        config = AutoConfig.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return tokenizer, int(text.vocab_size)
 
 
 def load_model(

@@ -30,13 +30,15 @@ MAX_CHUNK = 1 << 20
 @dataclass
 class Parsed:
     """A request's method strings, parsed once: the recipe, the reuse method (None: no documents), the
-    speculative config (None: plain decoding) and the position method (None: the model's own)."""
+    speculative config (None: plain decoding), the position method (None: the model's own) and the
+    ``response_format``'s grammar (None: free text)."""
 
     recipe: Recipe
     reuse: Any = None
     draft: Any = None
     verifier: Any = None
     position: Any = None
+    grammar: str | None = None  # the response_format's grammar (None: free text)
 
 
 @dataclass
@@ -53,6 +55,15 @@ class Request:
     - ``position``: a position method applied to the model while this request runs;
     - decoding: ``max_new_tokens``, ``temperature`` / ``top_p`` / ``seed`` (each request samples from its
       own generator, so its tokens do not depend on the batch it runs in), ``stop`` strings;
+    - ``response_format``: structured output in OpenAI's shapes: ``{"type": "text"}`` (free text),
+      ``{"type": "json_object"}`` (any JSON object) or ``{"type": "json_schema", "json_schema": {"name":
+      ..., "schema": {...}, "strict": ...}}`` (a document valid against ``schema``, at most 64 KiB of
+      JSON). Every decode step masks the tokens the grammar forbids (:mod:`longlab.engine.grammar`,
+      llguidance), per row, so constrained and free rows share a batch; EOS is allowed only once the
+      document is complete (finish ``"length"`` when ``max_new_tokens`` ends it first). Works with
+      ``messages=`` (``Request(messages=[...], response_format={"type": "json_schema", ...})``),
+      ``context=`` and ``documents=``, through :class:`~longlab.engine.Engine` and ``longlab.generate``;
+      not with ``continuation=`` or ``speculative=``, nor a context method that guides decoding;
     - ``continuation``: score this answer text by teacher forcing instead of decoding (the result holds
       the argmax at every answer position);
     - ``batch_decode``: may decode in one batch with other requests (rows that emit EOS leave it);
@@ -83,6 +94,7 @@ class Request:
     chat_template: bool | str = True  # True: the default layout; False: plain text; or a layout name
     strict: bool = True
     continuation: str | None = None
+    response_format: dict[str, Any] | None = None
     batch_decode: bool = True
     prefill_metrics: int = 0
     id: str = ""
@@ -230,12 +242,38 @@ class Request:
         elif self.reuse is not None:
             raise LonglabError("reuse= needs documents=: the documents whose stored KV is reused")
         parsed.position = REGISTRY.parse("position", self.position)
+        parsed.grammar = self._check_response_format(spec, recipe)
         if self.continuation is not None and spec:
             raise LonglabError(
                 "continuation= scores an answer by teacher forcing: it does not decode, so "
                 "speculative= does not apply"
             )
         return parsed
+
+    def _check_response_format(self, spec: bool, recipe: Recipe) -> str | None:
+        if self.response_format is None:
+            return None
+        from .engine.grammar import grammar_of
+
+        grammar = grammar_of(self.response_format)
+        if grammar is None:  # {"type": "text"}
+            return None
+        if self.continuation is not None:
+            raise LonglabError(
+                "response_format does not combine with continuation= (teacher forcing scores a given "
+                "answer; it decodes nothing to constrain)"
+            )
+        if spec:
+            raise LonglabError(
+                "response_format does not combine with speculative= yet (the draft's tokens are not masked)"
+            )
+        if recipe.context is not None and recipe.context.guides_decoding:
+            name = REGISTRY.format(recipe.context)
+            raise LonglabError(
+                f"response_format does not combine with the context method {name!r}: it guides decoding "
+                "itself"
+            )
+        return grammar
 
     def with_fields(self, **changes: Any) -> Request:
         """A copy with ``changes`` (not yet checked)."""

@@ -356,7 +356,7 @@ class Engine:
 
     def _row(self, pending: _Pending, logits: torch.Tensor) -> Row:
         r = pending.request
-        return Row(
+        row = Row(
             pending.key,
             logits.float().cpu(),
             r.max_new_tokens,
@@ -365,6 +365,11 @@ class Engine:
             r.stop,
             self._detokenize,
         )
+        if r.parsed.grammar is not None:  # response_format: a mask per row (longlab.engine.grammar)
+            from .grammar import grammar_mask
+
+            row.grammar = grammar_mask(self.tokenizer, r.parsed.grammar, row.logits.shape[-1], self.eos)
+        return row
 
     def _solo_lane(self, pending: _Pending, branch: Branch) -> Lane:
         """A lane of its own: speculative decoding, guided decoding, or a recipe that acts at decode."""

@@ -2,7 +2,9 @@
 
 A *row* is one request being decoded: its pending next-token logits, its sampler (greedy, or
 temperature/top-p from the request's own generator, so a row's tokens never depend on the rows beside
-it), its stop conditions (EOS, ``max_new_tokens``, stop strings) and what it has produced.
+it), its stop conditions (EOS, ``max_new_tokens``, stop strings), its grammar (``response_format``: a
+:class:`~longlab.engine.grammar.GrammarMask` applied to its logits before every pick, per row, so
+constrained and free rows share one batch) and what it has produced.
 
 A *lane* holds rows and advances them together:
 
@@ -66,10 +68,18 @@ class Row:
     decode_s: float = 0.0  # seconds of the steps this row took part in
     steps: int = 0  # forwards this row took part in
     info: dict[str, Any] = field(default_factory=dict)  # what the lane measured (speculation, batch size)
+    grammar: Any = None  # a GrammarMask (response_format) or None: free text
+
+    def constrain(self) -> None:
+        """Mask the pending logits to the tokens the row's grammar allows now (no grammar: nothing)."""
+        if self.grammar is not None and self.finish is None:
+            self.grammar.apply(self.logits)
 
     def take(self, token: int) -> None:
         """Append ``token`` and decide whether the row is finished."""
         self.tokens.append(token)
+        if self.grammar is not None:
+            self.grammar.accept(token)
         if token in self.eos:
             self.finish = "eos"
         elif self.stop and self._stopped():
@@ -131,6 +141,8 @@ class StreamLane(Lane):
     def step(self) -> list[Row]:
         t0 = time.perf_counter()
         live = [r for r in self.rows if r.finish is None]
+        for r in live:
+            r.constrain()
         greedy = [i for i, r in enumerate(self.rows) if r.sampler.greedy]
         picks = [0] * len(self.rows)
         if greedy:  # one argmax for every greedy row
