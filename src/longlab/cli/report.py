@@ -25,7 +25,8 @@ def add_report_arguments(sub: Any) -> None:
                    help="rewrite the generated blocks and plots of docs/ from bench/results/ (make results)")
     r.add_argument("--check", action="store_true",
                    help="with --docs: write nothing; exit 1 naming each page that differs from its data")
-    r.add_argument("--page", metavar="NAME", help="with --docs: only this page (e.g. compression)")
+    r.add_argument("--page", metavar="NAME",
+                   help="with --docs: only this page (results/compression, families/position)")
     r.set_defaults(func=cmd_report)
 
 

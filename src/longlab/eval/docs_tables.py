@@ -102,7 +102,7 @@ def repo_root(start: str | Path = ".") -> Path:
     for cand in (here, *here.parents):
         if (cand / "mkdocs.yml").is_file() and (cand / "docs").is_dir():
             return cand
-    raise LonglabError(f"--docs: no mkdocs.yml with a docs/ folder at or above {here}: run it in the repository")
+    raise LonglabError(f"--docs: no mkdocs.yml with a docs/ folder at or above {here}: run it in the repo")
 
 
 def generators() -> list[Generator]:
@@ -112,13 +112,18 @@ def generators() -> list[Generator]:
     return list(GENERATORS)
 
 
+def _short(page: str) -> str:
+    """``docs/results/position.md`` -> ``results/position`` (how ``--page`` names a page)."""
+    return page.removeprefix("docs/").removesuffix(".md")
+
+
 def _run(root: Path, *, write: bool, plots: bool, only: str | None = None) -> list[PageDiff]:
     diffs: list[PageDiff] = []
     gens = generators()
     if only is not None:
-        gens = [g for g in gens if g.page == only or Path(g.page).stem == only]
+        gens = [g for g in gens if only in (g.page, _short(g.page), Path(g.page).stem)]
         if not gens:
-            names = ", ".join(Path(g.page).stem for g in generators())
+            names = ", ".join(_short(g.page) for g in generators())
             raise LonglabError(f"--page: unknown page {only!r}; pages: {names}")
     for gen in gens:
         path = root / gen.page
