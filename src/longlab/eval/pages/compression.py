@@ -1,0 +1,238 @@
+"""The generated blocks of ``docs/results/compression.md``: context compression against KV compression
+at equal memory (issue #13), from the committed ``longlab eval`` stores under ``bench/results/compression/``.
+
+For each task: accuracy (mean score, 95% CI: Wilson for pass/fail) of every method at each removed fraction
+r (kept KV memory 1 - r of the full cache: a context compressor keeps ``ceil((1-r) n)`` context tokens, a
+KV policy ``ceil((1-r) n)`` entries per head), on the same samples; a paired bootstrap of each method against
+SnapKV at the same r and against the full cache; the compression step's own time (``extra.context_s``)
+against the prefill time it saves (paired per sample, medians); KIVI at the memory it measurably holds.
+Moved from ``bench/compression_table.py`` (its ``--needles`` check, which needs the tokenizer, stays there).
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..stats import paired_difference, score_estimate
+from ..store import ResultStore
+
+__all__ = ["GRIDS", "Grid", "load", "render", "table"]
+
+TOKEN = ("llmlingua", "longllmlingua", "hico", "tpp", "comi")
+# token dropping inside the prefill forward (hico-forward@r, query-aware); --alias names its variants
+FORWARD = ("hico-forward-qa", "hico-forward-l3-qa")
+KV = ("snapkv", "tova", "hico-drop", "snapkv-qa", "tova-qa", "hico-drop-qa")  # -qa: --query-aware runs
+QUANT = ("kivi4", "kivi2")  # quantized KV: no ratio; placed at the memory it measurably holds
+
+
+def _split(recipe: str) -> tuple[str, float]:
+    if recipe == "full":
+        return "full", 0.0
+    name, _, ratio = recipe.partition("@")
+    return name, float(ratio.split(":")[0]) if ratio else 0.0
+
+
+def load(dirs: list[str], aliases: dict[str, tuple[str, float]] | None = None
+         ) -> dict[str, dict[tuple[str, float], dict[str, dict]]]:
+    """task -> (method, r) -> sample_id -> row. ``aliases``: recipe -> (column, r) placing a recipe's rows
+    in a column of its own at a nominal r (e.g. a hico-forward variant at the memory it holds)."""
+    out: dict = defaultdict(lambda: defaultdict(dict))
+    for d in dirs:
+        with ResultStore(d, readonly=True) as store:
+            for row in store.iter_rows():
+                if row["recipe"] in (aliases or {}):
+                    out[row["task"]][aliases[row["recipe"]]][row["sample_id"]] = row  # type: ignore[index]
+                    continue
+                if "+" in row["recipe"]:
+                    key = (row["recipe"], -1.0)
+                else:
+                    key = _split(row["recipe"])
+                if row["query_aware"] and key[0] in ("snapkv", "tova", "hico-drop", "full", "hico-forward"):
+                    key = (key[0] + "-qa", key[1])
+                out[row["task"]][key][row["sample_id"]] = row
+    return out
+
+
+def _cell(rows: dict[str, dict], ids: list[str]) -> str:
+    if not all(i in rows for i in ids):
+        return "—"
+    e = score_estimate([rows[i]["score"] for i in ids])
+    return f"{e.mean:.2f} [{e.low:.2f}, {e.high:.2f}]"
+
+
+def _diff(a: dict[str, dict], b: dict[str, dict], ids: list[str]) -> str:
+    if not ids or not all(i in a and i in b for i in ids):
+        return "—"
+    d = paired_difference([a[i]["score"] for i in ids], [b[i]["score"] for i in ids])
+    sig = "" if d.low <= 0 <= d.high else " *"
+    return f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}]{sig}"
+
+
+def table(data: dict, ratios: list[float]) -> tuple[str, dict]:
+    lines, curves = [], {}
+    for task, cells in sorted(data.items()):
+        full = cells.get(("full", 0.0), {})
+        methods = [m for m in (*TOKEN, *FORWARD, *KV) if any((m, r) in cells for r in ratios)]
+        # the samples every cell of the grid holds (a sweep cut short leaves its last sample out)
+        ids = sorted(set(full).intersection(*(set(cells[(m, r)]) for m in methods for r in ratios
+                                                if (m, r) in cells)))
+        lines += [f"### {task} (n = {len(ids)} samples, the same in every cell)", "",
+                  "| kept memory | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+        for r in ratios:
+            row = [f"{1 - r:g}" + (" (full)" if r == 0 else "")]
+            for m in methods:
+                rows = full if r == 0 else cells.get((m, r), {})
+                cell = _cell(rows, ids)
+                base = cells.get(("full-qa", 0.0), {}) if m.endswith("-qa") else full
+                kept = 1.0 - r  # the plot's x: the memory actually held, where measured
+                if r > 0 and rows and all(i in rows for i in ids) and (m in FORWARD and not base
+                                                                       or all(i in base for i in ids)):
+                    # without a query-aware full run, a -qa row's own uncompressed size is the base
+                    kept = statistics.fmean(rows[i]["kv_bytes_after"] / (
+                        base[i]["kv_bytes_after"] if base else rows[i]["kv_bytes_before"]) for i in ids)
+                    if kept > 1.15 * (1 - r) + 0.02:  # more memory than asked (TPP, hico-drop's early layers)
+                        cell += f" † ({kept:.2f})"
+                row.append(cell)
+                if rows and all(i in rows for i in ids):
+                    curves.setdefault(task, {}).setdefault(m, []).append(
+                        (kept, statistics.fmean(rows[i]["score"] for i in ids)))
+            lines.append("| " + " | ".join(row) + " |")
+        lines += ["", "†: not at equal memory: the cache holds more than asked (its fraction of full shown).",
+                  "", "Paired difference (method - SnapKV, same kept memory; *: the 95% CI excludes 0):",
+                  "", "| kept memory | " + " | ".join(m for m in methods if m != "snapkv") + " |",
+                  "|---|" + "---|" * (len(methods) - 1)]
+        for r in ratios[1:]:
+            snap = cells.get(("snapkv", r), {})
+            lines.append(f"| {1 - r:g} | " + " | ".join(
+                _diff(cells.get((m, r), {}), snap, ids) for m in methods if m != "snapkv") + " |")
+        lines += ["", "Paired difference (method - the full cache):", "",
+                  "| kept memory | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
+        for r in ratios[1:]:
+            diffs = [_diff(cells.get((m, r), {}), full, ids) for m in methods]
+            lines.append(f"| {1 - r:g} | " + " | ".join(diffs) + " |")
+        lines += ["", "Compression time vs prefill saved (medians over samples, seconds; saved = full-cache "
+                  "prefill - the method's prefill of its shorter context, same sample):", "",
+                  "| method | r | context_s | prefill_s | full prefill_s | saved | kept tokens / original |",
+                  "|---|---|---|---|---|---|---|"]
+        for m in TOKEN:
+            for r in ratios[1:]:
+                rows = cells.get((m, r), {})
+                common = [i for i in ids if i in rows]
+                if not common:
+                    continue
+                cs = statistics.median(rows[i]["extra"].get("context_s", 0.0) for i in common)
+                ps = statistics.median(rows[i]["prefill_s"] for i in common)
+                fs = statistics.median(full[i]["prefill_s"] for i in common)
+                saved = statistics.median(full[i]["prefill_s"] - rows[i]["prefill_s"] for i in common)
+                kept = statistics.fmean(rows[i]["extra"]["context"]["kept_tokens"]
+                                        / rows[i]["extra"]["context"]["original_tokens"] for i in common)
+                lines.append(f"| {m} | {r:g} | {cs:.2f} | {ps:.2f} | {fs:.2f} | {saved:.2f} | {kept:.3f} |")
+        lines += quant_section(cells, full, ids, ratios, methods, curves.setdefault(task, {}))
+        combos = sorted(k[0] for k in cells if k[1] == -1.0)
+        if combos:
+            lines += ["", "Combined recipes:", "", "| recipe | accuracy | kv_bytes_after / full |",
+                      "|---|---|---|"]
+            for c in combos:
+                rows = cells[(c, -1.0)]
+                frac = statistics.fmean(rows[i]["kv_bytes_after"] / full[i]["kv_bytes_after"]
+                                        for i in ids if i in rows)
+                lines.append(f"| {c} | {_cell(rows, ids)} | {frac:.3f} |")
+        lines.append("")
+    return "\n".join(lines), curves
+
+
+def quant_section(cells: dict, full: dict, ids: list[str], ratios: list[float], methods: list[str],
+                  curves: dict) -> list[str]:
+    """KIVI beside the eviction and token methods: its accuracy at the KV memory it measurably holds
+    (``kv_bytes_after`` over the full cache's: codes, scales and the full-precision residual), and paired
+    differences against every method at the two nominal kept memories that bracket it (the one above
+    holds more memory than KIVI, the one below less)."""
+    quant = [q for q in QUANT if (q, 0.0) in cells and all(i in cells[(q, 0.0)] for i in ids)]
+    if not quant or not ids:
+        return []
+    nominal = sorted((r for r in ratios if r > 0), key=lambda r: 1 - r)  # kept memory, increasing
+    out = ["", "Quantized KV (KIVI, G = 32, R = 128) at the memory it holds (same samples); paired "
+           "difference KIVI - method at the nominal kept memories bracketing it (*: the 95% CI excludes 0):",
+           "", "| recipe | accuracy | KV memory held / full | vs kept memory | " + " | ".join(methods) + " |",
+           "|---|---|---|---|" + "---|" * len(methods)]
+    for q in quant:
+        rows = cells[(q, 0.0)]
+        held = statistics.fmean(rows[i]["kv_bytes_after"] / full[i]["kv_bytes_after"] for i in ids)
+        below = [r for r in nominal if 1 - r <= held][-1:]
+        above = [r for r in nominal if 1 - r > held][:1]
+        for k, near in enumerate(above + below):
+            diffs = [_diff(rows, cells.get((m, near), {}), ids) for m in methods]
+            head = f"| {q} | {_cell(rows, ids)} | {held:.3f} |" if k == 0 else "| | | |"
+            out.append(f"{head} {1 - near:g} | " + " | ".join(diffs) + " |")
+        curves[q] = [(held, statistics.fmean(rows[i]["score"] for i in ids))]
+    return out
+
+
+def plot(curves: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(curves), figsize=(5 * len(curves), 3.6), squeeze=False)
+    for ax, (task, methods) in zip(axes[0], sorted(curves.items())):
+        colours = [*plt.get_cmap("tab10").colors, "black", "gold"]
+        for k, (m, pts) in enumerate(methods.items()):
+            pts = sorted(pts)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="*" if m in QUANT else "o",
+                    markersize=11 if m in QUANT else 5, label=m, color=colours[k % len(colours)],
+                    linestyle="none" if m in QUANT else ("--" if m in KV else "-"))
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("KV memory held (fraction of the full cache, measured)")
+        ax.set_ylabel("accuracy")
+        ax.set_title(task)
+        ax.set_ylim(-0.05, 1.05)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One generated table set: its block (and plot) name, the stores it reads, the removed fractions
+    shown, and aliases placing a recipe's rows in a column of their own at a nominal r."""
+
+    name: str
+    dirs: tuple[str, ...]
+    ratios: tuple[float, ...]
+    aliases: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+
+_L3 = {"hico-forward@0.8333:stages=[0.1]": ("hico-forward-l3-qa", 0.75)}
+GRIDS = (
+    Grid("compression-redundant_niah", ("compression/redundant_niah", "compression/redundant_niah-qa"),
+         (0.0, 0.5, 0.75, 0.875, 0.9375)),
+    Grid("compression-redundant_niah-2k",
+         ("compression/redundant_niah-2k", "compression/redundant_niah-2k-qa"),
+         (0.0, 0.75), _L3),
+    Grid("compression-multidoc_qa_1", ("compression/multidoc_qa_1", "compression/multidoc_qa_1-qa"),
+         (0.0, 0.75), _L3),
+)
+
+
+def render(root: Path, plots: bool) -> dict[str, str]:
+    """One block per :data:`GRIDS` entry; with ``plots`` its PNG goes to ``docs/results/NAME.png``."""
+    results = root / "bench" / "results"
+    out: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for grid in GRIDS:
+            data = load([str(results / d) for d in grid.dirs], grid.aliases)
+            text, curves = table(data, list(grid.ratios))
+            image = f"{grid.name}.png"
+            if curves:
+                target = root / "docs" / "results" / image if plots else Path(scratch) / image
+                plot(curves, target)
+                text = f"![accuracy vs KV memory held]({image})\n\n{text}"
+            out[grid.name] = text
+    return out

@@ -1,0 +1,151 @@
+"""The generated tables of ``docs/results/decode-speed.md`` (fused quantized and paged decode kernels).
+
+Reads ``bench/results/decode_speed_fused*.json`` (end to end, ``bench/decode_speed.py``),
+``decode_speed_micro.json`` (kernel only), ``llamacpp_decode.json`` (llama.cpp on the same GGUF) and,
+when present, ``decode_speed_accuracy.json`` (fused kernel vs the PyTorch path on the same samples).
+Ratios are medians over interleaved rounds with their range over rounds (moved from
+``bench/decode_speed_report.py``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+__all__ = ["render"]
+
+
+def _load(results: Path, name: str) -> dict | None:
+    path = results / name
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+def _fmt_ratio(rounds: list[float] | None, med: float | None) -> str:
+    if med is None:
+        return "-"
+    if not rounds:
+        return f"{med:.2f}"
+    return f"{med:.2f} [{min(rounds):.2f}, {max(rounds):.2f}]"
+
+
+def e2e_tables(data: dict) -> list[str]:
+    out = []
+    rows = data["rows"]
+    for (T, B) in sorted({(r["length"], r["batch"]) for r in rows}):
+        mine = [r for r in rows if r["length"] == T and r["batch"] == B]
+        up = mine[0].get("uptime", ["", ""])
+        out += [f"**{T:,} tokens, batch {B}** (load: {up[0].split('load average:')[-1].strip()} before, "
+                f"{up[1].split('load average:')[-1].strip()} after)", "",
+                "| variant | ms / token | / full [range over rounds] | CPU ms / token | CPU / full | / sdpa "
+                "| KV MiB |",
+                "|---|---:|---:|---:|---:|---:|---:|"]
+        for r in mine:
+            sd = f"{r['ratio_to_sdpa']:.2f}" if r.get("ratio_to_sdpa") else "-"
+            cf = f"{r['cpu_ratio_to_full']:.2f}" if r.get("cpu_ratio_to_full") else "-"
+            out.append(f"| `{r['variant']}` | {r['ms_per_token']:.1f} | "
+                       f"{_fmt_ratio(r.get('ratios_to_full_by_round'), r.get('ratio_to_full'))} | "
+                       f"{r['cpu_ms_per_token']:.1f} | {cf} | {sd} | {r['kv_bytes'] / 2**20:.1f} |")
+        out.append("")
+    return out
+
+
+def targets(data: dict) -> list[str]:
+    """The issue's end-to-end targets, each with its measured ratio."""
+    rows = data["rows"]
+
+    def get(T, B, v):
+        return next((r for r in rows if r["length"] == T and r["batch"] == B and r["variant"] == v), None)
+
+    out = ["| target | wall time: median [range over rounds] | met | CPU time | met (CPU) |",
+           "|---|---:|:---:|---:|:---:|"]
+
+    def line(label: str, r: dict, ref: dict | None, limit: float) -> str:
+        if ref is None:  # ratio to full
+            wall, rounds, cpu = r["ratio_to_full"], r.get("ratios_to_full_by_round"), r["cpu_ratio_to_full"]
+        else:
+            wall, rounds = r["ms_per_token"] / ref["ms_per_token"], None
+            cpu = r["cpu_ms_per_token"] / ref["cpu_ms_per_token"]
+        return (f"| {label} | {_fmt_ratio(rounds, wall)} | {'yes' if wall <= limit else 'no'} | {cpu:.2f} | "
+                f"{'yes' if cpu <= limit else 'no'} |")
+    for B in (1, 4):
+        k, f, qn = get(32768, B, "kivi4"), get(32768, B, "full"), get(32768, B, "hf-quanto4")
+        if k and f:
+            out.append(line(f"32k, batch {B}: kivi4 <= 0.6 x full", k, None, 0.6))
+        if k and qn:
+            out.append(line(f"32k, batch {B}: kivi4 <= 0.5 x QuantizedCache (quanto, 4 bits)", k, qn, 0.5))
+    for B in (1, 4):
+        k = get(8192, B, "kivi4")
+        if k:
+            out.append(line(f"8k, batch {B}: kivi4 no slower than full", k, None, 1.0))
+    q = next((r for r in rows if r["length"] == 32768 and r["batch"] == 1
+              and r["variant"].startswith("quest") and "fused=false" not in r["variant"]), None)
+    if q:
+        out.append(line("32k: Quest with 1/8 of the pages <= 0.5 x full", q, None, 0.5))
+    return out + [""]
+
+
+def micro_table(data: dict) -> list[str]:
+    out = [f"Copy bandwidth (STREAM-like, 256 MiB, median of {len(data['copy_rounds_gb_per_s'])} rounds): "
+           f"**{data['copy_gb_per_s']:.2f} GB/s** (rounds {data['copy_rounds_gb_per_s']}); load "
+           f"{[round(x, 2) for x in data['load_avg_1m']]}; {data['threads']} thread(s); per layer, "
+           f"{data['n_layers']} layers in turn.", "",
+           "| T | kernel | ms / layer | time / sdpa-fp32 | MiB read | GB/s | bytes bound ms "
+           "| efficiency (bound / time) |",
+           "|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for r in sorted(data["rows"], key=lambda r: (r["length"], r["kernel"])):
+        dense = next(x for x in data["rows"] if x["length"] == r["length"] and x["kernel"] == "sdpa-fp32")
+        out.append(f"| {r['length']:,} | `{r['kernel']}` | {r['ms_per_layer']:.3f} | "
+                   f"{r['ms_per_layer'] / dense['ms_per_layer']:.2f} | "
+                   f"{r['bytes'] / 2**20:.2f} | {r['gb_per_s']:.2f} | {r['bound_ms']:.3f} | "
+                   f"{r['efficiency']:.2f} |")
+    return out + [""]
+
+
+def llama_table(data: dict, e2e: dict | None) -> list[str]:
+    out = [f"llama-cpp-python {data['llama_cpp_python']}, `{data['gguf']}`, {data['threads']} thread(s).", "",
+           "| T | llama.cpp KV | prefill tok/s | decode ms / token | longlab `full` ms / token "
+           "| longlab `kivi4` ms / token |", "|---:|---|---:|---:|---:|---:|"]
+    for r in data["rows"]:
+        def ours(v, T=r["length"]):
+            hit = e2e and next((x for x in e2e["rows"] if x["length"] == T and x["batch"] == 1
+                                and x["variant"] == v), None)
+            return f"{hit['ms_per_token']:.1f}" if hit else "-"
+        out.append(f"| {r['length']:,} | {r['kv_type']} | {r['prefill_tokens_per_s']:.0f} | "
+                   f"{r['decode_ms_per_token']:.1f} | {ours('full')} | {ours('kivi4')} |")
+    return out + [""]
+
+
+def accuracy_table(data: dict) -> list[str]:
+    out = ["| recipe | samples | identical predictions | score fused | score PyTorch path |",
+           "|---|---:|---:|---:|---:|"]
+    for p in data["pairs"]:
+        out.append(f"| `{p['recipe']}` | {p['n']} | {p['identical']} / {p['n']} | {p['score_fused']:.3f} | "
+                   f"{p['score_unfused']:.3f} |")
+    return out + [""]
+
+
+def _load_e2e(results: Path) -> dict | None:
+    """``decode_speed_fused*.json`` (one run per length / batch set), rows concatenated."""
+    files = sorted(results.glob("decode_speed_fused*.json"))
+    parts = [json.loads(p.read_text(encoding="utf-8")) for p in files]
+    if not parts:
+        return None
+    return {"rows": [r for part in parts for r in part["rows"]], "hardware": [p["hardware"] for p in parts]}
+
+
+def render(root: Path, plots: bool) -> dict[str, str]:
+    """The page's ``decode-fused`` block."""
+    results = root / "bench" / "results"
+    micro, llama, acc = (_load(results, n) for n in ("decode_speed_micro.json", "llamacpp_decode.json",
+                                                     "decode_speed_accuracy.json"))
+    e2e = _load_e2e(results)
+    lines: list[str] = []
+    if e2e:
+        lines += ["### Targets (end to end)", ""] + targets(e2e)
+        lines += ["### End to end: ms per generated token, SmolLM2-135M, one thread", ""] + e2e_tables(e2e)
+    if micro:
+        lines += ["### Kernel only: achieved bytes/s against the copy bandwidth", ""] + micro_table(micro)
+    if acc:
+        lines += ["### Accuracy: fused kernel vs the PyTorch path, same samples", ""] + accuracy_table(acc)
+    if llama:
+        lines += ["### llama.cpp on the same GGUF (context)", ""] + llama_table(llama, e2e)
+    return {"decode-fused": "\n".join(lines)}
