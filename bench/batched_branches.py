@@ -42,7 +42,7 @@ def main() -> int:
 
     from longlab import load_model
     from longlab.cache import LonglabCache
-    from longlab.engine.decode import stack_streams as _stack
+    from longlab.engine.decode import stack_streams
     from longlab.engine.stream import Stream
     from longlab.hook import ChunkRecorder, replay_compression
     from longlab.prompt import encode_prompts
@@ -71,7 +71,7 @@ def main() -> int:
                 replay_compression(f.cache, rec.records)
                 forks.append(f)
             t1 = time.perf_counter()
-            st = _stack(forks, len(q) + 6 if new else 0)
+            st = stack_streams(forks, len(q) + 6 if new else 0)
             if not new:
                 for layer in st.cache.layers:
                     layer.lead_pad = None

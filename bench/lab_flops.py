@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from longlab.lab.evaluate import _eval_generator
+from longlab.lab.evaluate import eval_generator
 from longlab.lab.tasks import task_config
 from longlab.lab.train import load_checkpoint
 
@@ -82,7 +82,7 @@ def main() -> None:
         model, cfg, man = load_checkpoint(ck)
         task = task_config(cfg.task, cfg.seed)
         for length in args.lengths:
-            b = task.sample(1, length, _eval_generator(0, length, 0))
+            b = task.sample(1, length, eval_generator(0, length, 0))
             with FlopCounterMode(display=False, custom_mapping=CPU_SDPA) as fc, torch.no_grad():
                 model(b.tokens)
             total = fc.get_total_flops()

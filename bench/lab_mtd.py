@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from longlab.eval.stats import score_estimate
-from longlab.lab.evaluate import _eval_generator
+from longlab.lab.evaluate import eval_generator
 from longlab.lab.tasks import mirror_descent, task_config
 from longlab.lab.train import load_checkpoint
 
@@ -30,7 +30,7 @@ def md_predictions(task, x: torch.Tensor, steps: int, eta: float) -> torch.Tenso
     """Causal MD-n predictions ``[B, T, S]`` (uniform before lag K is reachable)."""
     b, t = x.shape
     k = task.lags
-    rows = task._lag_rows(x)  # [B, T, K, S]
+    rows = task.lag_rows(x)  # [B, T, K, S]
     out = torch.full((b, t, task.states), 1.0 / task.states)
     for i in range(k, t):  # λ from x_{≤i}: needs at least one transition x_{k} given lags
         lam = mirror_descent(task, x[:, : i + 1], steps, eta)  # [B, K]
@@ -59,7 +59,7 @@ def main() -> None:
     report = {"ckpt": args.ckpt, "task": cfg.task, "mixer": cfg.mixer, "train_len": cfg.train_len,
               "load": os.getloadavg()[0], "lengths": {}}
     for length in args.lengths:
-        parts = [task.sample(1, length, _eval_generator(0, length, i)) for i in range(args.samples)]
+        parts = [task.sample(1, length, eval_generator(0, length, i)) for i in range(args.samples)]
         x = torch.cat([p.tokens for p in parts])
         bayes = torch.cat([p.probs for p in parts])
         mask = torch.cat([p.answer for p in parts]).float()

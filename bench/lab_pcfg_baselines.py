@@ -10,7 +10,7 @@ context-free predictor under the KL score); ``bigram``: ``q(a | x_t = b)`` = the
 positions whose current token is b (the best predictor that sees only the current token), with add-ε
 smoothing towards the unigram. Fitting strings: ``--fit`` fresh strings of the training length (task seed 0,
 generator seed 1), i.e. what a context-free model trained there could at best learn. Test strings: the
-evaluation's (``longlab.lab.evaluate._eval_generator``, eval seed 0, indices 0..samples−1), so the scores are
+evaluation's (``longlab.lab.evaluate.eval_generator``, eval seed 0, indices 0..samples−1), so the scores are
 paired with the mixers' rows. Score per string ``exp(−mean_t KL(p_t ‖ q_t))`` (the task's score); interval:
 bootstrap over the test strings (:func:`longlab.eval.stats.score_estimate`). No training; the oracle is
 O(L⁴·N³) per string (about 1 s per string at 64 tokens with N = 8 on a loaded core).
@@ -30,7 +30,7 @@ import time
 import torch
 
 from longlab.eval.stats import paired_difference, score_estimate
-from longlab.lab.evaluate import _eval_generator
+from longlab.lab.evaluate import eval_generator
 from longlab.lab.plot import lab_rows
 from longlab.lab.tasks import task_config
 
@@ -93,7 +93,7 @@ def main() -> None:
                  "load_start": os.getloadavg()[0]}
     print(f"# fit {time.perf_counter() - t0:.0f} s, load {os.getloadavg()[0]:.2f}", flush=True)
     for length in args.lengths:
-        parts = [task.sample(1, length, _eval_generator(0, length, i)) for i in range(args.samples)]
+        parts = [task.sample(1, length, eval_generator(0, length, i)) for i in range(args.samples)]
         res: dict = {}
         ent = []
         for name in ("unigram", "bigram"):

@@ -65,7 +65,7 @@ def reference(args: argparse.Namespace) -> None:
     import torch
     from lab_pcfg_baselines import fit
 
-    from longlab.lab.evaluate import _eval_generator
+    from longlab.lab.evaluate import eval_generator
     from longlab.lab.tasks import task_config
 
     out: dict = {"spec": SPEC, "fit": PREFIX, "fit_len": 16, "fit_strings": 256, "samples": args.samples,
@@ -76,7 +76,7 @@ def reference(args: argparse.Namespace) -> None:
         tk = task_config(SPEC, seed)
         per: dict = {}
         for n in args.lengths:
-            parts = [tk.sample(1, n, _eval_generator(0, n, i)) for i in range(args.samples)]
+            parts = [tk.sample(1, n, eval_generator(0, n, i)) for i in range(args.samples)]
             per[str(n)] = {
                 "unigram": [float(tk.excess_nll(torch.log(uni).expand(1, n, -1), p)[0]) for p in parts],
                 "bigram": [float(tk.excess_nll(torch.log(big)[p.tokens], p)[0]) for p in parts],

@@ -31,7 +31,7 @@ def main() -> None:
                     "into --out, other entries kept")
     args = ap.parse_args()
     from longlab.models import load_model
-    from longlab.position.train import _loss, training_windows
+    from longlab.position.train import heldout_loss, training_windows
     from longlab.recipe import split_recipes
 
     out = Path(args.out)
@@ -48,7 +48,7 @@ def main() -> None:
             args.model, attn_implementation="sdpa", position=None if spec == "none" else spec
         )
         held = training_windows(tok, 512, args.windows, seed=1, split="held-out")
-        result["loss"][spec] = _loss(model, held)
+        result["loss"][spec] = heldout_loss(model, held)
         print(f"{spec:60s} {result['loss'][spec]:.3f}", flush=True)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

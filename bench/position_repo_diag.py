@@ -18,12 +18,13 @@ import torch
 
 def main() -> None:
     from longlab.models import load_model
-    from longlab.position.train import _trainable, training_windows
+    from longlab.position.train import training_windows
+    from longlab.position.variants import trainable_parameters
 
     seq = 256
     for lr in (1e-3, 1e-2):
         model, tok = load_model("smollm2-135m", attn_implementation="sdpa", position="repo")
-        params = _trainable(model, "added")
+        params = trainable_parameters(model, "added")
         for p in model.parameters():
             p.requires_grad_(False)
         for _, p in params:

@@ -39,6 +39,7 @@ from .variants import (
 
 __all__ = [
     "TRAINABLE",
+    "heldout_loss",
     "recalibrate",
     "save_variant",
     "training_windows",
@@ -114,7 +115,8 @@ def _trainable(model: Any, which: str) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 @torch.no_grad()
-def _loss(model: Any, windows: torch.Tensor) -> float:
+def heldout_loss(model: Any, windows: torch.Tensor) -> float:
+    """Mean next-token loss of ``model`` over token ``windows`` ``[N, T]`` (one forward per window)."""
     losses = [model(w[None], labels=w[None]).loss.item() for w in windows]
     return sum(losses) / len(losses)
 
