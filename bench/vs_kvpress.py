@@ -942,7 +942,8 @@ def _ours(path: Path) -> bool:
     try:
         with path.open(encoding="utf-8") as fh:
             first = json.loads(fh.readline(1_000_000))
-        return first.get("metadata", {}).get("generator") == "bench/kvpress_cases.py"  # the generator tag is kept as first written
+        # (the tag of the files written before this script became a subcommand of vs_kvpress.py)
+        return first.get("metadata", {}).get("generator") == "bench/kvpress_cases.py"
     except (OSError, ValueError, AttributeError):
         return False
 
