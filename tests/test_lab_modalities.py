@@ -426,7 +426,7 @@ def test_other_modality_tasks_are_seeded_and_sized(spec, length):
     ("ts", "xor", 8, [8, 16]),
 ])
 def test_lab_eval_scores_the_new_tasks_like_a_direct_call(tmp_path, mixer, task, train_len, lengths):
-    from longlab.lab.evaluate import _eval_generator, evaluate
+    from longlab.lab.evaluate import eval_generator, evaluate
 
     train(TrainConfig(mixer=mixer, task=task, train_len=train_len, steps=2, dim=16, n_layers=1, n_heads=2,
                       batch=2), tmp_path / "ck", progress=False, log=None)
@@ -435,7 +435,7 @@ def test_lab_eval_scores_the_new_tasks_like_a_direct_call(tmp_path, mixer, task,
     model, cfg, _ = load_checkpoint(tmp_path / "ck")
     tk = task_config(cfg.task)
     for r in rows:
-        b = tk.sample(1, r["length"], _eval_generator(0, r["length"], int(r["sample_id"])))
+        b = tk.sample(1, r["length"], eval_generator(0, r["length"], int(r["sample_id"])))
         with torch.no_grad():
             assert r["score"] == pytest.approx(float(tk.score(tk.predict(model, b.tokens), b)[0]), abs=1e-6)
     if task.startswith("lorenz96"):

@@ -187,7 +187,7 @@ def test_mtd_bayes_is_a_distribution_and_uniform_before_evidence():
     torch.testing.assert_close(b.probs.sum(-1), torch.ones(3, 40))
     k = task.lags
     # no evidence yet at t = k-1: the prior mean λ = 1/K (up to the Monte Carlo error of 2000 draws)
-    rows = task._lag_rows(b.tokens)
+    rows = task.lag_rows(b.tokens)
     torch.testing.assert_close(b.probs[:, k - 1], rows[:, k - 1].mean(-2), rtol=0, atol=0.02)
 
 
@@ -198,7 +198,7 @@ def test_mtd_bayes_concentrates_on_the_true_lag():
     for t in range(task.lags, 300):  # lag 2 only
         x[0, t] = torch.multinomial(task.Q[x[0, t - 2]], 1, generator=g)[0]
     probs = task.bayes(x, _gen(9))
-    rows = task._lag_rows(x)
+    rows = task.lag_rows(x)
     torch.testing.assert_close(probs[0, -1], rows[0, -1, 1], rtol=0.05, atol=0.05)
 
 
@@ -209,7 +209,7 @@ def test_mirror_descent_eta_zero_stays_uniform_and_g_is_the_gradient():
     torch.testing.assert_close(lam, torch.full((2, task.lags), 1 / task.lags))
     # g = ∂/∂λ mean_t log Σ_k λ_k Q(x_{t−k}, x_t), by autograd
     k = task.lags
-    rows = task._lag_rows(x)
+    rows = task.lag_rows(x)
     lik = rows[:, :-1].gather(-1, x[:, 1:, None, None].expand(-1, -1, k, 1))[..., 0][:, k - 1 :]
     l0 = torch.tensor([[0.2, 0.3, 0.5]] * 2, requires_grad=True)
     torch.log(lik @ l0[..., None]).mean().backward()

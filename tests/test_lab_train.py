@@ -128,12 +128,12 @@ def test_eval_scores_agree_with_a_direct_forward(tmp_path):
     train(_cfg(task="passkey"), tmp_path / "p", progress=False, log=None)
     rows = evaluate(tmp_path / "p", [40], out=tmp_path / "res", samples=2, batch=1, log=None)
     model, cfg, _ = load_checkpoint(tmp_path / "p")
-    from longlab.lab.evaluate import _eval_generator
+    from longlab.lab.evaluate import eval_generator
     from longlab.lab.tasks import task_config
 
     task = task_config(cfg.task)
     for r in rows:
-        b = task.sample(1, 40, _eval_generator(0, 40, int(r["sample_id"])))
+        b = task.sample(1, 40, eval_generator(0, 40, int(r["sample_id"])))
         with torch.no_grad():
             assert r["score"] == pytest.approx(float(task.score(model(b.tokens), b)[0]))
 

@@ -237,7 +237,7 @@ def test_pydoc_windows_skip_the_perplexity_text_and_hold_out_their_own(tokenizer
     from longlab.position.train import PYDOC_EVAL, PYDOC_HELD_OUT, _pydoc_tokens
 
     spec = importlib.util.spec_from_file_location(
-        "position_ppl", Path(__file__).resolve().parents[1] / "bench" / "position_ppl.py"
+        "bench_position", Path(__file__).resolve().parents[1] / "bench" / "position.py"
     )
     ppl = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ppl)  # the perplexity text of the position page

@@ -53,7 +53,8 @@ def test_chat_sep_is_longlabs_former_layout(chat_tokenizer) -> None:
     ctx, q = build_prompt(chat_tokenizer, CONTEXT, QUESTION, "The code is", "chat-sep")
     assert ctx == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n" + CONTEXT
     assert q == "\n\n" + QUESTION + "<|im_end|>\n<|im_start|>assistant\nThe code is"
-    # the ids kvpress builds when handed "\n\n" + question (bench/vs_kvpress.py --kvpress-question longlab)
+    # the ids kvpress builds when handed "\n\n" + question
+    # (bench/vs_kvpress.py run --kvpress-question longlab)
     assert (ctx, q) == _kvpress_preprocess(chat_tokenizer, CONTEXT, "\n\n" + QUESTION, "The code is")
 
 

@@ -51,7 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .eval import expand_config
+
     parser = build_parser()
+    try:
+        argv = expand_config(list(sys.argv[1:] if argv is None else argv))  # eval --config FILE
+    except LonglabError as exc:
+        print(f"longlab: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)

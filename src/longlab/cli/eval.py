@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
+from ..errors import LonglabError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover (3.10: the tomli backport, a dependency there)
+    import tomli as tomllib
 from .common import csv_of, recipe_list
 
-__all__ = ["add_eval_arguments", "cmd_eval"]
+__all__ = ["add_eval_arguments", "cmd_eval", "config_argv", "expand_config"]
+
+MAX_CONFIG_BYTES = 1 << 20  # a named run configuration is a few lines; refuse anything larger unread
 
 
 def add_eval_parser(sub: Any) -> None:
@@ -48,6 +57,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--samples", type=int,
                         help="samples per task and length (default: 4; not with --jsonl)")
+    parser.add_argument(
+        "--config", metavar="FILE",
+        help="a TOML file of these options (keys are the option names: tasks = [\"passkey\"], "
+             "max-new-tokens = 12, query-aware = true); options given on the command line win",
+    )
     parser.add_argument("--out", required=True, metavar="DIR", help="results directory")
     parser.add_argument("--limit", type=int, metavar="N", help="evaluate only the first N samples")
     parser.add_argument("--seed", type=int, default=0, help="task generation seed (default: 0)")
@@ -131,6 +145,87 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
         "--strict", action=argparse.BooleanOptionalAction, default=True,
         help="refuse prompts beyond the model's max_position_embeddings (default; --no-strict runs them)",
     )
+
+
+def _config_flags(path: str, table: dict[str, Any], parser: argparse.ArgumentParser) -> list[str]:
+    """The command-line flags that the TOML ``table`` stands for, each value checked by the option's
+    own type and choices (the same checks as on the command line), or a LonglabError naming the key."""
+    actions = {a.option_strings[0][2:]: a for a in parser._actions if a.option_strings  # noqa: SLF001
+               and a.option_strings[0].startswith("--") and a.dest not in ("help", "config")}
+    flags: list[str] = []
+    for key, value in table.items():
+        name = key.replace("_", "-")
+        action = actions.get(name)
+        if action is None:
+            raise LonglabError(f"{path}: unknown key {key!r}; allowed: {', '.join(sorted(actions))}")
+        flag = f"--{name}"
+        if isinstance(action, argparse.BooleanOptionalAction) or action.nargs == 0:
+            if not isinstance(value, bool):
+                raise LonglabError(f"{path}: {key} must be true or false, got {value!r}")
+            if isinstance(action, argparse.BooleanOptionalAction):
+                flags.append(flag if value else f"--no-{name}")
+            elif value:
+                flags.append(flag)
+            continue
+        items = value if isinstance(value, list) else [value]
+        if not items or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in items):
+            raise LonglabError(f"{path}: {key} must be a string, a number or a non-empty list of them, "
+                               f"got {value!r}")
+        texts = [str(v) for v in items]
+        if action.nargs != "+":  # one argument: a list is the comma-separated form
+            texts = [",".join(texts)]
+        for text in texts:
+            try:
+                parsed = action.type(text) if action.type else text
+            except (argparse.ArgumentTypeError, ValueError) as exc:
+                raise LonglabError(f"{path}: {key} = {value!r}: {exc}") from None
+            if action.choices is not None and parsed not in action.choices:
+                allowed = ", ".join(map(str, action.choices))
+                raise LonglabError(f"{path}: {key} = {value!r}; allowed: {allowed}")
+        flags += [flag, *texts]
+    return flags
+
+
+def config_argv(path: str | Path) -> list[str]:
+    """``longlab eval`` flags from a TOML run configuration (``bench/configs/*.toml``): one top-level key
+    per option, named as the option without its dashes. Unknown keys, wrong types, values an option
+    refuses, a missing, oversized or malformed file: a LonglabError naming the file and the key."""
+    path = str(path)
+    file = Path(path)
+    if not file.is_file():
+        raise LonglabError(f"--config: {path} is not a file")
+    if file.stat().st_size > MAX_CONFIG_BYTES:
+        raise LonglabError(f"--config: {path} is larger than {MAX_CONFIG_BYTES} bytes; expected a short TOML")
+    try:
+        table = tomllib.loads(file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise LonglabError(f"--config: {path} is not valid TOML: {exc}") from None
+    parser = argparse.ArgumentParser(prog="longlab eval")
+    add_eval_arguments(parser)
+    return _config_flags(path, table, parser)
+
+
+def expand_config(argv: list[str]) -> list[str]:
+    """``argv`` (``eval ...``) with ``--config FILE`` replaced by the file's flags, placed before the
+    other options so that those given on the command line win (argparse keeps the last value)."""
+    if not argv or argv[0] != "eval":
+        return argv
+    rest = list(argv[1:])
+    files = []
+    i = 0
+    while i < len(rest):
+        if rest[i] == "--config":
+            if i + 1 >= len(rest):
+                raise LonglabError("--config: expected a TOML file")
+            files.append(rest[i + 1])
+            del rest[i : i + 2]
+        elif rest[i].startswith("--config="):
+            files.append(rest.pop(i).split("=", 1)[1])
+        else:
+            i += 1
+    if len(files) > 1:
+        raise LonglabError("--config: give one file")
+    return ["eval", *(config_argv(files[0]) if files else []), *rest]
 
 
 def _print_score_tables(out: str) -> None:

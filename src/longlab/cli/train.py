@@ -67,7 +67,7 @@ def add_train_parser(sub: Any) -> None:
     g.add_argument(
         "--data", default=None, choices=("essay", "pydoc"),
         help="training text: essay (longlab's essay haystack, 1.8k tokens: short runs memorise it) or pydoc "
-        "(CPython's documentation topics, ~85k tokens, disjoint from bench/position_ppl.py's text); "
+        "(CPython's documentation topics, ~85k tokens, disjoint from bench/position.py ppl's text); "
         "default essay",
     )
     t.set_defaults(func=_train_main)

@@ -27,7 +27,7 @@ from ..recipe import LonglabError
 from .tasks import task_config
 from .train import load_checkpoint
 
-__all__ = ["evaluate", "recipe_name"]
+__all__ = ["evaluate", "eval_generator", "recipe_name"]
 
 
 def recipe_name(mixer: str, positions: str) -> str:
@@ -39,7 +39,9 @@ def recipe_name(mixer: str, positions: str) -> str:
     return mixer if positions == default else f"{mixer}+{positions}"
 
 
-def _eval_generator(seed: int, length: int, index: int) -> torch.Generator:
+def eval_generator(seed: int, length: int, index: int) -> torch.Generator:
+    """The generator of test sequence ``index`` at ``length`` for evaluation seed ``seed`` (what
+    ``longlab lab eval`` samples with, so a script can rebuild exactly the sequences a row was scored on)."""
     return torch.Generator().manual_seed(((seed * 7_919 + length) * 104_729 + index) % (2**63 - 1))
 
 
@@ -102,7 +104,7 @@ def evaluate(
             todo = [i for i, k in enumerate(keys) if not store.has(k)]
             for s in range(0, len(todo), batch):
                 idx = todo[s : s + batch]
-                parts = [tk.sample(1, length, _eval_generator(seed, length, i)) for i in idx]
+                parts = [tk.sample(1, length, eval_generator(seed, length, i)) for i in idx]
                 tokens = torch.cat([p.tokens for p in parts])
                 t0 = time.perf_counter()
                 logits = tk.predict(model, tokens)  # one forward (forecasting tasks: a rollout)

@@ -39,6 +39,7 @@ from .variants import (
 
 __all__ = [
     "TRAINABLE",
+    "heldout_loss",
     "recalibrate",
     "save_variant",
     "training_windows",
@@ -48,7 +49,7 @@ TRAINABLE = ("drope", "ropeid", "repo")
 HELD_OUT = 0.2
 DATA = ("essay", "pydoc")
 # pydoc: Python's documentation topics (pydoc_data, shipped with CPython), sorted and joined as
-# bench/position_ppl.py joins them. Its first PYDOC_EVAL tokens are that script's perplexity text and are
+# bench/position.py ppl joins them. Its first PYDOC_EVAL tokens are that script's perplexity text and are
 # never trained on nor held out (plus a margin: the script may count a BOS); the next PYDOC_HELD_OUT tokens
 # are held out; the rest (~85k SmolLM2 tokens) is the training text.
 PYDOC_EVAL = 16384 + 1024
@@ -114,7 +115,8 @@ def _trainable(model: Any, which: str) -> list[tuple[str, torch.nn.Parameter]]:
 
 
 @torch.no_grad()
-def _loss(model: Any, windows: torch.Tensor) -> float:
+def heldout_loss(model: Any, windows: torch.Tensor) -> float:
+    """Mean next-token loss of ``model`` over token ``windows`` ``[N, T]`` (one forward per window)."""
     losses = [model(w[None], labels=w[None]).loss.item() for w in windows]
     return sum(losses) / len(losses)
 
@@ -245,7 +247,7 @@ def recalibrate(
 DATA_NOTES = {
     "essay": "builtin essay haystack (tasks_essay.txt), first 80% of sentences, shuffled per document",
     "pydoc": f"pydoc_data.topics (CPython), sorted and joined; tokens from {PYDOC_EVAL + PYDOC_HELD_OUT} on "
-    f"(the first {PYDOC_EVAL}: bench/position_ppl.py's perplexity text and a margin; the next "
+    f"(the first {PYDOC_EVAL}: bench/position.py ppl's perplexity text and a margin; the next "
     f"{PYDOC_HELD_OUT}: held out), windows at random offsets",
 }
 

@@ -52,7 +52,7 @@ class MTDTask(Task):
         answer = targets != IGNORE
         return Batch(x, targets, answer, probs)
 
-    def _lag_rows(self, x: torch.Tensor) -> torch.Tensor:
+    def lag_rows(self, x: torch.Tensor) -> torch.Tensor:
         """``Q(x_{t+1−k}, ·)`` for the prediction at position t: ``[B, T, K, S]`` (zeros before lag k)."""
         b, t = x.shape
         out = torch.zeros(b, t, self.lags, self.states)
@@ -65,7 +65,7 @@ class MTDTask(Task):
         b, t = x.shape
         k = self.lags
         lam = _dirichlet(torch.ones(self.draws, k), gen)  # [N, K] prior draws
-        rows = self._lag_rows(x)  # [B, T, K, S]
+        rows = self.lag_rows(x)  # [B, T, K, S]
         # likelihood of x_{t+1} under each lag, for t = k-1 .. T-2: Q(x_{t+1-k}, x_{t+1})
         lik = torch.zeros(b, t, k)
         lik[:, :-1] = rows[:, :-1].gather(-1, x[:, 1:, None, None].expand(-1, -1, k, 1))[..., 0]
@@ -90,7 +90,7 @@ def mirror_descent(task: MTDTask, x: torch.Tensor, steps: int, eta: float) -> to
     (the gradient of the mean log-likelihood). Returns ``[B, K]``."""
     b, t = x.shape
     k = task.lags
-    rows = task._lag_rows(x)
+    rows = task.lag_rows(x)
     lik = rows[:, :-1].gather(-1, x[:, 1:, None, None].expand(-1, -1, k, 1))[..., 0][:, k - 1 :]  # [B, T', K]
     lam = torch.full((b, k), 1.0 / k)
     log_lam = torch.log(lam)

@@ -40,7 +40,7 @@ class PCFGTask(Task):
     rule ``log p*(x_{1:} | x_0, L) = Σ_t log p*(x_t | x_{<t})``, so ``E[e] = E[mean_t KL(p*_t ‖ q_t)]``
     over strings: an unbiased estimate of the same per-token KL, noisier per string (``e`` can be < 0 and
     the per-string score > 1 on one string). Aggregate it as ``exp(−mean e)`` over strings
-    (``bench/lab_pcfg_long.py``); the metric ``excess_nll`` holds ``e``."""
+    (``bench/lab.py pcfg-long``); the metric ``excess_nll`` holds ``e``."""
 
     nonterminals: int = 16
     terminals: int = 32

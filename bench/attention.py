@@ -1,11 +1,53 @@
-"""LongCA-bench on this machine: attention kernels x masks, and context-parallel strategies x world sizes.
+"""Attention kernels: LongCA-bench (kernels x masks, context parallel) and the CPU flash kernel's per-pair
+cost
+by tile.
 
-    python bench/attention_bench.py --quick                       # a few minutes on 2 cores
-    python bench/attention_bench.py                               # kernels at 1k-32k, CP at ws 1/2/4
-    python bench/attention_bench.py --part kernels --lengths 8192,16384 --masks CAUSAL,RANDOM_BLOCK_0.5
-    python bench/attention_bench.py --device cuda --dtype bfloat16 --cp-backend nccl   # GPU machine
-    python bench/attention_bench.py --report bench/results/attention_bench_quick.json  # tables of a saved run
-    torchrun --nproc-per-node 4 bench/attention_bench.py --part cp --cp-backend nccl   # one world, torchrun
+Subcommands (``python bench/attention.py SUB --help`` for each one's options):
+
+- ``bench``: LongCA-bench on this machine: attention kernels x masks, and context-parallel strategies x
+  world sizes.
+- ``tile``: Per-pair cost of aten's fused CPU flash kernel by query rows per call (issue 16, executor
+  efficiency).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from common import hardware, write_json
+
+from longlab.ops.context_parallel import (
+    STRATEGIES,
+    CommStats,
+    Layout,
+    Mesh,
+    context_parallel_attention,
+    spawn,
+    theoretical_bytes,
+)
+from longlab.ops.kernels import KERNELS, backward_unsupported_reason, flops, prepare, run, unavailable_reason
+from longlab.ops.masks import MASKS, SliceMask, make_mask
+
+# ---- bench (was bench/attention.py bench) ----------------------------------------
+
+DOC_BENCH = """
+LongCA-bench on this machine: attention kernels x masks, and context-parallel strategies x world sizes.
+
+    python bench/attention.py bench --quick                       # a few minutes on 2 cores
+    python bench/attention.py bench                               # kernels at 1k-32k, CP at ws 1/2/4
+    python bench/attention.py bench --part kernels --lengths 8192,16384 --masks CAUSAL,RANDOM_BLOCK_0.5
+    python bench/attention.py bench --device cuda --dtype bfloat16 --cp-backend nccl   # GPU machine
+    python bench/attention.py bench --report bench/results/attention_bench_quick.json  # tables of a saved run
+    torchrun --nproc-per-node 4 bench/attention.py bench --part cp --cp-backend nccl   # one world, torchrun
 
 Part ``kernels`` (Bu et al., arXiv 2510.17896, section "dense/sparse kernels"): for each head shape (SmolLM2
 GQA 9:3 and MHA 9:9, D = 64), length and mask, every available kernel of :mod:`longlab.ops.kernels` is timed
@@ -22,49 +64,18 @@ slowest rank), bytes each rank sent next to the paper's volume formula, and the 
 gradients against one process's fp64 attention (lengths up to ``--cp-check-max``).
 
 Writes ``--out`` (JSON, with a hardware header) and PNGs beside it, and prints Markdown tables.
-"""
-
-from __future__ import annotations
-
-import argparse
-import math
-import os
-import statistics
-import sys
-import time
-from functools import partial
-from pathlib import Path
-from typing import Any
-
-import torch
-from common import hardware, write_json
-
-from longlab.ops.context_parallel import (
-    STRATEGIES,
-    CommStats,
-    Layout,
-    Mesh,
-    context_parallel_attention,
-    spawn,
-    theoretical_bytes,
-)
-from longlab.ops.kernels import (
-    KERNELS,
-    backward_unsupported_reason,
-    flops,
-    prepare,
-    run,
-    unavailable_reason,
-)
-from longlab.ops.masks import MASKS, SliceMask, make_mask
+""".lstrip("\n")
 
 SHAPES = {"gqa": (9, 3, 64), "mha": (9, 9, 64)}  # SmolLM2-135M heads: 9 query heads, 3 KV heads, D = 64
+
+
 DEFAULT_KERNELS = ["naive", "sdpa-math", "sdpa", "flex", "gather", "grouped", "executor-gather",
                    "executor-flex", "executor-split", "executor-grouped", "flash-attn", "flashinfer"]
+
+
 CP_MASKS = ["FULL", "CAUSAL", "CAUSAL_DOCUMENT"]
 
 
-# ---- measurement helpers ---------------------------------------------------------------------------
 def _rss_kb(field: str = "VmRSS") -> int:
     try:
         with open("/proc/self/status") as f:
@@ -137,7 +148,6 @@ def _ref_rows(q, k, v, mask: SliceMask, rows: torch.Tensor, scaling: float) -> t
     return p @ vr
 
 
-# ---- part 1: kernels x masks -----------------------------------------------------------------------
 def bench_kernels(args: argparse.Namespace, device: torch.device, dtype: torch.dtype) -> list[dict]:
     rows_out: list[dict] = []
     kernels = args.kernels.split(",")
@@ -233,7 +243,6 @@ def _q(xs: list[float], p: float) -> float:
     return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))]
 
 
-# ---- part 3: the sparse-prefill executor at density rho vs rho x dense ----------------------------------
 def _exec_call(backend: str, q, k, v, m, scaling: float):
     from longlab.ops.kernels import split_block_sparse_attention
     from longlab.sparse.executor import block_sparse_attention
@@ -378,7 +387,6 @@ def bench_executor(args: argparse.Namespace) -> list[dict]:
     return rows
 
 
-# ---- part 2: context parallel ------------------------------------------------------------------------
 def _cp_worker(rank: int, world: int, cfg: dict) -> dict:
     device = torch.device("cuda", rank) if cfg["backend"] == "nccl" else torch.device("cpu")
     if device.type == "cuda":
@@ -498,7 +506,7 @@ def bench_cp(args: argparse.Namespace) -> list[dict]:
 
 
 def _torchrun_ranks(cfg: dict, args: argparse.Namespace) -> list[dict] | None:
-    """``torchrun --nproc-per-node N bench/attention_bench.py --part cp``: every rank runs the worker and
+    """``torchrun --nproc-per-node N bench/attention.py bench --part cp``: every rank runs the worker and
     writes its JSON beside ``--out`` (a file system all ranks see); rank 0 reads them all after a barrier."""
     import json
 
@@ -522,7 +530,6 @@ def _torchrun_ranks(cfg: dict, args: argparse.Namespace) -> list[dict] | None:
     return out
 
 
-# ---- tables and plots ---------------------------------------------------------------------------------
 def print_tables(result: dict) -> None:
     m = result["meta"]
     print(f"# LongCA-bench here: torch {m['torch']}, {m['cpu']}, {m['threads']} threads, "
@@ -805,8 +812,8 @@ def plot(result: dict, path: Path) -> list[Path]:
     return written
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+def bench_main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=DOC_BENCH.split("\n", 1)[0])
     p.add_argument("--part", default="all", choices=["all", "kernels", "cp", "executor"])
     p.add_argument("--quick", action="store_true", help="lengths 1024,2048 (kernels) and 2048 (cp)")
     p.add_argument("--lengths", default="1024,2048,4096,8192,16384,32768")
@@ -878,5 +885,104 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {out_path}" + "".join(f", {p}" for p in pngs))
 
 
+def _run_bench() -> object:
+    bench_main()
+
+
+# ---- tile (was bench/attention.py tile) ----------------------------------------
+
+DOC_TILE = """
+Per-pair cost of aten's fused CPU flash kernel by query rows per call (issue 16, executor efficiency).
+
+    bench/heavy.sh .venv/bin/python bench/attention.py tile [T] [--grid]
+
+Times, at SmolLM2's GQA heads (9 q / 3 KV, D = 64) and T = 8192 by default: dense ``is_causal`` SDPA
+(GQA native, and with K/V repeated), then batches of mask-free units of R query rows x L keys holding a
+quarter of the causal work, for R in 128..1024. The kernel tiles queries by 32 rows below 192 queries,
+64 below 768 and 256 above, so a 128-row unit (one q-block of a per-head block mask) pays more per pair
+than dense causal prefill. Prints ns per computed pair (dense: per causal pair) and the ratio to dense;
+median of 3 calls after one warm-up.
+""".lstrip("\n")
+
+OP = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def _median_s(fn, n: int = 3) -> float:
+    fn()
+    ts = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return statistics.median(ts)
+
+
+def tile_main(T: int = 8192) -> None:
+    torch.manual_seed(0)
+    H, H_kv, D = 9, 3, 64
+    q, k, v = torch.randn(1, H, T, D), torch.randn(1, H_kv, T, D), torch.randn(1, H_kv, T, D)
+    causal_pairs = H * T * (T + 1) / 2
+    res = {"dense is_causal (GQA)": _median_s(lambda: F.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True)) / causal_pairs}
+    kr, vr = k.repeat_interleave(H // H_kv, 1), v.repeat_interleave(H // H_kv, 1)
+    rep = _median_s(lambda: OP(q, kr, vr, 0.0, True, scale=0.125))
+    res["dense is_causal (K/V repeated)"] = rep / causal_pairs
+    shapes = [(128, 4096), (256, 4096), (384, 4096), (768, 4096), (1024, 4096), (128, 1024), (128, 2048)]
+    if "--grid" in sys.argv:  # short key sets (what random masks at keep 0.2 give) and key-block-major units
+        shapes += [(128, 128), (128, 256), (128, 512), (256, 512), (256, 1024), (384, 512), (384, 1024),
+                   (768, 1024), (4096, 128), (4096, 512), (1024, 128)]
+    for rows, keys in shapes:
+        G = max(1, int(0.25 * causal_pairs / (rows * keys)))
+        qs, ks, vs = torch.randn(G, 1, rows, D), torch.randn(G, 1, keys, D), torch.randn(G, 1, keys, D)
+        res[f"units {rows} rows x {keys} keys"] = _median_s(
+            lambda qs=qs, ks=ks, vs=vs: OP(qs, ks, vs, 0.0, False, scale=0.125)) / (G * rows * keys)
+    if "--grid" in sys.argv:
+        # the diagonal part: G square 128 x 128 causal problems in one is_causal call (per causal pair)
+        n = 64 * H
+        qd, kd = torch.randn(n, 1, 128, D), torch.randn(n, 1, 128, D)
+        res["diag 128x128 is_causal (per causal pair)"] = _median_s(
+            lambda: OP(qd, kd, kd, 0.0, True, scale=0.125)) / (n * 128 * 129 / 2)
+        # K/V gather of 128-key blocks (index_select of 32 KiB rows) and one lse merge pass, per pair of a
+        # 128 x 128 block pair they serve
+        kb = torch.randn(H_kv * 64, 128 * D)
+        idx = torch.randint(0, H_kv * 64, (2048,))
+        ws = torch.empty(2048, 128 * D)
+        res["gather K+V per block pair"] = 2 * _median_s(
+            lambda: torch.index_select(kb, 0, idx, out=ws)) / (2048 * 128 * 128)
+        o1, o2 = torch.randn(H, T, D), torch.randn(H, T, D)
+        l1, l2 = torch.randn(H, T), torch.randn(H, T)
+
+        def merge() -> None:
+            new = torch.logaddexp(l1, l2)
+            o1.mul_(torch.exp(l1 - new)[..., None]).addcmul_(o2, torch.exp(l2 - new)[..., None])
+        res["merge pass per 128-key block row"] = _median_s(merge) / (H * T * 128)
+    base = res["dense is_causal (GQA)"]
+    print(f"T={T}, {torch.get_num_threads()} thread(s)")
+    for name, s in res.items():
+        print(f"{name:32s} {s * 1e9:7.3f} ns/pair  x{s / base:5.2f}")
+
+
+def _run_tile() -> object:
+    pos = [a for a in sys.argv[1:] if not a.startswith("--")]
+    tile_main(int(pos[0]) if pos else 8192)
+
+
+SUBCOMMANDS = {
+    "bench": _run_bench,
+    "tile": _run_tile,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand: ``python bench/attention.py SUB [ARGS...]`` (its own ``--help``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
+        print(__doc__)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    sys.argv = [f"{Path(sys.argv[0]).name} {argv[0]}", *argv[1:]]
+    rc = SUBCOMMANDS[argv[0]]()
+    return rc if isinstance(rc, int) else 0
+
+
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

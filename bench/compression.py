@@ -1,0 +1,680 @@
+"""Context compression (issue #13): COMI's soft variant, citation scores from a store, InftyThink, HiCo inside
+the forward.
+
+Subcommands (``python bench/compression.py SUB --help`` for each one's options):
+
+- ``comi-soft``: COMI's soft variant: train a fusion layer on longlab's own samples, compare with COMI-hard
+  (issue #13).
+- ``cite``: Citation precision / recall / F1 and answer correctness per recipe on ``cite_qa``, from a
+  results store.
+- ``inftythink``: InftyThink vs one long context on the worked chain task: accuracy, peak KV and reasoning
+  length.
+- ``hico-forward``: HiCo token dropping inside the prefill forward vs a plain prefill (issue #13), on real
+  samples.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from common import hardware, write_json
+
+# ---- comi-soft (was bench/compression.py comi-soft) ----------------------------------------
+
+DOC_COMI_SOFT = """
+COMI's soft variant: train a fusion layer on longlab's own samples, compare with COMI-hard (issue #13).
+
+    bench/heavy.sh .venv/bin/python bench/compression.py comi-soft --ratio 0.875 --train 40 --steps 160 \
+        --weights bench/results/compression/comi_fusion_r0.875.safetensors \
+        --out bench/results/compression/comi_soft.json
+
+Training data: ``--train`` samples of ``--task`` at ``--length`` tokens generated with seed 1 (the
+evaluation uses seed 0, the samples of the equal-memory table). For each, the context is merged by
+COMI's two MIG stages at ``--ratio`` (``COMI.merge``: merged embeddings and hidden states), then a
+:class:`longlab.compress.comi.Fusion` layer is trained with the model frozen to minimise the answer's
+cross-entropy (teacher-forced, answer = " " + gold). Evaluation on the first ``--test`` seed-0 samples:
+answer NLL with the untrained (= hard) and the trained layer on the same merged memories, and the
+soft variant's accuracy through ``longlab.generate`` (``comi@r:fusion=PATH``), paired with the hard
+variant's rows of ``--store`` (the equal-memory table's run) on the same samples.
+""".lstrip("\n")
+
+def comi_soft_main() -> None:
+    ap = argparse.ArgumentParser(description=DOC_COMI_SOFT.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--task", default="redundant_niah")
+    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--ratio", type=float, default=0.875)
+    ap.add_argument("--train", type=int, default=40)
+    ap.add_argument("--steps", type=int, default=160)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--test", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=12)
+    ap.add_argument("--weights", default="bench/results/compression/comi_fusion_r0.875.safetensors")
+    ap.add_argument("--store", default="bench/results/compression/redundant_niah")
+    ap.add_argument("--out", default="bench/results/compression/comi_soft.json")
+    ap.add_argument("--eval-only", action="store_true",
+                    help="load --weights (trained before) and only evaluate; --resume keeps --out's rows")
+    ap.add_argument("--resume", action="store_true", help="skip test samples already in --out's rows")
+    args = ap.parse_args()
+
+    from longlab import generate, load_model
+    from longlab.compress.api import template_head
+    from longlab.compress.base import Prompt
+    from longlab.compress.comi import COMI, Fusion, answer_loss, load_fusion, save_fusion, train_fusion
+    from longlab.compress.scorer import Scorer
+    from longlab.eval.stats import paired_difference, score_estimate
+    from longlab.eval.store import ResultStore
+    from longlab.prompt import encode_prompts
+    from longlab.tasks import generate_samples as make_samples
+    from longlab.tasks.registry import score_sample
+
+    torch.set_num_threads(1)
+    model, tok = load_model(args.model)
+    comi = COMI(args.ratio)
+    scorer = Scorer(model)
+    table = model.get_input_embeddings()
+
+    def example(s):
+        (ctx,), (q,) = encode_prompts(tok, [s.context], [s.question], [s.answer_prefix])
+        head = template_head(tok, ctx)
+        memories, states, _, _ = comi.merge(Prompt(ctx[head:], s.question, q, tok), scorer)
+        ans = list(tok(" " + s.answers[0], add_special_tokens=False)["input_ids"])
+        with torch.inference_mode():
+            lead = table(torch.tensor(ctx[:head], dtype=torch.long))
+        return {"lead": lead.clone(), "memories": memories.clone(), "states": states.clone(),
+                "tail": torch.tensor(q + ans, dtype=torch.long), "n_answer": torch.tensor(len(ans))}
+
+    previous = json.loads(Path(args.out).read_text()) if args.resume and Path(args.out).exists() else {}
+    if args.eval_only:
+        fusion = load_fusion(args.weights, model.config.hidden_size)
+        log, prep_s, train_s = previous.get("loss_log", []), previous.get("prep_s"), previous.get("train_s")
+    else:
+        t0 = time.perf_counter()
+        samples = make_samples(args.task, tok, args.length, num_samples=args.train, seed=1)
+        train = [example(s) for s in samples]
+        prep_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        fusion, log = train_fusion(model, train, args.steps, lr=args.lr, seed=0, log_every=10)
+        train_s = time.perf_counter() - t0
+        print(f"prepared {len(train)} examples in {prep_s:.0f}s, trained {args.steps} steps in "
+              f"{train_s:.0f}s; loss every 10 steps: {[round(x, 3) for x in log]}", flush=True)
+        Path(args.weights).parent.mkdir(parents=True, exist_ok=True)
+        save_fusion(fusion, args.weights, model=args.model, task=args.task, length=args.length,
+                    ratio=args.ratio, train_samples=args.train, steps=args.steps, lr=args.lr, seed=1)
+    zero = Fusion(fusion.proj.in_features // 2)
+
+    hard_rows = {}
+    if (Path(args.store) / "results.sqlite").exists():
+        with ResultStore(args.store, readonly=True) as store:
+            for r in store.iter_rows():
+                if r["recipe"] == f"comi@{args.ratio:g}" and not r["query_aware"]:
+                    hard_rows[r["sample_id"]] = r
+    rows = list(previous.get("rows", []))
+    done = {r["sample_id"] for r in rows}
+    for s in make_samples(args.task, tok, args.length, num_samples=args.test, seed=0):
+        if s.sample_id in done:
+            continue
+        e = example(s)
+        with torch.no_grad():
+            nll_hard, nll_soft = float(answer_loss(model, zero, e)), float(answer_loss(model, fusion, e))
+        res = generate(model, tok, s.context, s.question, f"comi@{args.ratio:g}:fusion={args.weights}",
+                       answer_prefix=s.answer_prefix,
+                       max_new_tokens=min(args.max_new_tokens, s.max_new_tokens))
+        hard = hard_rows.get(s.sample_id)
+        rows.append({"sample_id": s.sample_id, "nll_hard": nll_hard, "nll_soft": nll_soft,
+                     "soft_prediction": res.texts[0], "soft_score": score_sample(s, res.texts[0]),
+                     "hard_score": hard["score"] if hard else None,
+                     "hard_prediction": hard["prediction"] if hard else None})
+        print(rows[-1], flush=True)
+        write_json(args.out, {"hardware": hardware(), "args": vars(args), "partial": True, "loss_log": log,
+                              "prep_s": prep_s, "train_s": train_s, "rows": rows})
+    both = [r for r in rows if r["hard_score"] is not None]
+    both = both or [{**r, "hard_score": 0.0} for r in rows[:1]]  # (a smoke run without the store)
+    soft, hard = [r["soft_score"] for r in both], [r["hard_score"] for r in both]
+    es, eh = score_estimate(soft), score_estimate(hard)
+    d = paired_difference(soft, hard)
+    dn = paired_difference([r["nll_soft"] for r in rows], [r["nll_hard"] for r in rows])
+    summary = {"n": len(both), "soft_accuracy": [es.mean, es.low, es.high],
+               "hard_accuracy": [eh.mean, eh.low, eh.high], "soft_minus_hard": [d.mean, d.low, d.high],
+               "nll_hard_median": statistics.median(r["nll_hard"] for r in rows),
+               "nll_soft_median": statistics.median(r["nll_soft"] for r in rows),
+               "nll_soft_minus_hard": [dn.mean, dn.low, dn.high], "prep_s": prep_s, "train_s": train_s,
+               "loss_log": log, "params": sum(p.numel() for p in fusion.parameters())}
+    print(summary)
+    write_json(args.out, {"hardware": hardware(), "args": vars(args), "summary": summary, "rows": rows})
+
+
+def _run_comi_soft() -> object:
+    comi_soft_main()
+
+
+# ---- cite (was bench/compression.py cite) ----------------------------------------
+
+DOC_CITE = """
+Citation precision / recall / F1 and answer correctness per recipe on ``cite_qa``, from a results store.
+
+Reads the rows ``longlab eval`` wrote (``DIR/results.sqlite``), scores each prediction with
+:func:`longlab.tasks.compression.citation_scores` against the sample's answer and true sentence ids, and
+prints per recipe: the means with 95% intervals (Wilson for correctness, bootstrap for P/R/F1), the
+paired difference to ``--base`` on the same samples (paired bootstrap), and Guidance's own counters
+(forced sentences, lookaheads).
+
+    .venv/bin/python bench/compression.py cite bench/results/compression/cite_qa_qwen
+""".lstrip("\n")
+
+def cite_main(argv: list[str] | None = None) -> None:
+    from longlab.eval.stats import paired_difference, score_estimate
+    from longlab.eval.store import ResultStore
+    from longlab.tasks.compression import citation_scores
+
+    p = argparse.ArgumentParser(description=DOC_CITE.split("\n")[0])
+    p.add_argument("dir")
+    p.add_argument("--base", default="full")
+    p.add_argument("--examples", type=int, default=0, help="print this many predictions per recipe")
+    args = p.parse_args(argv)
+    rows: dict[str, dict[str, dict]] = {}
+    if not os.path.exists(os.path.join(args.dir, "results.sqlite")):
+        raise SystemExit(f"no results.sqlite in {args.dir}")
+    with ResultStore(args.dir, readonly=True) as store:
+        for row in store.iter_rows():
+            rows.setdefault(row["recipe"], {})[row["sample_id"]] = row
+    ids = sorted(set.intersection(*(set(r) for r in rows.values())))  # samples every recipe answered
+    parts = ("correct", "precision", "recall", "f1")
+    scores = {rc: {i: citation_scores(rows[rc][i]["prediction"], rows[rc][i]["answers"]) for i in ids}
+              for rc in rows}
+    print(f"n = {len(ids)} samples answered by every recipe")
+    print("| recipe | answer correct | citation precision | recall | F1 | cites anything | "
+          "forced sentences / sample |")
+    print("|---|---|---|---|---|---|---|")
+    for rc in rows:
+        cells = []
+        for part in parts:
+            e = score_estimate([scores[rc][i][part] for i in ids], resamples=2000)
+            cells.append(f"{e.mean:.2f} [{e.low:.2f}, {e.high:.2f}]")
+        cites = sum("[" in rows[rc][i]["prediction"] for i in ids)
+        forced = [rows[rc][i]["extra"].get("context", {}).get("forced_sentences") for i in ids]
+        known = any(f is not None for f in forced)
+        forced_txt = f"{sum(f or 0 for f in forced) / len(ids):.1f}" if known else "—"
+        print(f"| `{rc}` | {' | '.join(cells)} | {cites}/{len(ids)} | {forced_txt} |")
+    if args.base in rows:
+        print(f"\nPaired difference (recipe - {args.base}, same samples; *: the 95% CI excludes 0):\n")
+        print("| recipe | answer correct | precision | recall | F1 |")
+        print("|---|---|---|---|---|")
+        for rc in rows:
+            if rc == args.base:
+                continue
+            cells = []
+            for part in parts:
+                d = paired_difference([scores[rc][i][part] for i in ids],
+                                      [scores[args.base][i][part] for i in ids], resamples=2000)
+                cells.append(f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}]{' *' if d.significant else ''}")
+            print(f"| `{rc}` | {' | '.join(cells)} |")
+    for rc in rows:
+        for i in ids[: args.examples]:
+            print(f"{rc} {i}: {rows[rc][i]['prediction']!r} (answers {rows[rc][i]['answers']})")
+    for rc in rows:
+        ctx = [rows[rc][i]["extra"].get("context", {}) for i in ids]
+        keys = sorted({k for c in ctx for k, v in c.items() if isinstance(v, (int, float))})
+        if keys and rc != args.base:
+            print(f"{rc} counters (sum over samples):",
+                  {k: round(sum(c.get(k, 0) for c in ctx), 2) for k in keys if k not in ("context_s",)})
+
+
+def _run_cite() -> object:
+    cite_main(sys.argv[1:])
+
+
+# ---- inftythink (was bench/compression.py inftythink) ----------------------------------------
+
+DOC_INFTYTHINK = """
+InftyThink vs one long context on the worked chain task: accuracy, peak KV and reasoning length.
+
+Each sample of ``lookup_chain`` with ``reason=True`` (a chain of ``Let v_{i+1} = v_i +- d`` lines, worked out
+step by step, scored by the number the answer ends on) is answered by every recipe with
+:func:`longlab.generate`, greedy:
+
+- ``full``: one long context (prompt + all the reasoning in one cache, up to the sample's 1,024 new tokens);
+- ``inftythink:summarise=ask,...``: bounded segments, the model asked to summarise each cut segment
+  (:mod:`longlab.compress.inftythink`, the training-free adaptation).
+
+Per row: score, generated tokens (reasoning, plus asked summaries), peak KV bytes (``full``: the cache
+after the last token; InftyThink: the largest cache of any iteration, its own counter), the prompt's KV
+bytes, iterations and why it stopped. Rows go to ``--out`` (JSON), written after each row; a rerun skips
+finished rows (resumable under ``bench/heavy.sh`` time limits). ``--table`` prints the tables (Wilson 95%
+intervals, paired bootstrap differences vs ``full`` on the same samples) from the store.
+
+    bench/heavy.sh .venv/bin/python bench/compression.py inftythink --lengths 96,160,256 --samples 8 \\
+        --recipes 'full;inftythink:summarise=ask,segment=64,iterations=12' --out DIR/inftythink.json
+    .venv/bin/python bench/compression.py inftythink --out DIR/inftythink.json --table
+
+``--speed LEN:INDEX,...`` times the current InftyThink (prompt prefilled once) against the code before it
+(the prompt re-prefilled every iteration, ``_refill_class``) on those rows, interleaved, and checks that
+both give the same tokens (``--out``: the timings).
+""".lstrip("\n")
+
+def split_recipes(text: str) -> list[str]:
+    """Recipes separated by ';' (InftyThink's parameters use commas)."""
+    return [r.strip() for r in text.split(";") if r.strip()]
+
+
+def run(args: argparse.Namespace) -> None:
+    import torch
+
+    import longlab
+    from longlab.tasks import generate_samples as make_samples
+    from longlab.tasks import score_sample
+
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    rows = json.loads(out.read_text()) if out.exists() else []
+    done = {(r["sample_id"], r["recipe"]) for r in rows}
+    model, tokenizer = longlab.load_model(args.model)
+    t_start = time.time()
+    print(f"load: {os.getloadavg()}", flush=True)
+    per_length = [make_samples("lookup_chain", tokenizer, n, args.samples, args.seed, reason=True)
+                  for n in args.lengths]
+    for index in range(args.samples):  # sample-major: a time limit leaves every length with about the same n
+        for length, samples in zip(args.lengths, per_length):
+            sample = samples[index]
+            for recipe in args.recipes:
+                if (sample.sample_id, recipe) in done:
+                    continue
+                if args.seconds and time.time() - t_start > args.seconds:
+                    print("time budget reached; rerun to resume", flush=True)
+                    return
+                t0 = time.perf_counter()
+                res = longlab.generate(model, tokenizer, sample.context, sample.question, _recipe(recipe),
+                                       max_new_tokens=sample.max_new_tokens,
+                                       answer_prefix=sample.answer_prefix, compress="end")
+                seconds = time.perf_counter() - t0
+                rec = (res.context or [{}])[0]
+                prompt_tokens = res.context_tokens[0] + _question_tokens(tokenizer, sample)
+                if "iterations" in rec:  # InftyThink's own counters
+                    peak = int(rec["peak_kv_bytes"])
+                    reasoning = int(rec["reasoning_tokens"])
+                    summary = int(rec.get("summary_tokens_used", 0))
+                else:
+                    peak = int(res.cache.nbytes())  # the dense cache after the last step: its largest
+                    reasoning, summary = len(res.token_ids[0]), 0
+                row = {
+                    "model": args.model, "recipe": recipe, "length": length, "sample_id": sample.sample_id,
+                    "steps": sample.metadata["steps"], "answer": sample.answers[0], "prediction": res.text,
+                    "score": score_sample(sample, res.text), "reasoning_tokens": reasoning,
+                    "summary_tokens": summary, "final_tokens": len(res.token_ids[0]),
+                    "prompt_tokens": prompt_tokens, "peak_kv_bytes": peak,
+                    "iterations": rec.get("iterations", 1), "stop": rec.get("stop", ""),
+                    "summaries": rec.get("summaries", []), "seconds": seconds, "load": os.getloadavg()[0],
+                }
+                rows.append(row)
+                out.parent.mkdir(parents=True, exist_ok=True)
+                out.write_text(json.dumps(rows, indent=1))
+                print(f"{sample.sample_id} {recipe[:40]:40s} score={row['score']:.0f} it={row['iterations']} "
+                      f"reason={reasoning} summ={summary} peak={peak / 2**20:.2f}MiB {seconds:.1f}s "
+                      f"stop={row['stop']}", flush=True)
+                if args.probe:
+                    print("  PRED:", res.text[-300:].replace("\n", " | "))
+                    for s in row["summaries"]:
+                        print("  SUMM:", s.replace("\n", " | "))
+    print(f"load: {os.getloadavg()}", flush=True)
+
+
+def speed(args: argparse.Namespace) -> None:
+    """The prompt prefilled once (the current code) vs re-prefilled every iteration (the code before,
+    :class:`_Refill`), side by side on the same rows, interleaved (A B B A per repeat), greedy; checks
+    that both give the same tokens. Rows to ``--out`` (JSON), medians printed."""
+    import statistics
+
+    import torch
+
+    import longlab
+    from longlab.tasks import generate_samples as make_samples
+
+    torch.set_num_threads(1)
+    model, tokenizer = longlab.load_model(args.model)
+    (spec,) = [r for r in args.recipes if r.startswith("inftythink")][:1]
+    rows, out = [], Path(args.out)
+    print(f"load: {os.getloadavg()}", flush=True)
+    if args.warmup:  # one untimed row first: the first generate of a process pays one-off costs
+        longlab.generate(model, tokenizer, "Let v0 = 7. Let v1 = v0 + 2.", "What is v1?", "full",
+                         max_new_tokens=8)
+    for item in args.speed.split(","):
+        length, index = (int(x) for x in item.split(":"))
+        sample = make_samples("lookup_chain", tokenizer, length, index + 1, args.seed, reason=True)[index]
+        times: dict[str, list[float]] = {"once": [], "refill": []}
+        tokens: dict[str, list[int]] = {}
+        for rep in range(args.repeats):
+            for path in ("once", "refill") if rep % 2 == 0 else ("refill", "once"):
+                recipe = _recipe(spec)
+                if path == "refill":
+                    recipe.context = _Refill(**{f: getattr(recipe.context, f) for f in _FIELDS})
+                t0 = time.perf_counter()
+                res = longlab.generate(model, tokenizer, sample.context, sample.question, recipe,
+                                       max_new_tokens=sample.max_new_tokens,
+                                       answer_prefix=sample.answer_prefix, compress="end")
+                times[path].append(time.perf_counter() - t0)
+                tokens.setdefault(path, res.token_ids[0])
+                assert res.token_ids[0] == tokens[path], "greedy decoding is not deterministic"
+                rec = res.context[0]
+                print(f"{sample.sample_id} {path:6s} {times[path][-1]:.1f}s it={rec['iterations']} "
+                      f"reason={rec['reasoning_tokens']} summ={rec['summary_tokens_used']} "
+                      f"load={os.getloadavg()[0]:.2f}", flush=True)
+        once, refill = statistics.median(times["once"]), statistics.median(times["refill"])
+        row = {"model": args.model, "recipe": spec, "sample_id": sample.sample_id, "length": length,
+               "iterations": rec["iterations"], "prompt_tokens": res.context_tokens[0]
+               + _question_tokens(tokenizer, sample), "same_tokens": tokens["once"] == tokens["refill"],
+               "once_s": times["once"], "refill_s": times["refill"], "median_once_s": once,
+               "median_refill_s": refill, "speedup": refill / once, "load": os.getloadavg()[0]}
+        rows.append(row)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rows, indent=1))
+        print(f"{sample.sample_id}: median once {once:.1f}s, refill {refill:.1f}s, {refill / once:.2f}x, "
+              f"same tokens {row['same_tokens']}", flush=True)
+    print(f"load: {os.getloadavg()}", flush=True)
+
+
+def _refill_class():
+    """InftyThink as it was before the prompt was prefilled once (commit 90e8360): every iteration
+    ``j > 0`` prefills ``prompt + history`` in a fresh cache. Kept here only to time the change."""
+    from longlab.compress.inftythink import InftyThink
+
+    class Refill(InftyThink):
+        def compress(self, prompt, scorer=None):
+            out = super().compress(prompt, scorer)
+            out.state = {"question_ids": list(prompt.question_ids)}
+            return out
+
+        def _iteration_start(self, prompt, history, logits, compressed):
+            if not history:  # the first iteration decodes in the prefilled stream itself
+                return prompt, logits
+            cache = type(prompt.cache)(prompt.cache.recipe)  # a fresh stream, the prompt fed again
+            fresh = type(prompt)(prompt.model, cache, prompt.batch_size)
+            fresh.pad_id = prompt.pad_id
+            ids = compressed.ids + compressed.state["question_ids"] + list(history)
+            return fresh, fresh.feed([ids], 1024, compress="chunk")
+
+    return Refill
+
+
+def _Refill(**fields):  # noqa: N802  (builds the class lazily: longlab is imported inside the commands)
+    return _refill_class()(**fields)
+
+
+_FIELDS = ("compression_ratio", "segment", "iterations", "summarise", "instruction", "ask", "summary_tokens",
+           "history")
+
+
+def _recipe(spec: str):
+    """``RECIPE`` or ``RECIPE|HISTORY`` (an InftyThink history template, ``\\n`` for a newline)."""
+    from longlab.recipe import parse_recipe
+
+    name, bar, history = spec.partition("|")
+    recipe = parse_recipe(name)
+    if bar:
+        recipe.context.history = history.replace("\\n", "\n")
+        recipe.context.validate()
+    return recipe
+
+
+def _question_tokens(tokenizer, sample) -> int:
+    from longlab.prompt import encode_prompts
+
+    (_,), (q,) = encode_prompts(tokenizer, [sample.context], [sample.question], [sample.answer_prefix])
+    return len(q)
+
+
+def table(args: argparse.Namespace) -> None:
+    from longlab.eval.stats import paired_difference, score_estimate
+
+    rows = json.loads(Path(args.out).read_text())
+    recipes = list(dict.fromkeys(r["recipe"] for r in rows))
+    lengths = sorted({r["length"] for r in rows})
+    by = {(r["recipe"], r["sample_id"]): r for r in rows}
+    base = "full"
+    print("| chain (steps) | recipe | n | accuracy [95% CI] | - full (paired) [95% CI] | tokens generated "
+          "(median, max) | peak KV MiB (median, max) | peak KV tokens beyond the prompt (median, max) "
+          "| iterations |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for length in lengths:
+        ids = sorted({r["sample_id"] for r in rows if r["length"] == length})
+        ids = [i for i in ids if all((rc, i) in by for rc in recipes)]  # the same samples in every cell
+        if not ids:
+            continue
+        steps = sorted({by[(recipes[0], i)]["steps"] for i in ids})
+        for recipe in recipes:
+            cell = [by[(recipe, i)] for i in ids]
+            est = score_estimate([c["score"] for c in cell])
+            if recipe != base and all((base, i) in by for i in ids):
+                d = paired_difference([c["score"] for c in cell], [by[(base, i)]["score"] for i in ids],
+                                      resamples=2000)
+                diff = f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}]{' *' if d.significant else ''}"
+            else:
+                diff = "—"
+            reason = sorted(c["reasoning_tokens"] + c["summary_tokens"] for c in cell)
+            peak = sorted(c["peak_kv_bytes"] / 2**20 for c in cell)
+            # bytes per cached token from the same sample's full row (its cache: prompt + answer - 1 tokens)
+            per = {i: by[(base, i)]["peak_kv_bytes"] / (by[(base, i)]["prompt_tokens"]
+                                                         + by[(base, i)]["final_tokens"] - 1) for i in ids}
+            extra = sorted(c["peak_kv_bytes"] / per[i] - c["prompt_tokens"] for c, i in zip(cell, ids))
+            its = sorted(c["iterations"] for c in cell)
+            med = lambda v: v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2  # noqa: E731
+            short = "full (one long context)" if recipe == base else f"`{recipe}`"
+            span = f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
+            print(f"| {length} tokens ({span}) "
+                  f"| {short} | {len(cell)} | {est.mean:.2f} [{est.low:.2f}, {est.high:.2f}] | {diff} | "
+                  f"{med(reason):.0f}, {reason[-1]} | {med(peak):.2f}, {peak[-1]:.2f} | "
+                  f"{med(extra):.0f}, {extra[-1]:.0f} | {med(its):.0f} ({its[0]}-{its[-1]}) |")
+    pairs = [(r["score"], by[(base, r["sample_id"])]["score"]) for r in rows
+             if r["recipe"] != base and (base, r["sample_id"]) in by]
+    if pairs:
+        d = paired_difference([a for a, _ in pairs], [b for _, b in pairs], resamples=2000)
+        mine, theirs = sum(a for a, _ in pairs) / len(pairs), sum(b for _, b in pairs) / len(pairs)
+        print(f"\nall lengths pooled: n = {len(pairs)} pairs, accuracy {mine:.2f} vs full {theirs:.2f}; "
+              f"difference {d.mean:+.2f} [{d.low:+.2f}, "
+              f"{d.high:+.2f}]{' (significant)' if d.significant else ' (not significant)'}")
+    stops: dict[str, dict[str, int]] = {}
+    for r in rows:
+        stops.setdefault(r["recipe"], {}).setdefault(r["stop"] or "plain", 0)
+        stops[r["recipe"]][r["stop"] or "plain"] += 1
+    print("\nstops:", json.dumps(stops))
+    loads = [r["load"] for r in rows]
+    print(f"load during the rows: {min(loads):.1f}-{max(loads):.1f}")
+
+
+def plot(args: argparse.Namespace) -> None:
+    """Peak KV (MiB) against the tokens generated (reasoning + asked summaries), one point per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = json.loads(Path(args.out).read_text())
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    markers = {n: m for n, m in zip(sorted({r["length"] for r in rows}), "os^Dv")}
+    for colour, recipe in zip(colours, dict.fromkeys(r["recipe"] for r in rows)):
+        label = "full (one long context)" if recipe == "full" else recipe.split(":")[0] + " (ask, segment 48)"
+        for length, marker in markers.items():
+            cell = [r for r in rows if r["recipe"] == recipe and r["length"] == length]
+            if cell:
+                ax.scatter([r["reasoning_tokens"] + r["summary_tokens"] for r in cell],
+                           [r["peak_kv_bytes"] / 2**20 for r in cell], color=colour, marker=marker,
+                           label=f"{label}, {length}-token chain")
+    ax.set_xlabel("tokens generated (reasoning + asked summaries)")
+    ax.set_ylabel("peak KV cache (MiB)")
+    ax.set_title(f"InftyThink vs one long context, {rows[0]['model']}")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(args.plot, bbox_inches="tight", dpi=110)
+    print(f"wrote {args.plot}")
+
+
+def inftythink_main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=DOC_INFTYTHINK.split("\n")[0])
+    p.add_argument("--model", default="qwen2.5-0.5b")
+    p.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=[96, 160, 256])
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--recipes", type=split_recipes,
+                   default=["full", "inftythink:summarise=ask,segment=64,iterations=12"],
+                   help="recipes separated by ';'")
+    p.add_argument("--out", required=True)
+    p.add_argument("--seconds", type=float, default=0, help="stop starting rows after this many seconds")
+    p.add_argument("--probe", action="store_true", help="print each prediction and summary")
+    p.add_argument("--table", action="store_true", help="print the tables from --out and exit")
+    p.add_argument("--plot", metavar="PNG", help="with --table: also plot peak KV vs tokens generated")
+    p.add_argument("--speed", metavar="LEN:INDEX,...",
+                   help="time the prompt prefilled once vs every iteration on these rows (--out: timings)")
+    p.add_argument("--repeats", type=int, default=2, help="with --speed: interleaved repeats per path")
+    p.add_argument("--warmup", type=int, default=1, help="with --speed: 1 = one untimed generate first "
+                   "(0 = none, as in the first timing run)")
+    args = p.parse_args(argv)
+    if args.speed:
+        speed(args)
+    elif args.table:
+        table(args)
+        if args.plot:
+            plot(args)
+    else:
+        run(args)
+
+
+def _run_inftythink() -> object:
+    inftythink_main(sys.argv[1:])
+
+
+# ---- hico-forward (was bench/compression.py hico-forward) ----------------------------------------
+
+DOC_HICO_FORWARD = """
+HiCo token dropping inside the prefill forward vs a plain prefill (issue #13), on real samples.
+
+    bench/heavy.sh .venv/bin/python bench/compression.py hico-forward --samples 16 --ratios 0.5,0.75 \
+        --out bench/results/compression/hico_forward.json
+
+For each sample of ``--task`` at ``--length`` tokens, the whole prompt (context + question, HiCo's
+query-aware setting: the question's last token scores, the question is never dropped) is prefilled as
+one forward, plainly and with :class:`longlab.compress.hico_forward.HiCoForward` at each ratio, in an
+order rotated per sample (interleaved); each prefill is timed (one thread) and followed by greedy
+decoding of the answer, scored as ``longlab eval`` scores it. Prints the median per-sample time ratio
+(HiCo / plain, 95% bootstrap CI), accuracy (Wilson 95%) and the paired difference against the plain
+prefill; writes every measurement to ``--out``.
+""".lstrip("\n")
+
+def _median_ci(xs: list[float], reps: int = 2000) -> tuple[float, float, float]:
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(reps))
+    return statistics.median(xs), meds[int(0.025 * reps)], meds[int(0.975 * reps) - 1]
+
+
+def hico_forward_main() -> None:
+    ap = argparse.ArgumentParser(description=DOC_HICO_FORWARD.splitlines()[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--task", default="redundant_niah")
+    ap.add_argument("--length", type=int, default=1024)
+    ap.add_argument("--samples", type=int, default=16)
+    ap.add_argument("--ratios", default="0.5,0.75")
+    ap.add_argument("--stages", default="0.3333333333,0.6666666667", help="layer fractions of the drops")
+    ap.add_argument("--max-new-tokens", type=int, default=12)
+    ap.add_argument("--out", default="bench/results/compression/hico_forward.json")
+    args = ap.parse_args()
+
+    from longlab import load_model
+    from longlab.cache import LonglabCache
+    from longlab.compress.hico_forward import HiCoForward
+    from longlab.engine.stream import Stream, eos_token_ids
+    from longlab.eval.stats import paired_difference, score_estimate
+    from longlab.prompt import encode_prompts
+    from longlab.tasks import generate_samples
+    from longlab.tasks.registry import score_sample
+
+    torch.set_num_threads(1)
+    model, tok = load_model(args.model)
+    eos = eos_token_ids(model, tok)
+    ratios = [float(r) for r in args.ratios.split(",")]
+    stages = tuple(float(f) for f in args.stages.split(","))
+    names = ["plain"] + [f"hico-forward@{r:g}" for r in ratios]
+    samples = generate_samples(args.task, tok, args.length, num_samples=args.samples, seed=0)
+    rows: list[dict] = []
+    with torch.inference_mode():  # warm-up, untimed
+        warm = Stream(model, LonglabCache("full"), 1)
+        warm.feed([list(tok(samples[0].context)["input_ids"])[:256]], chunk_size=256, compress="end")
+    loads = [hardware()["load_avg_1m"]]
+    for i, s in enumerate(samples):
+        (ctx,), (q,) = encode_prompts(tok, [s.context], [s.question], [s.answer_prefix])
+        ids = ctx + q
+        order = names[i % len(names):] + names[: i % len(names)]  # rotated: interleaved repeats
+        for name in order:
+            stream = Stream(model, LonglabCache("full"), 1)
+            stream.pad_id = tok.pad_token_id or 0
+            ratio = float(name.split("@")[1]) if name != "plain" else 0.0
+            method = None if name == "plain" else HiCoForward(ratio, stages, protect=len(q))
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                if method is None:
+                    logits = stream.feed([ids], chunk_size=len(ids), compress="end")
+                else:
+                    logits = method.prefill(stream, [ids])
+            prefill_s = time.perf_counter() - t0
+            kv = stream.cache.nbytes()
+            tokens = stream.decode(logits, min(args.max_new_tokens, s.max_new_tokens), eos)[0]
+            text = tok.decode(tokens, skip_special_tokens=True).strip()
+            rows.append({"sample_id": s.sample_id, "method": name, "prefill_s": prefill_s, "kv_bytes": kv,
+                         "tokens": len(ids), "score": score_sample(s, text), "prediction": text,
+                         "tokens_per_stage": method.info["tokens_per_stage"] if method else [len(ids)]})
+        loads.append(hardware()["load_avg_1m"])
+        write_json(args.out, {"hardware": hardware(), "load_avg_1m_per_sample": loads, "args": vars(args),
+                              "partial": True, "rows": rows})  # a killed run keeps what it measured
+        print(f"sample {i}: " + ", ".join(f"{r['method']} {r['prefill_s']:.2f}s {r['score']:.0f}"
+                                          for r in rows[-len(names):]), flush=True)
+
+    by = {n: {r["sample_id"]: r for r in rows if r["method"] == n} for n in names}
+    ids_ = sorted(by["plain"])
+    summary = {}
+    for n in names:
+        sc = [by[n][i]["score"] for i in ids_]
+        e = score_estimate(sc)
+        entry = {"accuracy": [e.mean, e.low, e.high],
+                 "kv_fraction": statistics.fmean(by[n][i]["kv_bytes"] / by["plain"][i]["kv_bytes"]
+                                                 for i in ids_)}
+        if n != "plain":
+            ratio = [by[n][i]["prefill_s"] / by["plain"][i]["prefill_s"] for i in ids_]
+            entry["time_ratio_median_ci"] = list(_median_ci(ratio))
+            d = paired_difference(sc, [by["plain"][i]["score"] for i in ids_])
+            entry["minus_plain"] = [d.mean, d.low, d.high]
+        entry["prefill_s_median"] = statistics.median(by[n][i]["prefill_s"] for i in ids_)
+        summary[n] = entry
+        print(n, entry)
+    write_json(args.out, {"hardware": hardware(), "load_avg_1m_per_sample": loads, "args": vars(args),
+                          "summary": summary, "rows": rows})
+
+
+def _run_hico_forward() -> object:
+    hico_forward_main()
+
+
+SUBCOMMANDS = {
+    "comi-soft": _run_comi_soft,
+    "cite": _run_cite,
+    "inftythink": _run_inftythink,
+    "hico-forward": _run_hico_forward,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand: ``python bench/compression.py SUB [ARGS...]`` (its own ``--help``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
+        print(__doc__)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    sys.argv = [f"{Path(sys.argv[0]).name} {argv[0]}", *argv[1:]]
+    rc = SUBCOMMANDS[argv[0]]()
+    return rc if isinstance(rc, int) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
