@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_lab_arguments(sub.add_parser("lab", help="layers lab: train/test small LMs with swappable mixers"))
     add_report_arguments(sub)
     add_serve_arguments(sub)
+    from .memory_cdic import add_memory_parser  # longlab memory cdic|persist
+
+    add_memory_parser(sub)
     return parser
 
 
