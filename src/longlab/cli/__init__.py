@@ -2,8 +2,9 @@
 
 ``generate`` / ``example`` (:mod:`.generate`), ``eval`` (:mod:`.eval`), ``report``, ``methods``, ``store``
 (the document KV store), ``calibrate`` (PM-KVQ), ``train`` (IndexMem; DroPE, RoPE-ID, RePo), ``data``
-(EntropyLong training data), ``lab`` (the layers lab) and ``serve`` (the OpenAI-compatible server). Each
-module builds its parser and calls library functions. User errors (bad arguments, unknown names, missing
+(EntropyLong training data), ``lab`` (the layers lab), ``memory`` (memory systems: HGMem and its
+baselines) and ``serve`` (the OpenAI-compatible server). Each module builds its parser and calls library
+functions. User errors (bad arguments, unknown names, missing
 files) print one line and exit 2, no traceback.
 """
 
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_lab_arguments(sub.add_parser("lab", help="layers lab: train/test small LMs with swappable mixers"))
     add_report_arguments(sub)
     add_serve_arguments(sub)
-    from .memory_cdic import add_memory_parser  # longlab memory cdic|persist
+    from .memory import add_memory_parser  # longlab memory run|eval: HGMem and its baselines
 
     add_memory_parser(sub)
     return parser

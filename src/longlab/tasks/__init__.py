@@ -22,6 +22,7 @@ from .classic import niah_grid, passkey
 from .compression import cite_qa, lookup_chain, redundant_niah  # context compression (issue #13)
 from .haystacks import Tokenizer, essay_sentences
 from .loaders import load_hf_dataset, load_jsonl, save_jsonl
+from .longdoc import load_memory_jsonl, longdoc_multihop  # memory systems (issue #31)
 from .multidoc import load_multidoc_jsonl, multidoc_qa_1, multidoc_qa_2
 from .registry import (
     DEFAULT_METRIC,
@@ -68,6 +69,8 @@ from .summary import summ_events  # summarisation-like free text (ROUGE-L)
 
 __all__ = [
     "Sample",
+    "load_memory_jsonl",
+    "longdoc_multihop",
     "Tokenizer",
     "TASKS",
     "TASK_REGISTRY",
