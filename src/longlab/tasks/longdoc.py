@@ -224,7 +224,7 @@ def longdoc_multihop(
         ]
         longest_q = max(count_tokens(tokenizer, x) for x in questions)
 
-        def text_of(n: int) -> str:
+        def text_of(n: int, start: int = start, inserts: list = inserts) -> str:
             units = [sentences[(start + i) % len(sentences)] for i in range(n)]
             return join_with_inserts(units, inserts, " ")[0]
 
