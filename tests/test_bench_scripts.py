@@ -177,3 +177,50 @@ def test_runner_bounds_repeats_before_work(repeats, warmup):
     with pytest.raises(ValueError, match="repeats must be in"):
         common.interleaved({"a": lambda: called.append(1)}, repeats=repeats, warmup=warmup)
     assert not called
+
+
+def _eval_argv(tmp_path, text: str, *cli: str) -> list[str]:
+    from longlab.cli.eval import expand_config
+
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    return expand_config(["eval", "--config", str(path), *cli])
+
+
+def test_eval_config_flags_and_command_line_wins(tmp_path):
+    from longlab.cli import build_parser
+
+    text = ('tasks = ["passkey", "vt"]\nlengths = [1024]\nsamples = 3\nquery-aware = true\n'
+            'batch_decode = false\nout = "runs/x"\n')
+    argv = _eval_argv(tmp_path, text, "--samples", "5")
+    args = build_parser().parse_args(argv)
+    assert args.tasks == ["passkey", "vt"] and args.lengths == [1024] and args.query_aware
+    assert args.samples == 5 and args.batch_decode is False and args.out == "runs/x"
+
+
+@pytest.mark.parametrize("text,words", [
+    ("sample = 3\n", "unknown key 'sample'"),
+    ("samples = \"three\"\n", "samples"),
+    ("query-aware = 1\n", "true or false"),
+    ("compress = \"middle\"\n", "allowed: end, chunk"),
+    ("lengths = [\"a\"]\n", "lengths"),
+    ("tasks = []\n", "non-empty list"),
+    ("[grid]\nsamples = 1\n", "unknown key 'grid'"),
+    ("samples = \n", "not valid TOML"),
+])
+def test_eval_config_refuses_bad_files(tmp_path, capsys, text, words):
+    from longlab.cli import main
+
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    assert main(["eval", "--config", str(path), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_config_missing_file(tmp_path, capsys):
+    from longlab.cli import main
+
+    assert main(["eval", "--config", str(tmp_path / "none.toml"), "--out", str(tmp_path / "o")]) == 2
+    assert "is not a file" in capsys.readouterr().err
