@@ -963,8 +963,11 @@ def tile_main(T: int = 8192) -> None:
 
 
 def _run_tile() -> object:
-    pos = [a for a in sys.argv[1:] if not a.startswith("--")]
-    tile_main(int(pos[0]) if pos else 8192)
+    ap = argparse.ArgumentParser(description=DOC_TILE.split("\n\n")[0])
+    ap.add_argument("T", type=int, nargs="?", default=8192, help="keys per head (default 8192)")
+    ap.add_argument("--grid", action="store_true", help="also short key sets, the diagonal call, gather")
+    args = ap.parse_args()  # tile_main reads --grid from sys.argv itself
+    tile_main(args.T)
 
 
 SUBCOMMANDS = {

@@ -1,6 +1,10 @@
-"""Helpers shared by the ``bench/`` scripts: the machine header every JSON result carries, best-of-n
-timing, and the JSON writer. Scripts run as ``python bench/<name>.py``, so this module is imported
-as ``common`` (the script's directory is first on ``sys.path``)."""
+"""The shared runner of the ``bench/`` scripts: the machine header every JSON result carries, the timing
+of variants side by side (:func:`interleaved`: repeats interleaved with the order rotated per round, wall
+and CPU time per call, medians, the load average before and after), ratios of medians to a baseline,
+and the JSON writer. Scripts run as ``python bench/<name>.py``, so this module is imported as ``common``
+(the script's directory is first on ``sys.path``). A script that times things uses :func:`interleaved`
+(or :func:`timed` for one call) rather than its own loop; :func:`best_of` is kept for the figures that
+were reported as minima."""
 
 from __future__ import annotations
 
@@ -8,10 +12,11 @@ import json
 import math
 import os
 import platform
+import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +24,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["ROOT", "hardware", "best_of", "write_json"]
+__all__ = ["ROOT", "hardware", "timed", "interleaved", "ratios", "best_of", "write_json", "MAX_REPEATS"]
+
+MAX_REPEATS = 10_000  # timed calls per variant; a larger request is refused before any work
 
 
 def hardware() -> dict[str, Any]:
@@ -42,10 +49,66 @@ def hardware() -> dict[str, Any]:
         "cpu": cpu,
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
-        "load_avg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "load_avg_1m": load_average(),
         "git_commit": commit,
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the platform has none)."""
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
+    """One call of ``fn``: (wall seconds, CPU seconds of this process, all threads), result)."""
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    out = fn()
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return wall, cpu, out
+
+
+def interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict[str, Any]:
+    """Time every variant ``repeats`` times side by side: round ``r`` calls the variants in their order
+    rotated by ``r`` (so a drift of the machine's load or clock falls on all of them alike), after
+    ``warmup`` untimed rounds. Returns ``{"variants": {name: {"median_s", "min_s", "max_s",
+    "cpu_median_s", "wall_s": [...], "cpu_s": [...]}}, "repeats", "warmup", "load_before",
+    "load_after"}``; the last call's result of each variant is in ``"results"`` (not JSON: pop it)."""
+    names = list(variants)
+    if not names:
+        raise ValueError("interleaved: no variants to time")
+    if not 1 <= repeats <= MAX_REPEATS or not 0 <= warmup <= MAX_REPEATS:
+        raise ValueError(f"interleaved: repeats must be in [1, {MAX_REPEATS}] and warmup in "
+                         f"[0, {MAX_REPEATS}], got {repeats} and {warmup}")
+    results: dict[str, Any] = {}
+    for _ in range(warmup):
+        for name in names:
+            results[name] = variants[name]()
+    walls: dict[str, list[float]] = {n: [] for n in names}
+    cpus: dict[str, list[float]] = {n: [] for n in names}
+    load_before = load_average()
+    for r in range(repeats):
+        k = r % len(names)
+        for name in names[k:] + names[:k]:
+            wall, cpu, results[name] = timed(variants[name])
+            walls[name].append(wall)
+            cpus[name].append(cpu)
+    stats = {
+        n: {"median_s": statistics.median(walls[n]), "min_s": min(walls[n]), "max_s": max(walls[n]),
+            "cpu_median_s": statistics.median(cpus[n]), "wall_s": walls[n], "cpu_s": cpus[n]}
+        for n in names
+    }
+    return {"variants": stats, "repeats": repeats, "warmup": warmup, "load_before": load_before,
+            "load_after": load_average(), "results": results}
+
+
+def ratios(timing: dict[str, Any], base: str) -> dict[str, float]:
+    """Each variant's median wall time over ``base``'s, from one :func:`interleaved` run (the same rounds)."""
+    variants = timing["variants"]
+    if base not in variants:
+        raise ValueError(f"ratios: no variant {base!r}; have {', '.join(variants)}")
+    ref = variants[base]["median_s"]
+    return {n: (v["median_s"] / ref if ref > 0 else math.nan) for n, v in variants.items()}
 
 
 def best_of(fn: Callable[[], Any], repeats: int, warmup: bool = False) -> tuple[float, Any]:
@@ -54,9 +117,8 @@ def best_of(fn: Callable[[], Any], repeats: int, warmup: bool = False) -> tuple[
     out = fn() if warmup else None
     best = math.inf
     for _ in range(max(1, repeats)):
-        start = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - start)
+        wall, _cpu, out = timed(fn)
+        best = min(best, wall)
     return best, out
 
 

@@ -279,7 +279,7 @@ def _filled_stream(model, recipe: str, length: int) -> Stream:
         k = torch.randn(1, H_kv, length, D, generator=gen)
         v = torch.randn(1, H_kv, length, D, generator=gen)
         cache.update(k, v, idx)
-    cache._updates_of_layer0 = 0  # the fill is not a model forward (the cache's hook check counts those)
+    cache.reset_hook_check()  # the fill is not a model forward (the cache's hook check counts those)
     stream.seen_mask = torch.ones(1, length, dtype=torch.bool)
     stream.next_pos = torch.tensor([length])
     return stream

@@ -49,6 +49,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import torch
+from common import interleaved
 from scipy import stats
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
@@ -481,15 +482,13 @@ def mixers_main() -> None:
     results = []
     for length in args.lengths:
         x = torch.randn(1, length, args.dim)
-        times: dict[str, list[float]] = {m: [] for m in args.mixers if m in alive}
-        for r in range(args.repeats):
-            order = [m for m in args.mixers if m in times]
-            order = order[r % len(order):] + order[: r % len(order)]  # rotate: interleaved repeats
-            for m in order:
-                with torch.no_grad():
-                    t0 = time.perf_counter()
-                    mods[m](x)
-                    times[m].append(time.perf_counter() - t0)
+        def forward(mod, x=x):
+            return lambda: mod(x)
+
+        with torch.no_grad():  # the shared runner: interleaved repeats, order rotated per round
+            variants = {m: forward(mods[m]) for m in args.mixers if m in alive}
+            timing = interleaved(variants, args.repeats, warmup=0)
+        times = {m: v["wall_s"] for m, v in timing["variants"].items()}
         base = statistics.median(times["softmax"]) if "softmax" in times else None
         for m, ts in times.items():
             med = statistics.median(ts)

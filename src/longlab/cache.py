@@ -384,6 +384,12 @@ class LonglabCache(Cache):
             forwarded[CACHE_KWARG] = (self, layer_idx)
         return keys, values
 
+    def reset_hook_check(self) -> None:
+        """Forget the layer-0 updates counted so far: for code that fills the cache with ``update`` directly
+        (no model forward, e.g. a benchmark's random K/V), so that the next real forwards are the ones the
+        hook check (:meth:`_check_hook`) counts."""
+        self._updates_of_layer0 = 0
+
     def _check_hook(self) -> None:
         """A recipe acts only through the longlab attention hook: refuse to silently do nothing when the
         model runs another attention implementation (checked at the second forward of layer 0)."""
