@@ -36,9 +36,10 @@ LAYERS: list[tuple[str, ...]] = [
     # tools and the harness drive models and pipelines (capture: q/k/v capture for calibration, training)
     ("capture", "kv.indexmem_train", "quant.calibrate", "eval", "ops.cp_generate",  # CP prefill
      "position.train", "lab",  # lab: the layers lab (own LM + trainer), writes to eval.store
-     "serve", "data", "memory"),  # serve: the OpenAI server (drives the engine); data: EntropyLong training data;
+     "serve", "data", "memory"),  # serve: the OpenAI server (drives the engine); data: EntropyLong data;
     # memory: HGMem, C-DIC, PersistBench over a chat backend (the engine or an OpenAI-compatible endpoint)
     ("methods",),  # the one list of method modules (registers every family); the package face imports it
+    ("eval.docs_tables", "eval.pages"),  # the docs site's generated tables: read stores and the registry
     ("cli",),
     ("",),  # the package face: longlab/__init__.py
 ]

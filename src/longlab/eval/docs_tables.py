@@ -19,11 +19,11 @@ block that nothing regenerates would drift silently).
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import LonglabError
+from .pages.generator import Generator
 
 __all__ = [
     "BEGIN",
@@ -42,15 +42,6 @@ BEGIN = "<!-- BEGIN generated:{name} -->"
 END = "<!-- END generated:{name} -->"
 _BEGIN_RE = re.compile(r"<!-- BEGIN generated:([A-Za-z0-9_.-]+) -->")
 _NOTE = "<!-- written by `longlab report --docs` from committed data: edit the generator, not this block -->"
-
-
-@dataclass(frozen=True)
-class Generator:
-    """One page's generator: ``page`` (relative to the repo root) and ``render(root, plots)`` returning
-    ``{block name: markdown}``; with ``plots`` True it also (re)writes the PNGs the page shows."""
-
-    page: str
-    render: Callable[[Path, bool], dict[str, str]]
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ page's parameter table from the registry). :data:`GENERATORS` lists them in page
 
 from __future__ import annotations
 
-from ..docs_tables import Generator
 from . import compression, decode_speed, entropylong, modalities, position, vs_kvpress
+from .generator import Generator
 from .methods import FAMILY_METHODS, render_family
 
 __all__ = ["GENERATORS"]

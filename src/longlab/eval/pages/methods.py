@@ -82,7 +82,8 @@ def _cell(text: str) -> str:
 
 def family_params_table(page: str) -> str:
     """The Markdown table of the methods of one family page (:data:`FAMILY_METHODS`)."""
-    from ... import methods  # noqa: F401  (importing it registers every method)
+    import longlab.methods  # noqa: F401  (importing it registers every method)
+
     from ...registry import REGISTRY
 
     pick = FAMILY_METHODS[page]
