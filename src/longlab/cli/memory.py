@@ -89,7 +89,7 @@ def backend_from_args(args: argparse.Namespace) -> Any:
 
         torch.set_num_threads(args.threads)
     if bool(args.model) == bool(args.base_url):
-        raise LonglabError("give exactly one backend: --model NAME (local) or --base-url URL --endpoint-model NAME")
+        raise LonglabError("give exactly one backend: --model NAME (local) or --base-url URL --endpoint-model NAME")  # noqa: E501
     if args.base_url:
         if not args.endpoint_model:
             raise LonglabError("--base-url needs --endpoint-model (the model name the endpoint serves)")
@@ -97,7 +97,7 @@ def backend_from_args(args: argparse.Namespace) -> Any:
     from ..models import build_tiny_model, tiny_tokenizer
 
     if args.model.startswith("tiny-"):  # the random test models built in code
-        return LocalBackend(build_tiny_model(args.model), tiny_tokenizer(), recipe=args.recipe, name=args.model)
+        return LocalBackend(build_tiny_model(args.model), tiny_tokenizer(), recipe=args.recipe, name=args.model)  # noqa: E501
     return LocalBackend.load(args.model, recipe=args.recipe, dtype=args.dtype)
 
 

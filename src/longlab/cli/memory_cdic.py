@@ -220,7 +220,8 @@ def _cdic_report(args: argparse.Namespace) -> int:
 
 
 def add_memory_parser(subparsers: Any) -> None:
-    """A minimal ``longlab memory`` with ``cdic`` and ``persist`` (the full command lives in cli/memory.py)."""
+    """A minimal ``longlab memory`` with ``cdic`` and ``persist`` (the full command lives in
+    cli/memory.py)."""
     p = subparsers.add_parser("memory", help="memory systems over long interactions (C-DIC, PersistBench)")
     sub = p.add_subparsers(dest="memory_command", required=True)
     add_cdic_parser(sub)

@@ -9,7 +9,8 @@
 output), :mod:`.embed` (MiniLM embeddings, a vector index), :mod:`.hypergraph` (knowledge graph and the
 hypergraph memory), :mod:`.hgmem` (HGMem, arXiv 2512.23959), :mod:`.rag` (top-k RAG, whole document under a
 KV recipe, the document KV store with reuse), :mod:`.runner` (systems x samples -> results rows),
-:mod:`.cdic` (C-DIC in the layers lab), :mod:`.persist` (PersistBench and the judge-free ``memory_safety`` generator).
+:mod:`.cdic` (C-DIC in the layers lab), :mod:`.persist` (PersistBench and the judge-free ``memory_safety``
+generator).
 """
 
 from .backend import (

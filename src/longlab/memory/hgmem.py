@@ -239,7 +239,8 @@ class DocumentIndex:
         tokenizer: Any = None,
         config: HGMemConfig | None = None,
     ) -> DocumentIndex:
-        """Chunk ``text``, extract entities and relations from every chunk (one schema call each) and index."""
+        """Chunk ``text``, extract entities and relations from every chunk (one schema call each) and
+        index."""
         cfg = (config or HGMemConfig()).check()
         chunks = chunk_text(text, tokenizer, cfg.chunk_tokens, cfg.overlap)
         graph = KnowledgeGraph()
@@ -248,7 +249,7 @@ class DocumentIndex:
             got = chat_json(
                 backend,
                 _user(
-                    f"Extract the named entities (types: {', '.join(ENTITY_TYPES)}) and the relations between "
+                    f"Extract the named entities (types: {', '.join(ENTITY_TYPES)}) and the relations between "  # noqa: E501
                     f"them from the text. Reply with JSON "
                     f'{{"entities": [{{"name", "type", "description"}}], "relations": [{{"source", "target", '
                     f'"description"}}]}}.\nText: {chunk}'

@@ -129,7 +129,7 @@ class HypergraphMemory:
 
     def __init__(self, max_points: int = 256) -> None:
         if not 1 <= max_points <= MAX_POINTS:
-            raise LonglabError(f"max_points must be an integer in [1, {MAX_POINTS}], got {shorten(max_points)}")
+            raise LonglabError(f"max_points must be an integer in [1, {MAX_POINTS}], got {shorten(max_points)}")  # noqa: E501
         self.max_points = max_points
         self.points: dict[int, MemoryPoint] = {}
         self.incidence: dict[str, set[int]] = {}
