@@ -140,8 +140,8 @@ def _prepared(tokenizer: Any, vocab: int, eos: tuple[int, ...]) -> Any:
 
 
 class GrammarMask:
-    """One row's grammar state. :meth:`apply` masks ``logits [V]`` in place; :meth:`accept` advances the
-    parser by the token the row took."""
+    """One row's grammar state. :meth:`apply` masks ``logits [V]``; :meth:`accept` advances the parser
+    by the token the row took."""
 
     def __init__(self, matcher: Any, vocab: int, eos: set[int]) -> None:
         self.matcher, self.vocab, self.eos = matcher, vocab, eos
@@ -154,13 +154,14 @@ class GrammarMask:
         self.matcher.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
         return unpack_bits(self._bits, self.vocab)
 
-    def apply(self, logits: torch.Tensor) -> None:
-        """Set the logits of tokens the grammar forbids now to ``-inf`` (``logits [V]`` fp32, CPU)."""
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits [V]`` (fp32, CPU) with the tokens the grammar forbids now set to ``-inf``: a new
+        tensor (rows of one prompt may share their first logits)."""
         if self.matcher.is_error():  # cannot happen for tokens the mask allowed; end the row cleanly
-            logits.fill_(float("-inf"))
-            logits[min(self.eos)] = 0.0
-            return
-        logits.masked_fill_(~self.allowed(), float("-inf"))
+            out = torch.full_like(logits, float("-inf"))
+            out[min(self.eos)] = 0.0
+            return out
+        return logits.masked_fill(~self.allowed(), float("-inf"))
 
     def accept(self, token: int) -> None:
         if token not in self.eos:
