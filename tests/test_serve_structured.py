@@ -37,7 +37,8 @@ def server(model_and_tokenizer):
 
 
 def test_chat_json_schema_parses_and_equals_the_request_alone(server, model_and_tokenizer):
-    out = server.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=96, response_format=FMT)
+    out = server.client.chat.completions.create(model=MODEL, messages=MSGS, max_tokens=96,
+                                                response_format=FMT)
     text = out.choices[0].message.content
     _valid(text)
     assert out.choices[0].finish_reason == "stop"

@@ -4,10 +4,11 @@ Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streami
 when ``stream`` is true: ``data: {chunk}`` ... ``data: [DONE]``), ``GET /v1/models``, ``GET /v1/recipes``
 (the registered recipe methods, each with a name a request may send), ``GET /health``, ``GET /metrics``
 (Prometheus text), and ``GET /``: the playground (``static/playground.html``, one static page: a context,
-a question and a recipe in, the streamed answer with its KV bytes and timings out). Every request is a :class:`~longlab.request.Request` run by the one
-engine that :class:`~longlab.serve.scheduler.Scheduler` drives in its own thread; each request may name its
-own recipe. Errors are OpenAI's ``{"error": {...}}`` with their status; a client's bad value never puts a
-traceback in the response or the log.
+a question and a recipe in, the streamed answer with its KV bytes and timings out). Every request is a
+:class:`~longlab.request.Request` run by the one engine that :class:`~longlab.serve.scheduler.Scheduler`
+drives in its own thread; each request may name its own recipe and ``response_format``. Errors are
+OpenAI's ``{"error": {...}}`` with their status; a client's bad value never puts a traceback in the
+response or the log.
 """
 
 from __future__ import annotations
@@ -221,8 +222,8 @@ def recipe_list(default_recipe: str = "full") -> list[dict[str, str]]:
     import dataclasses
 
     from .. import methods  # noqa: F401  every family registered
-    from ..registry import REGISTRY
     from ..recipe import parse_recipe
+    from ..registry import REGISTRY
 
     out: list[dict[str, str]] = []
     for name in REGISTRY.names("recipe"):
