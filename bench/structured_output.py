@@ -8,7 +8,7 @@ document token by token (the document's own tokenization must be accepted at eve
 its end). Vocab handling: the mask is sized to the *model's* vocab (embedding rows, padded past the
 tokenizer's ids for tiny-llama); ids no tokenizer string maps to must be masked off. A random walk (random
 logits under the mask, 40 seeds) must end in JSON that validates against the schema (95% Wilson interval).
-Masks are applied the engine's way for both (:func:`longlab.engine.grammar.unpack_bits`, then
+Masks are applied the engine's way for both (:func:`longlab.grammar.unpack_bits`, then
 ``masked_fill``; llguidance.torch's ``torch.compile``'d apply costs seconds to import).
 
     bench/heavy.sh python bench/structured_output.py        # -> bench/results/structured_output.json
@@ -154,7 +154,7 @@ def _version(dist: str) -> str:
 
 def allowed(bits: torch.Tensor, vocab: int) -> torch.Tensor:
     """The allowed ids of a packed int32 bitmask ``[1, ceil(V/32)]`` -> bool ``[V]``."""
-    from longlab.engine.grammar import unpack_bits
+    from longlab.grammar import unpack_bits
 
     return unpack_bits(bits[0], vocab)
 

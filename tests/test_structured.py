@@ -88,7 +88,7 @@ def test_constrained_and_free_rows_batched_equal_each_alone(engine, one_thread):
 
 
 def test_max_new_tokens_first_is_length_and_eos_waits_for_a_whole_document(engine, one_thread):
-    from longlab.engine.grammar import grammar_mask
+    from longlab.grammar import grammar_mask
 
     (cut,) = engine.run([Request(messages=MSGS, response_format=FMT, max_new_tokens=6)])
     assert cut.finish_reason == "length" and len(cut.token_ids) == 6
@@ -136,7 +136,7 @@ def test_bad_response_format_is_refused_naming_it(fmt, fields, message):
 
 
 def test_compiled_grammars_are_cached_by_schema_text():
-    from longlab.engine.grammar import grammar_of
+    from longlab.grammar import grammar_of
 
     first = grammar_of(FMT)
     assert grammar_of(json.loads(json.dumps(FMT))) is first  # same schema text: the cached grammar

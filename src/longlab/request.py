@@ -58,7 +58,7 @@ class Request:
     - ``response_format``: structured output in OpenAI's shapes: ``{"type": "text"}`` (free text),
       ``{"type": "json_object"}`` (any JSON object) or ``{"type": "json_schema", "json_schema": {"name":
       ..., "schema": {...}, "strict": ...}}`` (a document valid against ``schema``, at most 64 KiB of
-      JSON). Every decode step masks the tokens the grammar forbids (:mod:`longlab.engine.grammar`,
+      JSON). Every decode step masks the tokens the grammar forbids (:mod:`longlab.grammar`,
       llguidance), per row, so constrained and free rows share a batch; EOS is allowed only once the
       document is complete (finish ``"length"`` when ``max_new_tokens`` ends it first). Works with
       ``messages=`` (``Request(messages=[...], response_format={"type": "json_schema", ...})``),
@@ -253,7 +253,7 @@ class Request:
     def _check_response_format(self, spec: bool, recipe: Recipe) -> str | None:
         if self.response_format is None:
             return None
-        from .engine.grammar import grammar_of
+        from .grammar import grammar_of
 
         grammar = grammar_of(self.response_format)
         if grammar is None:  # {"type": "text"}

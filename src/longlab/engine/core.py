@@ -365,8 +365,8 @@ class Engine:
             r.stop,
             self._detokenize,
         )
-        if r.parsed.grammar is not None:  # response_format: a mask per row (longlab.engine.grammar)
-            from .grammar import grammar_mask
+        if r.parsed.grammar is not None:  # response_format: a mask per row (longlab.grammar)
+            from ..grammar import grammar_mask
 
             row.grammar = grammar_mask(self.tokenizer, r.parsed.grammar, row.logits.shape[-1], self.eos)
         return row

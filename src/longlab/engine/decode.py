@@ -3,7 +3,7 @@
 A *row* is one request being decoded: its pending next-token logits, its sampler (greedy, or
 temperature/top-p from the request's own generator, so a row's tokens never depend on the rows beside
 it), its stop conditions (EOS, ``max_new_tokens``, stop strings), its grammar (``response_format``: a
-:class:`~longlab.engine.grammar.GrammarMask` applied to its logits before every pick, per row, so
+:class:`~longlab.grammar.GrammarMask` applied to its logits before every pick, per row, so
 constrained and free rows share one batch) and what it has produced.
 
 A *lane* holds rows and advances them together:

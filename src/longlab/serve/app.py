@@ -218,10 +218,10 @@ RECIPE_KINDS = ("kv", "quant", "prefill", "decode")
 def recipe_list(default_recipe: str = "full") -> list[dict[str, str]]:
     """The registered recipe methods of :data:`RECIPE_KINDS` (``longlab.registry``), each with an
     ``example`` a request may send as ``recipe`` (``name@0.5`` where the method removes a fraction),
-    its ``kind`` and the first line of its docstring; the default recipe first."""
+    its ``kind`` and the first line of its docstring; the default recipe first (the package face has
+    registered every family)."""
     import dataclasses
 
-    from .. import methods  # noqa: F401  every family registered
     from ..recipe import parse_recipe
     from ..registry import REGISTRY
 

@@ -5,7 +5,7 @@ errors as ``{"error": {message, type, param, code}}``.
 OpenAI fields mapped: ``messages`` (chat; content a string or text parts) / ``prompt`` (completions),
 ``max_tokens`` / ``max_completion_tokens`` -> ``max_new_tokens``, ``temperature``, ``top_p``, ``seed``,
 ``stop``, ``stream``, ``stream_options.include_usage``, ``response_format`` (``text``, ``json_object``,
-``json_schema``: structured output, :mod:`longlab.engine.grammar`; a bad one is a 400 naming it).
+``json_schema``: structured output, :mod:`longlab.grammar`; a bad one is a 400 naming it).
 ``temperature`` defaults to 0 (greedy), not OpenAI's 1: a lab server answers reproducibly unless asked to
 sample. Unknown fields are ignored (as vLLM does); fields that would change the answer in a way longlab
 cannot honour (``n`` > 1, ``logprobs``, ``tools``, penalties, ``logit_bias``) are refused with 400

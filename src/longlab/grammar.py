@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from ..errors import LonglabError, shorten
+from .errors import LonglabError, shorten
 
 __all__ = ["MAX_SCHEMA_BYTES", "INSTALL", "grammar_of", "GrammarMask", "grammar_mask", "unpack_bits"]
 
