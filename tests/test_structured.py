@@ -135,6 +135,15 @@ def test_bad_response_format_is_refused_naming_it(fmt, fields, message):
     assert "response_format" in str(err.value)
 
 
+def test_strict_false_ignores_keywords_the_library_does_not_implement():
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    fmt = {"type": "json_schema", "json_schema": {"name": "ids", "schema": schema}}
+    with pytest.raises(LonglabError, match="uniqueItems"):
+        Request(context="x", response_format=fmt).check()
+    fmt["json_schema"]["strict"] = False
+    assert Request(context="x", response_format=fmt).check().parsed.grammar is not None
+
+
 def test_compiled_grammars_are_cached_by_schema_text():
     from longlab.grammar import grammar_of
 

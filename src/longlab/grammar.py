@@ -128,14 +128,16 @@ def _compile(schema_text: str, strict: bool) -> str:
 
 
 def _prepared(tokenizer: Any, vocab: int, eos: tuple[int, ...]) -> Any:
-    """llguidance's view of ``tokenizer`` whose logits have ``vocab`` entries (ids past the tokenizer's
-    map to no string and are never allowed), cached per tokenizer."""
+    """llguidance's view of ``tokenizer`` whose model has ``vocab`` logits (ids past the tokenizer's map
+    to no string and are never allowed; a tokenizer with more ids than logits keeps them all, and the
+    mask is cut to the logits), cached per tokenizer."""
     llg = _llguidance()
+    width = max(vocab, len(tokenizer))
     with _lock:
         per = _tokenizers.setdefault(tokenizer, {})
-        key = (vocab, eos)
+        key = (width, eos)
         if key not in per:
-            per[key] = llg.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=list(eos))
+            per[key] = llg.hf.from_tokenizer(tokenizer, n_vocab=width, eos_token=list(eos))
         return per[key]
 
 
@@ -143,9 +145,10 @@ class GrammarMask:
     """One row's grammar state. :meth:`apply` masks ``logits [V]``; :meth:`accept` advances the parser
     by the token the row took."""
 
-    def __init__(self, matcher: Any, vocab: int, eos: set[int]) -> None:
+    def __init__(self, matcher: Any, vocab: int, eos: set[int], width: int | None = None) -> None:
         self.matcher, self.vocab, self.eos = matcher, vocab, eos
-        self._bits = torch.zeros((vocab + 31) // 32, dtype=torch.int32)  # [ceil(V / 32)], bit v: v allowed
+        width = vocab if width is None else width  # the tokenizer view's ids (>= vocab)
+        self._bits = torch.zeros((width + 31) // 32, dtype=torch.int32)  # [ceil(W / 32)], bit v: v allowed
 
     def allowed(self) -> torch.Tensor:
         """The tokens the grammar allows now: bool ``[V]``."""
@@ -202,4 +205,4 @@ def grammar_mask(tokenizer: Any, grammar: str, vocab: int, eos: set[int]) -> Gra
             _matchers[key] = (lltok, template)
             while len(_matchers) > MAX_CACHED:
                 _matchers.popitem(last=False)
-    return GrammarMask(template.deep_copy(), vocab, eos)
+    return GrammarMask(template.deep_copy(), vocab, eos, lltok.vocab_size)
