@@ -12,6 +12,10 @@ Masks are applied the engine's way for both (:func:`longlab.grammar.unpack_bits`
 ``masked_fill``; llguidance.torch's ``torch.compile``'d apply costs seconds to import).
 
     bench/heavy.sh python bench/structured_output.py        # -> bench/results/structured_output.json
+
+``--e2e MODEL`` instead decodes with the real model through the engine (longlab's own path: llguidance):
+the same chat requests with and without ``response_format``, greedy, their decode seconds per token and
+whether the constrained answers validate (-> bench/results/structured_output_e2e.json).
 """
 
 from __future__ import annotations
@@ -287,6 +291,86 @@ def run(names: tuple[str, ...], seeds: int, repeats: int) -> dict[str, Any]:
             "schemas": SCHEMAS, "documents": DOCS}
 
 
+E2E_PEOPLE = [
+    "Ada Lovelace, 36, lives in London (postcode 10001) and likes tags a and b.",
+    "Grace Hopper, 85, lives in Arlington (postcode 22201); her tag is c.",
+    "Alan Turing, 41, lives in Wilmslow (postcode 09625) and has no tags.",
+    "Katherine Johnson, 101, lives in Newport (postcode 23601) with tags a and c.",
+]
+
+
+def _person(text: str) -> list[dict[str, str]]:
+    ask = "Write this person as JSON with name, age, tags, address (city, zip): "
+    return [{"role": "user", "content": ask + text}]
+
+
+def run_e2e(name: str, max_new_tokens: int) -> dict[str, Any]:
+    """Constrained vs free decoding with the real model, one request at a time (so the decode seconds
+    are the request's own), then all constrained and free requests in one batch (equal to alone?)."""
+    import jsonschema
+
+    from longlab import Engine, Request
+    from longlab.models import load_model
+
+    model, tok = load_model(name)
+    engine = Engine(model, tok)
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": NESTED}}
+    rows, alone = [], {}
+    for i, text in enumerate(E2E_PEOPLE):
+        msgs = _person(text)
+        for constrained in (False, True):
+            req = Request(messages=msgs, max_new_tokens=max_new_tokens,
+                          response_format=fmt if constrained else None)
+            (res,) = engine.run([req])
+            alone[(i, constrained)] = res.token_ids
+            try:
+                jsonschema.validate(json.loads(res.text), NESTED)
+                valid = True
+            except (ValueError, jsonschema.ValidationError):
+                valid = False
+            n = max(len(res.token_ids), 1)
+            rows.append({"prompt": i, "constrained": constrained, "tokens": len(res.token_ids),
+                         "finish": res.finish_reason, "decode_s": res.decode_s,
+                         "decode_ms_per_token": 1e3 * res.decode_s / n, "valid": valid, "text": res.text})
+            mode = "json_schema" if constrained else "free"
+            print(f"  prompt {i} {mode:11s}: {len(res.token_ids)} tokens, {1e3 * res.decode_s / n:.1f} "
+                  f"ms/token, valid {valid}: {res.text[:90]!r}", flush=True)
+    keys = [(i, c) for i in range(len(E2E_PEOPLE)) for c in (False, True)]
+    batch = [Request(messages=_person(E2E_PEOPLE[i]), max_new_tokens=max_new_tokens,
+                     response_format=fmt if c else None) for i, c in keys]
+    together = engine.run(batch)
+    same = sum(r.token_ids == alone[k] for r, k in zip(together, keys))
+    return {"hardware": hardware(), "model": name, "max_new_tokens": max_new_tokens, "rows": rows,
+            "batched_equal_alone": same, "batched_rows": len(batch)}
+
+
+def table_e2e(result: dict[str, Any]) -> str:
+    """Per mode: decode ms/token (mean over prompts, paired difference with a 95% t interval), validity."""
+    from scipy import stats
+
+    lines = ["| mode | prompts | tokens (mean) | decode ms/token (mean) | valid JSON for the schema |",
+             "|---|---|---|---|---|"]
+    by = {c: [r for r in result["rows"] if r["constrained"] == c] for c in (False, True)}
+    for c, rows in by.items():
+        k = sum(r["valid"] for r in rows)
+        lo, hi = wilson(k, len(rows))
+        lines.append(f"| {'json_schema' if c else 'free'} | {len(rows)} | "
+                     f"{statistics.mean(r['tokens'] for r in rows):.1f} | "
+                     f"{statistics.mean(r['decode_ms_per_token'] for r in rows):.1f} | "
+                     f"{k}/{len(rows)} [{lo:.2f}, {hi:.2f}] |")
+    diffs = [b["decode_ms_per_token"] - a["decode_ms_per_token"] for a, b in zip(by[False], by[True])]
+    if len(diffs) > 1:
+        mean, sem = statistics.mean(diffs), statistics.stdev(diffs) / math.sqrt(len(diffs))
+        half = stats.t.ppf(0.975, len(diffs) - 1) * sem
+        p = stats.ttest_rel([r["decode_ms_per_token"] for r in by[True]],
+                            [r["decode_ms_per_token"] for r in by[False]]).pvalue
+        lines.append(f"\nConstrained minus free, ms/token, paired over {len(diffs)} prompts: {mean:+.2f} "
+                     f"[{mean - half:+.2f}, {mean + half:+.2f}] (paired t-test p = {p:.2g}). Batched "
+                     f"(all {result['batched_rows']} rows at once) equal to alone: "
+                     f"{result['batched_equal_alone']}/{result['batched_rows']}.")
+    return "\n".join(lines)
+
+
 def table(result: dict[str, Any]) -> str:
     """The comparison as a Markdown table (docs/results/structured-output.md is generated from it)."""
     head = ("| tokenizer | ids / model vocab | library | prepare s | compile ms flat / nested / "
@@ -323,9 +407,22 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "bench/results/structured_output.json"))
     ap.add_argument("--table", action="store_true", help="print the table of --out and exit")
+    ap.add_argument("--e2e", default=None, help="decode with this model instead (e.g. smollm2-135m)")
+    ap.add_argument("--max-new-tokens", type=int, default=64, help="--e2e tokens per answer (1-512)")
     args = ap.parse_args()
     if args.table:
-        print(table(json.loads(Path(args.out).read_text())))
+        result = json.loads(Path(args.out).read_text())
+        print(table_e2e(result) if "batched_rows" in result else table(result))
+        return
+    if args.e2e is not None:
+        if args.e2e not in TOKENIZERS[1:] or not 1 <= args.max_new_tokens <= 512:
+            ap.error(f"--e2e takes one of {','.join(TOKENIZERS[1:])}; --max-new-tokens in [1, 512]")
+        torch.set_num_threads(args.threads)
+        out = args.out if args.out != ap.get_default("out") else str(
+            ROOT / "bench/results/structured_output_e2e.json")
+        result = run_e2e(args.e2e, args.max_new_tokens)
+        write_json(out, result)
+        print(table_e2e(result))
         return
     names = tuple(n for n in args.tokenizers.split(",") if n)
     bad = [n for n in names if n not in TOKENIZERS]

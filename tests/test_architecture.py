@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "longlab"
 # Layer of each module, lowest first; a module may import only from its own layer or lower ones.
 # Within one layer the import graph must still be acyclic.
 LAYERS: list[tuple[str, ...]] = [
-    ("paths", "errors", "grammar", "registry", "recipe", "safeio", "prompt", "tasks", "sparse.blockmask",
+    ("paths", "errors", "registry", "recipe", "safeio", "prompt", "tasks", "sparse.blockmask", "grammar",
      "sparse.synthetic", "quant.quantizer", "eval.store", "eval.identity"),
     # ops: the attention-kernel lab and compiled kernels (build, block_flash, qdecode; masks: LongCA slice
     # masks; context_parallel: ring attention over torch.distributed), below the method families that use them

@@ -128,24 +128,27 @@ def _compile(schema_text: str, strict: bool) -> str:
 
 
 def _prepared(tokenizer: Any, vocab: int, eos: tuple[int, ...]) -> Any:
-    """llguidance's view of ``tokenizer`` whose logits have ``vocab`` entries (ids past the tokenizer's
-    map to no string and are never allowed), cached per tokenizer."""
+    """llguidance's view of ``tokenizer`` whose model has ``vocab`` logits (ids past the tokenizer's map
+    to no string and are never allowed; a tokenizer with more ids than logits keeps them all, and the
+    mask is cut to the logits), cached per tokenizer."""
     llg = _llguidance()
+    width = max(vocab, len(tokenizer))
     with _lock:
         per = _tokenizers.setdefault(tokenizer, {})
-        key = (vocab, eos)
+        key = (width, eos)
         if key not in per:
-            per[key] = llg.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=list(eos))
+            per[key] = llg.hf.from_tokenizer(tokenizer, n_vocab=width, eos_token=list(eos))
         return per[key]
 
 
 class GrammarMask:
-    """One row's grammar state. :meth:`apply` masks ``logits [V]`` in place; :meth:`accept` advances the
-    parser by the token the row took."""
+    """One row's grammar state. :meth:`apply` masks ``logits [V]``; :meth:`accept` advances the parser
+    by the token the row took."""
 
-    def __init__(self, matcher: Any, vocab: int, eos: set[int]) -> None:
+    def __init__(self, matcher: Any, vocab: int, eos: set[int], width: int | None = None) -> None:
         self.matcher, self.vocab, self.eos = matcher, vocab, eos
-        self._bits = torch.zeros((vocab + 31) // 32, dtype=torch.int32)  # [ceil(V / 32)], bit v: v allowed
+        width = vocab if width is None else width  # the tokenizer view's ids (>= vocab)
+        self._bits = torch.zeros((width + 31) // 32, dtype=torch.int32)  # [ceil(W / 32)], bit v: v allowed
 
     def allowed(self) -> torch.Tensor:
         """The tokens the grammar allows now: bool ``[V]``."""
@@ -154,13 +157,14 @@ class GrammarMask:
         self.matcher.unsafe_compute_mask_ptr(self._bits.data_ptr(), self._bits.numel() * 4)
         return unpack_bits(self._bits, self.vocab)
 
-    def apply(self, logits: torch.Tensor) -> None:
-        """Set the logits of tokens the grammar forbids now to ``-inf`` (``logits [V]`` fp32, CPU)."""
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits [V]`` (fp32, CPU) with the tokens the grammar forbids now set to ``-inf``: a new
+        tensor (rows of one prompt may share their first logits)."""
         if self.matcher.is_error():  # cannot happen for tokens the mask allowed; end the row cleanly
-            logits.fill_(float("-inf"))
-            logits[min(self.eos)] = 0.0
-            return
-        logits.masked_fill_(~self.allowed(), float("-inf"))
+            out = torch.full_like(logits, float("-inf"))
+            out[min(self.eos)] = 0.0
+            return out
+        return logits.masked_fill(~self.allowed(), float("-inf"))
 
     def accept(self, token: int) -> None:
         if token not in self.eos:
@@ -201,4 +205,4 @@ def grammar_mask(tokenizer: Any, grammar: str, vocab: int, eos: set[int]) -> Gra
             _matchers[key] = (lltok, template)
             while len(_matchers) > MAX_CACHED:
                 _matchers.popitem(last=False)
-    return GrammarMask(template.deep_copy(), vocab, eos)
+    return GrammarMask(template.deep_copy(), vocab, eos, lltok.vocab_size)

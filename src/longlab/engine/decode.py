@@ -73,7 +73,7 @@ class Row:
     def constrain(self) -> None:
         """Mask the pending logits to the tokens the row's grammar allows now (no grammar: nothing)."""
         if self.grammar is not None and self.finish is None:
-            self.grammar.apply(self.logits)
+            self.logits = self.grammar.apply(self.logits)
 
     def take(self, token: int) -> None:
         """Append ``token`` and decide whether the row is finished."""

@@ -1,11 +1,14 @@
 """The OpenAI-compatible app: ``create_app(engine_or_model, ...)`` -> a FastAPI app.
 
 Endpoints: ``POST /v1/chat/completions``, ``POST /v1/completions`` (both streaming as server-sent events
-when ``stream`` is true: ``data: {chunk}`` ... ``data: [DONE]``), ``GET /v1/models``, ``GET /health``,
-``GET /metrics`` (Prometheus text). Every request is a :class:`~longlab.request.Request` run by the one
-engine that :class:`~longlab.serve.scheduler.Scheduler` drives in its own thread; each request may name its
-own recipe. Errors are OpenAI's ``{"error": {...}}`` with their status; a client's bad value never puts a
-traceback in the response or the log.
+when ``stream`` is true: ``data: {chunk}`` ... ``data: [DONE]``), ``GET /v1/models``, ``GET /v1/recipes``
+(the registered recipe methods, each with a name a request may send), ``GET /health``, ``GET /metrics``
+(Prometheus text), and ``GET /``: the playground (``static/playground.html``, one static page: a context,
+a question and a recipe in, the streamed answer with its KV bytes and timings out). Every request is a
+:class:`~longlab.request.Request` run by the one engine that :class:`~longlab.serve.scheduler.Scheduler`
+drives in its own thread; each request may name its own recipe and ``response_format``. Errors are
+OpenAI's ``{"error": {...}}`` with their status; a client's bad value never puts a traceback in the
+response or the log.
 """
 
 from __future__ import annotations
@@ -16,10 +19,11 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request  # the serve extra: app.py is imported only by longlab.serve
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from ..engine import Engine
@@ -39,7 +43,7 @@ from .protocol import (
 )
 from .scheduler import Scheduler, Ticket
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "recipe_list", "PLAYGROUND"]
 
 log = logging.getLogger("longlab.serve")
 MAX_BODY_BYTES = 64 << 20  # a request body larger than this is refused before it is parsed
@@ -182,6 +186,14 @@ def create_app(engine_or_model: Any, tokenizer: Any = None, *, model_name: str |
         return {"object": "list", "data": [{"id": model_name, "object": "model", "created": int(time.time()),
                                             "owned_by": "longlab"}]}
 
+    @app.get("/v1/recipes")
+    async def recipes() -> Any:
+        return {"object": "list", "default": default_recipe, "data": recipe_list(default_recipe)}
+
+    @app.get("/", response_class=HTMLResponse)
+    async def playground() -> Any:
+        return HTMLResponse(PLAYGROUND.read_text(encoding="utf-8"))
+
     @app.get("/health")
     async def health() -> Any:
         body = {"status": "ok" if scheduler.alive else "down", "model": model_name,
@@ -196,6 +208,42 @@ def create_app(engine_or_model: Any, tokenizer: Any = None, *, model_name: str |
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+PLAYGROUND = Path(__file__).with_name("static") / "playground.html"
+#: the recipe kinds a playground user picks from (prefill / decode attention, KV policies, quantizers)
+RECIPE_KINDS = ("kv", "quant", "prefill", "decode")
+
+
+def recipe_list(default_recipe: str = "full") -> list[dict[str, str]]:
+    """The registered recipe methods of :data:`RECIPE_KINDS` (``longlab.registry``), each with an
+    ``example`` a request may send as ``recipe`` (``name@0.5`` where the method removes a fraction),
+    its ``kind`` and the first line of its docstring; the default recipe first (the package face has
+    registered every family)."""
+    import dataclasses
+
+    from ..recipe import parse_recipe
+    from ..registry import REGISTRY
+
+    out: list[dict[str, str]] = []
+    for name in REGISTRY.names("recipe"):
+        cls = REGISTRY.get("recipe", name)
+        if getattr(cls, "kind", None) not in RECIPE_KINDS:
+            continue
+        fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
+        for example in ([f"{name}@0.5"] if "compression_ratio" in fields else []) + [name]:
+            try:
+                parse_recipe(example)
+            except (LonglabError, TypeError, ValueError):
+                continue
+            summary = (cls.__doc__ or "").strip().split("\n")[0]
+            out.append({"name": name, "kind": cls.kind, "example": example, "summary": summary})
+            break
+    out.sort(key=lambda r: (r["example"] != default_recipe, r["kind"] != "kv", r["name"]))
+    if not any(r["example"] == default_recipe for r in out):
+        out.insert(0, {"name": default_recipe, "kind": "recipe", "example": default_recipe,
+                       "summary": "the server's default recipe"})
+    return out
 
 
 def _data(obj: dict[str, Any]) -> str:

@@ -4,10 +4,12 @@ errors as ``{"error": {message, type, param, code}}``.
 
 OpenAI fields mapped: ``messages`` (chat; content a string or text parts) / ``prompt`` (completions),
 ``max_tokens`` / ``max_completion_tokens`` -> ``max_new_tokens``, ``temperature``, ``top_p``, ``seed``,
-``stop``, ``stream``, ``stream_options.include_usage``. ``temperature`` defaults to 0 (greedy), not
-OpenAI's 1: a lab server answers reproducibly unless asked to sample. Unknown fields are ignored (as vLLM
-does); fields that would change the answer in a way longlab cannot honour (``n`` > 1, ``logprobs``, a
-non-text ``response_format``, ``tools``, penalties, ``logit_bias``) are refused with 400 naming them.
+``stop``, ``stream``, ``stream_options.include_usage``, ``response_format`` (``text``, ``json_object``,
+``json_schema``: structured output, :mod:`longlab.grammar`; a bad one is a 400 naming it).
+``temperature`` defaults to 0 (greedy), not OpenAI's 1: a lab server answers reproducibly unless asked to
+sample. Unknown fields are ignored (as vLLM does); fields that would change the answer in a way longlab
+cannot honour (``n`` > 1, ``logprobs``, ``tools``, penalties, ``logit_bias``) are refused with 400
+naming them.
 longlab's own fields (the OpenAI client sends them in ``extra_body``): ``recipe``, ``documents`` +
 ``reuse``, ``speculative`` (+ ``verify``, ``gamma``), ``query_aware``; each is checked by
 :meth:`Request.check`. A chat's last user turn is its question part, and OpenAI clients put the whole
@@ -147,6 +149,8 @@ def _common(body: dict[str, Any], model_name: str, default_recipe: str, kind: st
             fields[name] = body[name]
     if body.get("stop") is not None:
         fields["stop"] = body["stop"]
+    if body.get("response_format") is not None:  # checked (and compiled) by Request.check
+        fields["response_format"] = body["response_format"]
     for name in LONGLAB_FIELDS:
         if body.get(name) is not None:
             fields[name] = body[name]
@@ -159,10 +163,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise ApiError(400, f"n must be 1 (one choice per request), got {shorten(n)}", "n")
     if body.get("logprobs") or body.get("top_logprobs"):
         raise ApiError(400, "logprobs are not supported", "logprobs")
-    fmt = body.get("response_format")
-    if fmt is not None and not (isinstance(fmt, dict) and fmt.get("type") == "text"):
-        raise ApiError(400, "response_format: only {'type': 'text'} is supported (structured output is not "
-                            "implemented yet)", "response_format")
     if body.get("tools"):
         raise ApiError(400, "tools are not supported", "tools")
     for name in ("frequency_penalty", "presence_penalty"):
