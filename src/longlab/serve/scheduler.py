@@ -80,6 +80,10 @@ class Scheduler:
         self.held = 0  # KV bytes the running requests hold (after the last step)
         self.peak_held = 0
         self.peak_running = 0  # the most requests admitted at once
+        # where the scheduler thread's time goes (bench/serve_load.py records it): seconds and counts of
+        # admission steps (a prefill), decode steps, and the rest of the loop (streaming, bookkeeping)
+        self.stats: dict[str, float] = {"prefill_s": 0.0, "prefills": 0, "decode_s": 0.0, "decodes": 0,
+                                        "decode_rows": 0, "other_s": 0.0}
 
     # ----------------------------------------------------------------------------- handler side
     def submit(self, ticket: Ticket) -> None:
@@ -137,14 +141,15 @@ class Scheduler:
                     break
                 cancels, self._cancels = list(self._cancels), deque()
                 inbox, self._inbox = list(self._inbox), deque()
+            t0 = time.perf_counter()
             for t in cancels:
                 self._drop(t)
             for t in inbox:
                 self._accept(t)
             admitting = self._admit_one()
-            if self.engine.busy:
-                self._step(admitting)
+            engine_s = self._step(admitting) if self.engine.busy else 0.0
             self._measure()
+            self.stats["other_s"] += time.perf_counter() - t0 - engine_s
         for t in [*self._inbox, *self._queue, *self._running.values()]:
             t.emit("error", ApiError(503, "the server is shutting down", type="server_error"))
 
@@ -195,12 +200,21 @@ class Scheduler:
         self.peak_running = max(self.peak_running, len(self._running))
         return t
 
-    def _step(self, admitting: Ticket | None) -> None:
+    def _step(self, admitting: Ticket | None) -> float:
+        """One engine step and what follows from it; returns the seconds the engine step took."""
+        rows = len(self._running) - (admitting is not None)
+        t0 = time.perf_counter()
         try:
             results = self.engine.step()
         except Exception as exc:  # noqa: BLE001
             self._step_failed(exc, admitting)
-            return
+            return time.perf_counter() - t0
+        engine_s = time.perf_counter() - t0
+        kind = "prefill" if admitting is not None else "decode"
+        self.stats[kind + "_s"] += engine_s
+        self.stats[kind + "s"] += 1
+        if admitting is None:
+            self.stats["decode_rows"] += rows
         progress = self.engine.progress()
         now = time.perf_counter()
         for key, tokens in progress.items():
@@ -223,6 +237,7 @@ class Scheduler:
             t.emit("done", r)
             if self.metrics is not None:
                 self.metrics.finished(t.parsed.recipe, r, now - t.arrived)
+        return engine_s
 
     def _step_failed(self, exc: Exception, admitting: Ticket | None) -> None:
         if admitting is not None and admitting.key in self._running:  # the admission (prefill) failed
