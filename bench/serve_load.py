@@ -62,18 +62,21 @@ async def _client(client: Any, model: str, jobs: list[tuple[str, str]], max_toke
     out = []
     for ctx, recipe in jobs:
         t0 = time.perf_counter()
-        ttft, text, usage = None, "", None
+        ttft, text, usage, last, gap = None, "", None, None, 0.0
         stream = await client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": ctx}], max_tokens=max_tokens, temperature=0,
             stream=True, stream_options={"include_usage": True}, extra_body={"recipe": recipe})
         async for chunk in stream:
             if chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].finish_reason):
-                ttft = ttft if ttft is not None else time.perf_counter() - t0
+                now = time.perf_counter()
+                ttft = ttft if ttft is not None else now - t0
+                gap = max(gap, now - last) if last is not None else gap  # the longest stall between chunks
+                last = now
                 text += chunk.choices[0].delta.content or ""
             if chunk.usage is not None:
                 usage = chunk.usage
         out.append({"recipe": recipe, "ttft_s": ttft, "latency_s": time.perf_counter() - t0, "text": text,
-                    "tokens": usage.completion_tokens if usage else 0})
+                    "max_gap_s": gap, "tokens": usage.completion_tokens if usage else 0})
     return out
 
 
@@ -105,6 +108,8 @@ def _summary(run: dict, sched: Any = None) -> dict:
         "ttft_p95_s": _pct([r["ttft_s"] for r in reqs], 0.95),
         "latency_p50_s": _pct([r["latency_s"] for r in reqs], 0.5),
         "latency_p95_s": _pct([r["latency_s"] for r in reqs], 0.95),
+        "max_gap_p50_s": _pct([r["max_gap_s"] for r in reqs], 0.5),
+        "max_gap_p95_s": _pct([r["max_gap_s"] for r in reqs], 0.95),
         "load_before": run.get("load"), "load_after": os.getloadavg(),
         "peak_kv_bytes": 0, "peak_running": 0,
     }
@@ -124,9 +129,10 @@ def _cells(r: dict) -> str:
     split = (f"{sched['prefill_s']:.0f} / {sched['decode_s']:.0f} / {sched['other_s']:.1f}"
              if sched else "-")
     load = r.get("load_before")
+    gap = f"{r['max_gap_p50_s']:.1f} / {r['max_gap_p95_s']:.1f}" if "max_gap_p50_s" in r else "-"
     return (f"{r['tokens_per_s']:.2f} | {r['ttft_p50_s']:.1f} / {r['ttft_p95_s']:.1f} | "
             f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | {r['peak_kv_bytes'] / 2**20:.1f} | "
-            f"{r['peak_running']} | {split} | {load[0]:.1f} |" if load else "- |")
+            f"{r['peak_running']} | {gap} | {split} | {load[0]:.1f} |" if load else "- |")
 
 
 def table(path: str) -> str:
@@ -137,8 +143,9 @@ def table(path: str) -> str:
 
     data = json.loads(Path(path).read_text())
     lines = ["| repeat | clients | mode | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) "
-             "| peak KV (MiB) | peak rows | prefill / decode / other (s) | load |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| peak KV (MiB) | peak rows | longest stall p50 / p95 (s) | prefill / decode / other (s) "
+             "| load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["runs"]:
         lines.append(f"| {r.get('repeat', 0)} | {r['clients']} | {r['mode']} | {_cells(r)}")
     for r in data.get("budget", []):
