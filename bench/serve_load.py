@@ -62,18 +62,21 @@ async def _client(client: Any, model: str, jobs: list[tuple[str, str]], max_toke
     out = []
     for ctx, recipe in jobs:
         t0 = time.perf_counter()
-        ttft, text, usage = None, "", None
+        ttft, text, usage, last, gap = None, "", None, None, 0.0
         stream = await client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": ctx}], max_tokens=max_tokens, temperature=0,
             stream=True, stream_options={"include_usage": True}, extra_body={"recipe": recipe})
         async for chunk in stream:
             if chunk.choices and (chunk.choices[0].delta.content or chunk.choices[0].finish_reason):
-                ttft = ttft if ttft is not None else time.perf_counter() - t0
+                now = time.perf_counter()
+                ttft = ttft if ttft is not None else now - t0
+                gap = max(gap, now - last) if last is not None else gap  # the longest stall between chunks
+                last = now
                 text += chunk.choices[0].delta.content or ""
             if chunk.usage is not None:
                 usage = chunk.usage
         out.append({"recipe": recipe, "ttft_s": ttft, "latency_s": time.perf_counter() - t0, "text": text,
-                    "tokens": usage.completion_tokens if usage else 0})
+                    "max_gap_s": gap, "tokens": usage.completion_tokens if usage else 0})
     return out
 
 
@@ -81,12 +84,13 @@ async def _load(url: str, model: str, per_client: list[list[tuple[str, str]]], m
     from openai import AsyncOpenAI
 
     client = AsyncOpenAI(base_url=url, api_key="none", max_retries=0, timeout=1800)
+    load = os.getloadavg()
     t0 = time.perf_counter()
     rows = await asyncio.gather(*(_client(client, model, jobs, max_tokens) for jobs in per_client))
     wall = time.perf_counter() - t0
     await client.close()
     flat = [r for rs in rows for r in rs]
-    return {"wall_s": wall, "requests": flat}
+    return {"wall_s": wall, "requests": flat, "load": load}
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -94,41 +98,116 @@ def _pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
 
 
-def _summary(run: dict, sched: Any) -> dict:
+def _summary(run: dict, sched: Any = None) -> dict:
     reqs = run["requests"]
     tokens = sum(r["tokens"] for r in reqs)
-    return {
+    out = {
         "wall_s": run["wall_s"], "requests": len(reqs), "generated_tokens": tokens,
         "tokens_per_s": tokens / run["wall_s"],
         "ttft_p50_s": _pct([r["ttft_s"] for r in reqs], 0.5),
         "ttft_p95_s": _pct([r["ttft_s"] for r in reqs], 0.95),
         "latency_p50_s": _pct([r["latency_s"] for r in reqs], 0.5),
         "latency_p95_s": _pct([r["latency_s"] for r in reqs], 0.95),
-        "peak_kv_bytes": sched.peak_held, "peak_running": sched.peak_running,
+        "max_gap_p50_s": _pct([r["max_gap_s"] for r in reqs], 0.5),
+        "max_gap_p95_s": _pct([r["max_gap_s"] for r in reqs], 0.95),
+        "load_before": run.get("load"), "load_after": os.getloadavg(),
+        "peak_kv_bytes": 0, "peak_running": 0,
     }
+    if sched is not None:  # an in-process server: what its scheduler thread did
+        out.update(peak_kv_bytes=sched.peak_held, peak_running=sched.peak_running,
+                   scheduler=dict(sched.stats))
+    return out
 
 
 def _reset(sched: Any) -> None:
     sched.peak_held = sched.peak_running = 0
+    sched.stats = {k: 0 for k in sched.stats}
+
+
+def _cells(r: dict) -> str:
+    sched = r.get("scheduler")
+    split = (f"{sched['prefill_s']:.0f} / {sched['decode_s']:.0f} / {sched['other_s']:.1f}"
+             if sched else "-")
+    load = r.get("load_before")
+    gap = f"{r['max_gap_p50_s']:.1f} / {r['max_gap_p95_s']:.1f}" if "max_gap_p50_s" in r else "-"
+    return (f"{r['tokens_per_s']:.2f} | {r['ttft_p50_s']:.1f} / {r['ttft_p95_s']:.1f} | "
+            f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | {r['peak_kv_bytes'] / 2**20:.1f} | "
+            f"{r['peak_running']} | {gap} | {split} | {load[0]:.1f} |" if load else "- |")
 
 
 def table(path: str) -> str:
-    """A Markdown table of a stored run (``--table JSON``): one row per concurrency and mode."""
+    """A Markdown table of a stored run (``--table JSON``): one row per repeat, concurrency and mode, then
+    the medians of the ratios. Scheduler split: seconds the scheduler thread spent in prefill steps /
+    decode steps / the rest of its loop; load: the 1-minute load average when the run started."""
     import json
 
     data = json.loads(Path(path).read_text())
-    lines = ["| clients | mode | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) | peak KV (MiB) "
-             "| peak rows |", "|---|---|---|---|---|---|---|"]
+    lines = ["| repeat | clients | mode | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) "
+             "| peak KV (MiB) | peak rows | longest stall p50 / p95 (s) | prefill / decode / other (s) "
+             "| load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in data["runs"]:
-        lines.append(f"| {r['clients']} | {r['mode']} | {r['tokens_per_s']:.2f} | {r['ttft_p50_s']:.1f} / "
-                     f"{r['ttft_p95_s']:.1f} | {r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | "
-                     f"{r['peak_kv_bytes'] / 2**20:.1f} | {r['peak_running']} |")
+        lines.append(f"| {r.get('repeat', 0)} | {r['clients']} | {r['mode']} | {_cells(r)}")
     for r in data.get("budget", []):
-        lines.append(f"| {r['clients']} | budget {r['budget_bytes'] / 2**20:.0f} MiB, all {r['recipe']} | "
-                     f"{r['tokens_per_s']:.2f} | {r['ttft_p50_s']:.1f} / {r['ttft_p95_s']:.1f} | "
-                     f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | "
-                     f"{r['peak_kv_bytes'] / 2**20:.1f} | {r['peak_running']} |")
+        mib = r["budget_bytes"] / 2**20
+        lines.append(f"| - | {r['clients']} | budget {mib:.0f} MiB, all {r['recipe']} | {_cells(r)}")
+    for name, label in (("throughput_ratio", "batched / serial"), ("replica_ratio", "N replicas / 1")):
+        for n, x in data.get(name, {}).items():
+            lines.append(f"\n{label} throughput at {n} clients: **{x:.2f}x** (median over repeats)")
     return "\n".join(lines)
+
+
+def replicas_main(args: Any, clients: list[int]) -> int:
+    """``--replicas N``: the same load on Ray Serve with 1 replica and with N (each replica one thread,
+    ``max_batch`` 16), the order alternating by repeat; the same requests as the batched/serial runs."""
+    from longlab import load_model
+    from longlab.serve.replicas import start_replicas, stop_replicas
+
+    _, tok = load_model(args.model)
+    contexts = [_context(tok, args.tokens, i) for i in range(max(max(clients) * args.requests, 16))]
+    recipes = ("full", "snapkv@0.5")
+    spec = {"model": args.model, "max_batch": 16, "max_queue": 256, "threads": 1}
+    runs: list[dict] = []
+    port = _free_port()
+    try:
+        for rep in range(args.repeats):
+            for n in clients:
+                per_client = [
+                    [(contexts[c * args.requests + k], recipes[(c + k) % 2]) for k in range(args.requests)]
+                    for c in range(n)
+                ]
+                order = (1, args.replicas) if (rep + n) % 2 == 0 else (args.replicas, 1)
+                for replicas in order:
+                    url = start_replicas(spec, replicas, port=port, cpus_per_replica=1)
+                    time.sleep(2)
+                    run = asyncio.run(_load(url, args.model, per_client, args.max_tokens))
+                    row = {"repeat": rep, "clients": n, "mode": f"ray {replicas} replica(s)",
+                           "replicas": replicas, **_summary(run)}
+                    runs.append(row)
+                    print(f"{row['mode']} clients={n:3d} {row['tokens_per_s']:.2f} tok/s ttft p50 "
+                          f"{row['ttft_p50_s']:.2f}s latency p50 {row['latency_p50_s']:.2f}s load "
+                          f"{row['load_before'][0]:.2f}", flush=True)
+                    write_json(args.out, {"hardware": hardware(), "args": vars(args), "runs": runs,
+                                          "partial": True})
+    finally:
+        stop_replicas()
+    ratios = {}
+    for n in clients:
+        one = [r["tokens_per_s"] for r in runs if r["clients"] == n and r["replicas"] == 1]
+        many = [r["tokens_per_s"] for r in runs if r["clients"] == n and r["replicas"] == args.replicas]
+        ratios[str(n)] = statistics.median(x / y for x, y in zip(many, one))
+        print(f"throughput {args.replicas} replicas / 1 at {n} clients: {ratios[str(n)]:.2f}x "
+              f"(median of {len(one)} repeats)")
+    path = write_json(args.out, {"hardware": hardware(), "args": vars(args), "runs": runs,
+                                 "replica_ratio": ratios})
+    print(f"wrote {path}")
+    return 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def main() -> int:
@@ -144,6 +223,9 @@ def main() -> int:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--budget-rows", type=int, default=4, help="budget phase: the budget in full requests")
     p.add_argument("--budget-clients", type=int, default=12, help="budget phase: requests sent at once")
+    p.add_argument("--replicas", type=int, default=0,
+                   help="N >= 2: compare Ray Serve with 1 and N replicas instead (one thread each; not "
+                   "through bench/heavy.sh, which gives one process one slot)")
     p.add_argument("--out", default="bench/results/serve_load.json")
     args = p.parse_args()
     clients = [int(c) for c in args.clients.split(",")]
@@ -151,6 +233,10 @@ def main() -> int:
             and 1 <= args.max_tokens <= 512 and 1 <= args.repeats <= 5 and 1 <= args.budget_rows <= 64
             and 1 <= args.budget_clients <= 16):
         p.error("sizes out of range (requests 1-20, clients 1-64, tokens 64-8192, max-tokens 1-512)")
+    if args.replicas:
+        if not 2 <= args.replicas <= 8:
+            p.error("--replicas: 2-8")
+        return replicas_main(args, clients)
 
     from longlab import Engine, load_model
     from longlab.engine.limits import kv_bytes_per_token
@@ -177,7 +263,6 @@ def main() -> int:
             for mode in order:
                 sched = apps[mode].state.scheduler
                 _reset(sched)
-                os.system("uptime")
                 run = asyncio.run(_load(servers[mode][1], args.model, per_client, args.max_tokens))
                 answers[mode] = [r["text"] for r in run["requests"]]
                 row = {"repeat": rep, "clients": n, "mode": mode, **_summary(run, sched)}

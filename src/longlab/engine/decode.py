@@ -184,8 +184,11 @@ class StreamLane(Lane):
         return finished
 
     def join(self, other: StreamLane) -> None:
-        """Take ``other``'s rows into this lane (both joinable): one stream whose rows are both lanes'."""
-        self.stream = stack_streams([self.stream, other.stream])
+        """Take ``other``'s rows into this lane (both joinable): one stream whose rows are both lanes'.
+        The restacked cache reserves the slots the rows may still append (their remaining tokens), so no
+        decode step re-allocates the batch with a fixed spare (``DECODE_RESERVE``) held by every row."""
+        reserve = max((r.max_new_tokens - len(r.tokens) for r in self.rows + other.rows), default=0)
+        self.stream = stack_streams([self.stream, other.stream], reserve)
         self.rows = self.rows + other.rows
         other.rows = []
 

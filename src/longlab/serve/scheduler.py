@@ -10,10 +10,12 @@ memory: :meth:`Engine.check`), queues it, and admits the queue's head into the e
   step over that same product (1 until one has run). A request always runs when nothing else does, so
   one larger than the budget is not refused forever.
 
-One request is admitted per step (its prefill is that step), so a failure while admitting belongs to it
-alone, and while rows are running admissions alternate with decode steps: a queue of long prompts does not
-hold back the tokens of the rows already decoding (each prompt's prefill is still one step: no chunked
-prefill between decode steps yet). Finished rows leave, their results go back to their tickets; a
+One request is admitted at a time (its prefill is that admission), so a failure while admitting belongs
+to it alone, and while rows are running admissions alternate with decode steps: a queue of long prompts does
+not hold back the tokens of the rows already decoding. A long prompt's prefill is itself cut into slices of
+about ``prefill_slice_s`` seconds with one decode step of the running rows between slices (chunked prefill
+interleaved with decode, :class:`PrefillSlicer`), so one 1k-token prompt (~4 s on one CPU thread) no longer
+stalls every running row for its whole prefill. Finished rows leave, their results go back to their tickets; a
 cancelled ticket's row leaves the engine at once (:meth:`Engine.cancel`) and its bytes with it. Past
 ``max_queue`` waiting requests a new one is refused (503 with ``Retry-After``).
 """
@@ -33,7 +35,7 @@ from ..engine.limits import kv_bytes_per_token
 from ..errors import LonglabError
 from .protocol import ApiError, Parsed, bad_request
 
-__all__ = ["Ticket", "Scheduler"]
+__all__ = ["Ticket", "Scheduler", "PrefillSlicer", "sliceable"]
 
 log = logging.getLogger("longlab.serve")
 
@@ -60,9 +62,96 @@ class Ticket:
         self.loop.call_soon_threadsafe(self.events.put_nowait, (kind, value))
 
 
+def sliceable(request: Any) -> bool:
+    """Whether a request's admission may pause between slices of its prefill while other rows decode: its
+    prefill changes nothing outside its own cache (no context compressor or prefill transform, which
+    patch the model while they run; no documents, position method, draft model or prefill metrics)."""
+    parsed = request.parsed
+    return (parsed is not None and parsed.recipe.context is None and request.documents is None
+            and getattr(parsed, "position", None) is None and getattr(parsed, "draft", None) is None
+            and not request.prefill_metrics)
+
+
+class PrefillSlicer:
+    """Runs one admission (``engine.step()``, which prefills the admitted request) in a helper thread
+    that hands control back to the scheduler thread every ``slice_s`` seconds of prefill, at the start of
+    a decoder layer (a forward pre-hook on each layer that acts only in that helper thread). The two
+    threads never run at once: a baton passes between them, so the engine is only ever touched by one
+    thread at a time and every result is bit-for-bit what an unsliced prefill gives (the same forwards in
+    the same order; the decode step that runs between two slices touches only the running rows' caches).
+
+    ``start(fn)`` begins running ``fn`` and returns at its first pause or its end; ``resume()`` runs the
+    next slice. ``done`` once ``fn`` returned; ``result`` / ``error`` hold what it returned or raised."""
+
+    def __init__(self, model: Any, slice_s: float) -> None:
+        self.slice_s = slice_s
+        self._cv = threading.Condition()
+        self._turn = "scheduler"
+        self._thread: threading.Thread | None = None
+        self._slice_start = 0.0
+        self.done, self.result, self.error = True, None, None
+        self.slices = 0
+        layers = getattr(getattr(model, "model", None), "layers", None)
+        self._handles = [layer.register_forward_pre_hook(self._pre) for layer in layers or ()]
+
+    @property
+    def active(self) -> bool:
+        """Whether slicing works on this model (its decoder layers were found)."""
+        return bool(self._handles)
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    def _pre(self, module: Any, args: Any) -> None:
+        if threading.current_thread() is not self._thread:
+            return None  # a decode step, another scheduler's prefill, or anything else: untouched
+        if time.perf_counter() - self._slice_start >= self.slice_s:
+            self._handoff("scheduler")  # pause here; the scheduler decodes a step, then resumes us
+            self._slice_start = time.perf_counter()
+        return None
+
+    def _handoff(self, to: str) -> None:
+        me = "prefill" if to == "scheduler" else "scheduler"
+        with self._cv:
+            self._turn = to
+            self._cv.notify_all()
+            while self._turn != me:
+                self._cv.wait()
+
+    def _body(self, fn: Any) -> None:
+        with self._cv:  # wait for the first turn
+            while self._turn != "prefill":
+                self._cv.wait()
+        self._slice_start = time.perf_counter()
+        try:
+            self.result = fn()
+        except BaseException as exc:  # noqa: BLE001  handed to the scheduler thread, which reports it
+            self.error = exc
+        with self._cv:
+            self.done = True
+            self._turn = "scheduler"
+            self._cv.notify_all()
+
+    def start(self, fn: Any) -> None:
+        self.done, self.result, self.error = False, None, None
+        self._thread = threading.Thread(target=self._body, args=(fn,), name="longlab-prefill", daemon=True)
+        self._thread.start()
+        self.resume()
+
+    def resume(self) -> None:
+        """Run the admission until its next pause or its end (the scheduler thread waits meanwhile)."""
+        self.slices += 1
+        self._handoff("prefill")
+        if self.done and self._thread is not None:
+            self._thread.join()
+            self._thread = None
+
+
 class Scheduler:
     def __init__(self, engine: Engine, *, kv_budget_bytes: int | None = None, max_batch: int = 16,
-                 max_queue: int = 64, metrics: Any = None) -> None:
+                 max_queue: int = 64, metrics: Any = None, prefill_slice_s: float | None = 0.5) -> None:
         self.engine = engine
         self.budget = kv_budget_bytes
         self.max_batch, self.max_queue = max_batch, max_queue
@@ -80,6 +169,15 @@ class Scheduler:
         self.held = 0  # KV bytes the running requests hold (after the last step)
         self.peak_held = 0
         self.peak_running = 0  # the most requests admitted at once
+        # chunked prefill: an admission pauses every prefill_slice_s seconds for a decode step (None: off)
+        self.slicer = PrefillSlicer(engine.model, prefill_slice_s) if prefill_slice_s else None
+        self._admitting: Ticket | None = None  # the ticket whose sliced admission is in flight
+        self._cancel_admitting = False
+        # where the scheduler thread's time goes (bench/serve_load.py records it): seconds and counts of
+        # admission steps (a prefill), decode steps, and the rest of the loop (streaming, bookkeeping)
+        self.stats: dict[str, float] = {"prefill_s": 0.0, "prefills": 0, "decode_s": 0.0, "decodes": 0,
+                                        "decode_rows": 0, "other_s": 0.0, "prefill_slices": 0,
+                                        "decodes_during_prefill": 0}
 
     # ----------------------------------------------------------------------------- handler side
     def submit(self, ticket: Ticket) -> None:
@@ -131,20 +229,33 @@ class Scheduler:
         while True:
             with self._cv:
                 while not (self._stop or self._inbox or self._cancels or self.engine.busy
-                           or (self._queue and self._can_admit())):
+                           or self._admitting is not None or (self._queue and self._can_admit())):
                     self._cv.wait(timeout=0.5)
                 if self._stop:
                     break
                 cancels, self._cancels = list(self._cancels), deque()
                 inbox, self._inbox = list(self._inbox), deque()
+            t0 = time.perf_counter()
             for t in cancels:
                 self._drop(t)
             for t in inbox:
                 self._accept(t)
-            admitting = self._admit_one()
-            if self.engine.busy:
-                self._step(admitting)
+            admitting = self._admitting
+            if admitting is not None:  # a sliced prefill in flight: one decode step, then its next slice
+                engine_s = 0.0
+                if any(k != admitting.key for k in self._running):
+                    engine_s = self._step(None)
+                    self.stats["decodes_during_prefill"] += 1
+                engine_s += self._step(admitting)
+            else:
+                admitting = self._admit_one()
+                engine_s = self._step(admitting) if self.engine.busy else 0.0
             self._measure()
+            self.stats["other_s"] += time.perf_counter() - t0 - engine_s
+        while self._admitting is not None and self.slicer is not None and not self.slicer.done:
+            self.slicer.resume()  # let the helper thread finish (bounded: the rest of one prefill)
+        if self.slicer is not None:
+            self.slicer.close()
         for t in [*self._inbox, *self._queue, *self._running.values()]:
             t.emit("error", ApiError(503, "the server is shutting down", type="server_error"))
 
@@ -195,12 +306,41 @@ class Scheduler:
         self.peak_running = max(self.peak_running, len(self._running))
         return t
 
-    def _step(self, admitting: Ticket | None) -> None:
+    def _step(self, admitting: Ticket | None) -> float:
+        """One engine step and what follows from it; returns the seconds the engine step took."""
+        rows = len(self._running) - (admitting is not None)
+        t0 = time.perf_counter()
         try:
-            results = self.engine.step()
+            if admitting is not None and self._sliced(admitting):
+                if self._admitting is None:
+                    self._admitting = admitting
+                    self.slicer.start(self.engine.step)  # type: ignore[union-attr]
+                else:
+                    self.slicer.resume()  # type: ignore[union-attr]
+                if not self.slicer.done:  # type: ignore[union-attr]  paused between two slices
+                    engine_s = time.perf_counter() - t0
+                    self.stats["prefill_s"] += engine_s
+                    self.stats["prefill_slices"] += 1
+                    return engine_s
+                self._admitting = None
+                error, results = self.slicer.error, self.slicer.result  # type: ignore[union-attr]
+                if error is not None:
+                    raise error
+                if self._cancel_admitting:  # the client left during its prefill: its row leaves now
+                    self._cancel_admitting = False
+                    self.engine.cancel(admitting.key)
+            else:
+                results = self.engine.step()
         except Exception as exc:  # noqa: BLE001
+            self._admitting, self._cancel_admitting = None, False
             self._step_failed(exc, admitting)
-            return
+            return time.perf_counter() - t0
+        engine_s = time.perf_counter() - t0
+        kind = "prefill" if admitting is not None else "decode"
+        self.stats[kind + "_s"] += engine_s
+        self.stats[kind + "s"] += 1
+        if admitting is None:
+            self.stats["decode_rows"] += rows
         progress = self.engine.progress()
         now = time.perf_counter()
         for key, tokens in progress.items():
@@ -223,6 +363,11 @@ class Scheduler:
             t.emit("done", r)
             if self.metrics is not None:
                 self.metrics.finished(t.parsed.recipe, r, now - t.arrived)
+        return engine_s
+
+    def _sliced(self, t: Ticket) -> bool:
+        return (self.slicer is not None and self.slicer.active and self.slicer.slice_s > 0
+                and sliceable(t.parsed.request))
 
     def _step_failed(self, exc: Exception, admitting: Ticket | None) -> None:
         if admitting is not None and admitting.key in self._running:  # the admission (prefill) failed
@@ -245,6 +390,8 @@ class Scheduler:
         self.engine = Engine(old.model, old.tokenizer, store=old.store)
 
     def _drop(self, t: Ticket) -> None:
+        if t is self._admitting:  # mid-prefill: cancelled in the engine once the admission ends
+            self._cancel_admitting = True
         with self._cv:
             found = t in self._queue or t.key is None
             if t in self._queue:
