@@ -29,7 +29,9 @@ def _log(msg: str) -> None:
 def add_persist_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("persist", help="PersistBench: memory_safety, generations for a judge, FR@K")
     sub = p.add_subparsers(dest="persist_command", required=True)
-    s = sub.add_parser("safety", help="judge-free memory_safety (leakage, sycophancy) with and without memories")
+    s = sub.add_parser(
+        "safety", help="judge-free memory_safety (leakage, sycophancy) with and without memories"
+    )
     s.add_argument("--model", required=True, help="smollm2-135m, gemma3-270m, qwen2.5-0.5b, ...")
     s.add_argument("--out", required=True, help="results directory (results.sqlite)")
     s.add_argument("--n", type=int, default=200, help="items per kind (default 200)")
@@ -45,14 +47,18 @@ def add_persist_parser(subparsers: Any) -> None:
     g.add_argument("--model", required=True)
     g.add_argument("--out", required=True, help="JSONL of generations (a new file)")
     g.add_argument("--limit", type=int)
-    g.add_argument("--generations", type=int, help="at most this many per entry (default: 3/3/1 as the paper)")
+    g.add_argument(
+        "--generations", type=int, help="at most this many per entry (default: 3/3/1 as the paper)"
+    )
     g.add_argument("--max-tokens", type=int, default=256)
     g.add_argument("--threads", type=int, default=0)
     g.set_defaults(func=_persist_generate)
 
     j = sub.add_parser("judge", help="score stored generations through an OpenAI-compatible endpoint; FR@K")
     j.add_argument("records", help="JSONL written by `persist generate`")
-    j.add_argument("--judge-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1")
+    j.add_argument(
+        "--judge-url", required=True, help="OpenAI-compatible base URL, e.g. http://127.0.0.1:8000/v1"
+    )
     j.add_argument("--judge-model", required=True)
     j.add_argument("--out", required=True, help="JSONL of judged records (a new file)")
     j.add_argument("--k", type=int, default=3)
@@ -95,8 +101,16 @@ def _persist_safety(args: argparse.Namespace) -> int:
 
     _threads(args.threads)
     kinds = [k for k in args.kinds.split(",") if k]
-    n = run_memory_safety(args.model, args.out, n=args.n, kinds=kinds, seed=args.seed, max_tokens=args.max_tokens,
-                          batch=args.batch, log=_log)
+    n = run_memory_safety(
+        args.model,
+        args.out,
+        n=args.n,
+        kinds=kinds,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        batch=args.batch,
+        log=_log,
+    )
     print(f"{n} rows written to {args.out}")
     return 0
 
@@ -112,8 +126,9 @@ def _persist_generate(args: argparse.Namespace) -> int:
     entries = load_persistbench(args.data, limit=args.limit)
     _threads(args.threads)
     model, tok = load_model(args.model)
-    recs = generate_records(entries, EngineChat(model, tok, args.model), max_tokens=args.max_tokens,
-                            generations=args.generations)
+    recs = generate_records(
+        entries, EngineChat(model, tok, args.model), max_tokens=args.max_tokens, generations=args.generations
+    )
     _write_new(args.out, [json.dumps(r, ensure_ascii=False) for r in recs], "--out")
     print(f"{len(recs)} generations of {len(entries)} entries written to {args.out}")
     return 0
@@ -148,8 +163,12 @@ def add_cdic_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("cdic", help="C-DIC: revisable per-thread compressed memory (layers lab)")
     sub = p.add_subparsers(dest="cdic_command", required=True)
     t = sub.add_parser("train", help="train C-DIC (ra-TBPTT) or the token-LM baseline on dialogue_threads")
-    t.add_argument("--system", required=True, choices=("cdic", "tokens"),
-                   help="cdic: the compressor/reader; tokens: the LM read by full-history and last-k")
+    t.add_argument(
+        "--system",
+        required=True,
+        choices=("cdic", "tokens"),
+        help="cdic: the compressor/reader; tokens: the LM read by full-history and last-k",
+    )
     t.add_argument("--out", required=True, help="checkpoint directory (new or longlab's)")
     t.add_argument("--minutes", type=float, default=10.0, help="wall-time budget of training")
     t.add_argument("--max-steps", type=int, default=100_000)
@@ -157,7 +176,9 @@ def add_cdic_parser(subparsers: Any) -> None:
     t.add_argument("--threads", type=int, default=1)
     t.set_defaults(func=_cdic_train)
 
-    e = sub.add_parser("eval", help="accuracy by distance and revisions, per-turn latency, into a results store")
+    e = sub.add_parser(
+        "eval", help="accuracy by distance and revisions, per-turn latency, into a results store"
+    )
     e.add_argument("--cdic", required=True, help="C-DIC checkpoint directory")
     e.add_argument("--tokens", required=True, help="token-LM checkpoint directory")
     e.add_argument("--out", required=True, help="results directory")
@@ -175,8 +196,9 @@ def _cdic_train(args: argparse.Namespace) -> int:
     from ..memory.cdic import train_system
 
     _threads(args.threads)
-    info = train_system(args.system, args.out, minutes=args.minutes, max_steps=args.max_steps, seed=args.seed,
-                        log=_log)
+    info = train_system(
+        args.system, args.out, minutes=args.minutes, max_steps=args.max_steps, seed=args.seed, log=_log
+    )
     print(json.dumps(info))
     return 0
 
@@ -198,7 +220,8 @@ def _cdic_report(args: argparse.Namespace) -> int:
 
 
 def add_memory_parser(subparsers: Any) -> None:
-    """A minimal ``longlab memory`` with ``cdic`` and ``persist`` (the full command lives in cli/memory.py)."""
+    """A minimal ``longlab memory`` with ``cdic`` and ``persist`` (the full command lives in
+    cli/memory.py)."""
     p = subparsers.add_parser("memory", help="memory systems over long interactions (C-DIC, PersistBench)")
     sub = p.add_subparsers(dest="memory_command", required=True)
     add_cdic_parser(sub)

@@ -1,4 +1,5 @@
-"""C-DIC — Context-Driven Incremental Compression (Jung et al., arXiv 2606.12411, ICML 2026; no code found), in
+"""C-DIC — Context-Driven Incremental Compression (Jung et al., arXiv 2606.12411, ICML 2026; no
+code found), in
 the layers lab, on :mod:`longlab.tasks.dialogue_threads`. Spec §25 [abs + recon].
 
 Memory ``M = {(key_j ∈ R^D, S_j ∈ R^{m×D})}`` of at most ``N_max`` threads (m = 8, N_max = 16, D = 128). Turn
@@ -8,15 +9,18 @@ Memory ``M = {(key_j ∈ R^D, S_j ∈ R^{m×D})}`` of at most ``N_max`` threads 
   if the best cosine is below ``θ_new = 0.5`` open a new thread (an empty slot, else the least recently used);
 - revise: ``S'_j = RMSNorm(last-layer states at m memory-query tokens of LM([S_j ; embed(u_t) ; q_1..q_m]))``
   for each retrieved ``j`` (a new thread starts from the learned ``S_0``);
-- write-back: only the retrieved slots are replaced; ``key_j ← normalise(key_j + e_t)`` for the first one (a new
+- write-back: only the retrieved slots are replaced; ``key_j ← normalise(key_j + e_t)`` for the
+first one (a new
   thread's key is ``e_t``);
 - the response (here: the answer token of a question turn) is read from ``LM([g_1 S'_1 ; g_2 S'_2 ; u_t])`` at
   the last position (tied head).
 
-Training (ra-TBPTT): unroll the conversation, loss ``Σ_t NLL(y_t)`` over question turns, ``S`` and keys detached
+Training (ra-TBPTT): unroll the conversation, loss ``Σ_t NLL(y_t)`` over question turns, ``S`` and
+keys detached
 every ``K = 4`` turns (one optimizer update per window). Retrieval receives gradient through the gates
 ``g = softmax(cos/τ)`` over the top ``r`` (straight-through: ``g = s + (1 - s).detach()`` equals 1 forward, so
-training reads what inference reads) and through an auxiliary InfoNCE term ``-log softmax(cos/τ)[true thread]``.
+training reads what inference reads) and through an auxiliary InfoNCE term ``-log
+softmax(cos/τ)[true thread]``.
 Deviation [recon]: during training the revised (first) thread is the generator's true thread (teacher-forced
 routing; the second is the best other by cosine); at inference routing is the learned hard top-r with
 ``θ_new``, and routing accuracy is reported.
@@ -49,11 +53,21 @@ from torch import nn
 
 from ..errors import LonglabError, check_range
 from ..lab.model import LabConfig, LabLM
-from ..tasks.dialogue_threads import L, VOCAB, Turn, conversation, probe
+from ..tasks.dialogue_threads import VOCAB, L, Turn, conversation, probe
 
-__all__ = ["CdicConfig", "CdicMemory", "CdicModel", "SYSTEMS", "TokenReader", "add_only_answer", "cdic_report",
-           "load_system", "per_turn_latency",
-           "evaluate_systems", "train_system"]
+__all__ = [
+    "CdicConfig",
+    "CdicMemory",
+    "CdicModel",
+    "SYSTEMS",
+    "TokenReader",
+    "add_only_answer",
+    "cdic_report",
+    "load_system",
+    "per_turn_latency",
+    "evaluate_systems",
+    "train_system",
+]
 
 SYSTEMS = ("full", "lastk", "writeonce", "addonly", "cdic")
 DISTANCES = (5, 20, 50, 200)
@@ -74,8 +88,9 @@ class CdicConfig:
     K: int = 4  # ra-TBPTT window (turns)
 
     def lab(self) -> LabConfig:
-        return LabConfig(vocab_size=VOCAB.size, mixer="softmax", dim=self.dim, n_layers=self.n_layers,
-                         n_heads=self.n_heads)
+        return LabConfig(
+            vocab_size=VOCAB.size, mixer="softmax", dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads
+        )
 
     @property
     def budget_floats(self) -> int:
@@ -147,8 +162,9 @@ class CdicMemory:
     def detach(self) -> None:
         self.keys, self.states = self.keys.detach(), self.states.detach()
 
-    def route(self, e: torch.Tensor, thread: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor,
-                                                                         torch.Tensor, torch.Tensor]:
+    def route(
+        self, e: torch.Tensor, thread: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Which slots a turn retrieves. ``e: [B, D]``; ``thread: [B]`` (teacher-forced first slot) or None.
         Returns ``idx [B, r]`` (slot ids, most similar first), ``cos [B, r]`` (for the gates), ``new [B]``
         (the first slot is a new thread) and ``valid [B, r]`` (a real retrieved slot)."""
@@ -178,8 +194,9 @@ class CdicMemory:
         cos[:, 0] = torch.where(new, torch.ones_like(cos[:, 0]), cos[:, 0])
         return idx, cos, new, valid
 
-    def step(self, u: torch.Tensor, *, thread: torch.Tensor | None = None, write: str = "all"
-             ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def step(
+        self, u: torch.Tensor, *, thread: torch.Tensor | None = None, write: str = "all"
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """One turn: retrieve -> revise -> write-back. ``u: [B, L]``. ``write``: ``all`` (C-DIC), ``open``
         (write-once: only a newly opened thread is written) or ``none``. Returns answer logits ``[B, V]`` and
         routing info (``idx``, ``new``, ``aux``: the InfoNCE term when ``thread`` is given)."""
@@ -268,8 +285,10 @@ def add_only_answer(turns: list[Turn], capacity: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ training
-def _batch(rng: random.Random, n: int, n_turns: int) -> list[list[Turn]]:
-    return [conversation(rng, n_turns, rng.randint(3, 8)) for _ in range(n)]
+def _batch(rng: random.Random, n: int, n_turns: int, n_max: int) -> list[list[Turn]]:
+    """Training conversations of 3-8 threads (at most ``n_max``: teacher-forced routing puts thread
+    i in slot i)."""
+    return [conversation(rng, n_turns, rng.randint(min(3, n_max), min(8, n_max))) for _ in range(n)]
 
 
 def _token_batch(rng: random.Random, n: int, n_turns: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,12 +318,24 @@ def _lr(step_frac: float, lr: float) -> float:
 def _check_out(out: str) -> Path:
     from ..safeio import check_output_dir
 
-    return check_output_dir(out, "--out", owned=lambda p: (p / "cdic.json").is_file(), what="C-DIC checkpoint")
+    return check_output_dir(
+        out, "--out", owned=lambda p: (p / "cdic.json").is_file(), what="C-DIC checkpoint"
+    )
 
 
-def train_system(system: str, out: str, *, minutes: float = 10.0, max_steps: int = 100_000, seed: int = 0,
-                 batch: int = 8, n_turns: int = 16, lr: float = 3e-3, cfg: CdicConfig | None = None,
-                 log: Callable[[str], None] | None = None) -> dict[str, Any]:
+def train_system(
+    system: str,
+    out: str,
+    *,
+    minutes: float = 10.0,
+    max_steps: int = 100_000,
+    seed: int = 0,
+    batch: int = 8,
+    n_turns: int = 16,
+    lr: float = 3e-3,
+    cfg: CdicConfig | None = None,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
     """Train ``system`` (``cdic``: ra-TBPTT over ``n_turns``-turn conversations; ``tokens``: the LM that
     ``full``/``lastk`` read, on 64-turn windows) for ``minutes`` of wall time (the cosine schedule runs on
     elapsed time) or ``max_steps``; saves ``out/model.safetensors`` + ``out/cdic.json``."""
@@ -337,23 +368,38 @@ def train_system(system: str, out: str, *, minutes: float = 10.0, max_steps: int
             acc = float("nan")
             hist.append(float(loss.detach()))
         else:
-            loss, acc = _cdic_step(model, opt, _batch(rng, batch, n_turns), cfg)  # type: ignore[arg-type]
+            loss, acc = _cdic_step(model, opt, _batch(rng, batch, n_turns, cfg.n_max), cfg)  # type: ignore[arg-type]
             hist.append(loss)
         step += 1
         if log and step % 10 == 0:
-            log(f"{system} seed {seed} step {step} loss {sum(hist[-10:]) / len(hist[-10:]):.3f} acc {acc:.3f} "
-                f"{time.perf_counter() - t0:.0f}s")
+            log(
+                f"{system} seed {seed} step {step} loss {sum(hist[-10:]) / len(hist[-10:]):.3f} "
+                f"acc {acc:.3f} "
+                f"{time.perf_counter() - t0:.0f}s"
+            )
     path.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors"))
-    info = {"format": FORMAT, "system": system, "seed": seed, "steps": step, "seconds": time.perf_counter() - t0,
-            "batch": batch, "n_turns": n_turns, "lr": lr, "config": asdict(cfg),
-            "final_loss": sum(hist[-20:]) / max(1, len(hist[-20:]))}
+    save_file(
+        {k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors")
+    )
+    info = {
+        "format": FORMAT,
+        "system": system,
+        "seed": seed,
+        "steps": step,
+        "seconds": time.perf_counter() - t0,
+        "batch": batch,
+        "n_turns": n_turns,
+        "lr": lr,
+        "config": asdict(cfg),
+        "final_loss": sum(hist[-20:]) / max(1, len(hist[-20:])),
+    }
     (path / "cdic.json").write_text(json.dumps(info, indent=1))
     return info
 
 
-def _cdic_step(model: CdicModel, opt: torch.optim.Optimizer, convs: list[list[Turn]], cfg: CdicConfig
-               ) -> tuple[float, float]:
+def _cdic_step(
+    model: CdicModel, opt: torch.optim.Optimizer, convs: list[list[Turn]], cfg: CdicConfig
+) -> tuple[float, float]:
     """One conversation batch of ra-TBPTT: an optimizer update every ``K`` turns, state detached between."""
     B, T = len(convs), len(convs[0])
     mem = CdicMemory(model, B)
@@ -391,7 +437,11 @@ def load_system(path: str, flag: str) -> tuple[nn.Module, dict[str, Any]]:
 
     p = Path(path)
     info = read_json(p / "cdic.json", flag, max_bytes=1 << 20)
-    if not isinstance(info, dict) or info.get("format") != FORMAT or info.get("system") not in ("cdic", "tokens"):
+    if (
+        not isinstance(info, dict)
+        or info.get("format") != FORMAT
+        or info.get("system") not in ("cdic", "tokens")
+    ):
         raise LonglabError(f"{flag}: {path} is not a C-DIC checkpoint (cdic.json with format {FORMAT})")
     from safetensors.torch import load_file
 
@@ -408,8 +458,11 @@ def load_system(path: str, flag: str) -> tuple[nn.Module, dict[str, Any]]:
     return model, info
 
 
-def _cdic_answers(model: CdicModel, convs: list[list[Turn]], write: str) -> tuple[list[int], list[float], float]:
-    """Run the memory over each conversation (batched), answer the last turn. Returns answers, routing accuracy
+def _cdic_answers(
+    model: CdicModel, convs: list[list[Turn]], write: str
+) -> tuple[list[int], list[float], float]:
+    """Run the memory over each conversation (batched), answer the last turn. Returns answers,
+    routing accuracy
     per conversation (first retrieved slot = the slot the true thread was routed to when opened), and the
     median per-turn seconds."""
     B, T = len(convs), len(convs[0])
@@ -435,8 +488,9 @@ def _cdic_answers(model: CdicModel, convs: list[list[Turn]], write: str) -> tupl
     return logits.argmax(-1).tolist(), [h / max(1, s) for h, s in zip(hits, seen)], times[len(times) // 2] / B
 
 
-def per_turn_latency(cdic: CdicModel, lm: LabLM, turns_at: tuple[int, ...] = (10, 50, 100, 200, 400),
-                     repeats: int = 5) -> list[dict[str, Any]]:
+def per_turn_latency(
+    cdic: CdicModel, lm: LabLM, turns_at: tuple[int, ...] = (10, 50, 100, 200, 400), repeats: int = 5
+) -> list[dict[str, Any]]:
     """Seconds of one turn (batch 1) after ``t`` turns of history: C-DIC (retrieve + 2 revisions + read),
     ``full`` (re-read the whole history), ``lastk`` (read 32 turns), ``addonly`` (scan the facts). Median of
     ``repeats``."""
@@ -450,8 +504,16 @@ def per_turn_latency(cdic: CdicModel, lm: LabLM, turns_at: tuple[int, ...] = (10
             for turn in conv[:-1]:
                 mem.step(torch.tensor([turn.tokens]))
             res: dict[str, list[float]] = {s: [] for s in SYSTEMS if s != "writeonce"}
-            conv[-1] = Turn([VOCAB.Q, conv[-1].tokens[0] if conv[-1].tokens[0] != VOCAB.Q else conv[-1].tokens[1],
-                             VOCAB.slot0, VOCAB.Q], "question", 0)
+            conv[-1] = Turn(
+                [
+                    VOCAB.Q,
+                    conv[-1].tokens[0] if conv[-1].tokens[0] != VOCAB.Q else conv[-1].tokens[1],
+                    VOCAB.slot0,
+                    VOCAB.Q,
+                ],
+                "question",
+                0,
+            )
             for _ in range(repeats):
                 saved = (mem.keys, mem.states, mem.used, mem.last, mem.t)
                 a = time.perf_counter()
@@ -472,8 +534,15 @@ def per_turn_latency(cdic: CdicModel, lm: LabLM, turns_at: tuple[int, ...] = (10
     return rows
 
 
-def evaluate_systems(cdic_dir: str, tokens_dir: str, out: str, *, per_cell: int = 24, seed: int = 0,
-                     log: Callable[[str], None] | None = None) -> int:
+def evaluate_systems(
+    cdic_dir: str,
+    tokens_dir: str,
+    out: str,
+    *,
+    per_cell: int = 24,
+    seed: int = 0,
+    log: Callable[[str], None] | None = None,
+) -> int:
     """Every system on the same probe conversations (``per_cell`` per distance × revisions cell) into the
     results store ``out``: task ``dialogue_threads``, recipe = system, length = distance, depth = revisions,
     seed = the training seed, sample_id = probe id; plus per-turn latency rows (task
@@ -501,35 +570,72 @@ def evaluate_systems(cdic_dir: str, tokens_dir: str, out: str, *, per_cell: int 
                     t0 = time.perf_counter()
                     answers[name] = TokenReader(lm, keep).answer(convs)  # type: ignore[arg-type]
                     ctx = len(TokenReader(lm, keep).tokens(convs[0]))
-                    extra[name] = {"seconds": (time.perf_counter() - t0) / per_cell, "context_tokens": ctx,
-                                   "memory_bytes": 4 * cfg.dim * (ctx - L)}
+                    extra[name] = {
+                        "seconds": (time.perf_counter() - t0) / per_cell,
+                        "context_tokens": ctx,
+                        "memory_bytes": 4 * cfg.dim * (ctx - L),
+                    }
                 for name, write in (("cdic", "all"), ("writeonce", "open")):
                     ans, route, sec = _cdic_answers(cdic, convs, write)  # type: ignore[arg-type]
                     answers[name] = ans
-                    extra[name] = {"routing": route, "seconds_per_turn": sec, "memory_bytes": 4 * cfg.budget_floats}
+                    extra[name] = {
+                        "routing": route,
+                        "seconds_per_turn": sec,
+                        "memory_bytes": 4 * cfg.budget_floats,
+                    }
                 answers["addonly"] = [add_only_answer(c, cfg.n_max * cfg.m) for c in convs]
                 extra["addonly"] = {"memory_bytes": 4 * cfg.dim * cfg.n_max * cfg.m}
                 for name in SYSTEMS:
                     for i, c in enumerate(convs):
                         ex = {k: (v[i] if isinstance(v, list) else v) for k, v in extra[name].items()}
-                        store.add({"model": "lab-4x128", "recipe": name, "method": "cdic", "task": "dialogue_threads",
-                                   "length": d, "depth": float(r), "seed": train_seed,
-                                   "sample_id": f"probe-{seed}-{d}-{r}-{i}", "prediction": str(answers[name][i]),
-                                   "answers": [str(truth[i])], "score": float(answers[name][i] == truth[i]),
-                                   "context_tokens": len(c) * L, "eval_seed": seed, **ex})
+                        store.add(
+                            {
+                                "model": "lab-4x128",
+                                "recipe": name,
+                                "method": "cdic",
+                                "task": "dialogue_threads",
+                                "length": d,
+                                "depth": float(r),
+                                "seed": train_seed,
+                                "sample_id": f"probe-{seed}-{d}-{r}-{i}",
+                                "prediction": str(answers[name][i]),
+                                "answers": [str(truth[i])],
+                                "score": float(answers[name][i] == truth[i]),
+                                "context_tokens": len(c) * L,
+                                "eval_seed": seed,
+                                **ex,
+                            }
+                        )
                         written += 1
                 if log:
-                    log(f"seed {train_seed} d={d} r={r}: " + " ".join(
-                        f"{n}={sum(a == y for a, y in zip(answers[n], truth)) / per_cell:.2f}" for n in SYSTEMS))
+                    log(
+                        f"seed {train_seed} d={d} r={r}: "
+                        + " ".join(
+                            f"{n}={sum(a == y for a, y in zip(answers[n], truth)) / per_cell:.2f}"
+                            for n in SYSTEMS
+                        )
+                    )
         for row in per_turn_latency(cdic, lm):  # type: ignore[arg-type]
-            store.add({"model": "lab-4x128", "recipe": row["system"], "method": "cdic",
-                       "task": "dialogue_threads/latency", "length": row["turn"], "seed": train_seed,
-                       "sample_id": f"latency-{row['turn']}", "decode_s": row["seconds"], "score": None})
+            store.add(
+                {
+                    "model": "lab-4x128",
+                    "recipe": row["system"],
+                    "method": "cdic",
+                    "task": "dialogue_threads/latency",
+                    "length": row["turn"],
+                    "seed": train_seed,
+                    "sample_id": f"latency-{row['turn']}",
+                    "decode_s": row["seconds"],
+                    "score": None,
+                }
+            )
             written += 1
     return written
 
 
-def _unpaired_diff(a: list[float], b: list[float], resamples: int = 10_000, seed: int = 0) -> tuple[float, float, float]:
+def _unpaired_diff(
+    a: list[float], b: list[float], resamples: int = 10_000, seed: int = 0
+) -> tuple[float, float, float]:
     """``mean(a) - mean(b)`` of independent samples with a percentile-bootstrap 95% interval."""
     import numpy as np
 
@@ -542,7 +648,8 @@ def _unpaired_diff(a: list[float], b: list[float], resamples: int = 10_000, seed
 
 
 def cdic_report(out_dir: str) -> str:
-    """Markdown tables from the ``dialogue_threads`` rows of ``out_dir``: accuracy by distance and by revisions
+    """Markdown tables from the ``dialogue_threads`` rows of ``out_dir``: accuracy by distance and
+    by revisions
     (Wilson 95%), paired bootstrap differences on the same probes, flatness in ``d``, per-seed C-DIC accuracy,
     routing accuracy and per-turn latency."""
     from ..eval.stats import paired_difference, score_estimate
@@ -567,18 +674,34 @@ def cdic_report(out_dir: str) -> str:
     def sel(system: str, pred: Callable[[dict[str, Any]], bool]) -> dict[tuple[int, str], float]:
         return {k: r["score"] for k, r in by[system].items() if pred(r)}
 
-    out = [f"Seeds (training runs): {', '.join(map(str, seeds))}; probes per seed per (d, revisions) cell: "
-           f"{len(acc) // max(1, len(systems) * len(seeds) * len(DISTANCES) * len(REVISIONS))}.", "",
-           "### Accuracy (%) by distance d (pooled over revisions 0-3 and seeds), 95% Wilson interval", "",
-           "| system | " + " | ".join(f"d = {d}" for d in DISTANCES) + " |", "|---|" + "---|" * len(DISTANCES)]
+    out = [
+        f"Seeds (training runs): {', '.join(map(str, seeds))}; probes per seed per (d, revisions) cell: "
+        f"{len(acc) // max(1, len(systems) * len(seeds) * len(DISTANCES) * len(REVISIONS))}.",
+        "",
+        "### Accuracy (%) by distance d (pooled over revisions 0-3 and seeds), 95% Wilson interval",
+        "",
+        "| system | " + " | ".join(f"d = {d}" for d in DISTANCES) + " |",
+        "|---|" + "---|" * len(DISTANCES),
+    ]
     for s in systems:
-        out.append(f"| {s} | " + " | ".join(est(list(sel(s, lambda r, d=d: r["length"] == d).values()))
-                                            for d in DISTANCES) + " |")
-    out += ["", "### Accuracy (%) by number of revisions of the asked slot (pooled over d and seeds)", "",
-            "| system | " + " | ".join(f"{r} rev." for r in REVISIONS) + " |", "|---|" + "---|" * len(REVISIONS)]
+        out.append(
+            f"| {s} | "
+            + " | ".join(est(list(sel(s, lambda r, d=d: r["length"] == d).values())) for d in DISTANCES)
+            + " |"
+        )
+    out += [
+        "",
+        "### Accuracy (%) by number of revisions of the asked slot (pooled over d and seeds)",
+        "",
+        "| system | " + " | ".join(f"{r} rev." for r in REVISIONS) + " |",
+        "|---|" + "---|" * len(REVISIONS),
+    ]
     for s in systems:
-        out.append(f"| {s} | " + " | ".join(est(list(sel(s, lambda x, r=r: x["depth"] == r).values()))
-                                            for r in REVISIONS) + " |")
+        out.append(
+            f"| {s} | "
+            + " | ".join(est(list(sel(s, lambda x, r=r: x["depth"] == r).values())) for r in REVISIONS)
+            + " |"
+        )
 
     def paired(a: str, b: str, pred: Callable[[dict[str, Any]], bool]) -> str:
         sa, sb = sel(a, pred), sel(b, pred)
@@ -589,8 +712,13 @@ def cdic_report(out_dir: str) -> str:
         sig = "significant" if d.low > 0 or d.high < 0 else "not significant"
         return f"{100 * d.mean:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}] ({sig}, n = {len(keys)})"
 
-    out += ["", "### Paired differences (percentage points, paired bootstrap 95% CI on the same probes)", "",
-            "| comparison | subset | difference |", "|---|---|---|"]
+    out += [
+        "",
+        "### Paired differences (percentage points, paired bootstrap 95% CI on the same probes)",
+        "",
+        "| comparison | subset | difference |",
+        "|---|---|---|",
+    ]
     for d in DISTANCES:
         out.append(f"| cdic − lastk | d = {d} | {paired('cdic', 'lastk', lambda r, d=d: r['length'] == d)} |")
     for d in DISTANCES:
@@ -598,9 +726,16 @@ def cdic_report(out_dir: str) -> str:
     rev = lambda r: r["depth"] >= 1  # noqa: E731
     for other in ("writeonce", "addonly"):
         out.append(f"| cdic − {other} | revised slots (1-3 rev.) | {paired('cdic', other, rev)} |")
-        out.append(f"| cdic − {other} | unrevised slots | {paired('cdic', other, lambda r: r['depth'] == 0)} |")
-    out += ["", "### Flatness in d: accuracy(d = 200) − accuracy(d = 5), independent probes, bootstrap 95% CI", "",
-            "| system | difference (pp) |", "|---|---|"]
+        out.append(
+            f"| cdic − {other} | unrevised slots | {paired('cdic', other, lambda r: r['depth'] == 0)} |"
+        )
+    out += [
+        "",
+        "### Flatness in d: accuracy(d = 200) − accuracy(d = 5), independent probes, bootstrap 95% CI",
+        "",
+        "| system | difference (pp) |",
+        "|---|---|",
+    ]
     for s in systems:
         a = list(sel(s, lambda r: r["length"] == 200).values())
         b = list(sel(s, lambda r: r["length"] == 5).values())
@@ -608,16 +743,26 @@ def cdic_report(out_dir: str) -> str:
             m, lo, hi = _unpaired_diff(a, b)
             sig = "significant" if lo > 0 or hi < 0 else "not significant"
             out.append(f"| {s} | {100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}] ({sig}) |")
-    out += ["", "### C-DIC accuracy per training seed (all cells) and routing accuracy", "",
-            "| seed | accuracy % | mean routing accuracy (first retrieved slot = the thread's slot) |", "|---|---|---|"]
+    out += [
+        "",
+        "### C-DIC accuracy per training seed (all cells) and routing accuracy",
+        "",
+        "| seed | accuracy % | mean routing accuracy (first retrieved slot = the thread's slot) |",
+        "|---|---|---|",
+    ]
     for sd in seeds:
         rs = [r for (k, _), r in by["cdic"].items() if k == sd]
         route = sum(r["extra"].get("routing", 0.0) for r in rs) / max(1, len(rs))
         out.append(f"| {sd} | {est([r['score'] for r in rs])} | {100 * route:.1f}% |")
     if lat:
         turns = sorted({r["length"] for r in lat})
-        out += ["", "### Per-turn latency (ms, batch 1, one thread; median over seeds of the median of 5)", "",
-                "| system | " + " | ".join(f"turn {t}" for t in turns) + " |", "|---|" + "---|" * len(turns)]
+        out += [
+            "",
+            "### Per-turn latency (ms, batch 1, one thread; median over seeds of the median of 5)",
+            "",
+            "| system | " + " | ".join(f"turn {t}" for t in turns) + " |",
+            "|---|" + "---|" * len(turns),
+        ]
         for s in [s for s in SYSTEMS if any(r["recipe"] == s for r in lat)]:
             cells = []
             for t in turns:

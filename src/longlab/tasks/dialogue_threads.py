@@ -10,7 +10,8 @@ Vocabulary (:class:`Vocab`, 300 ids): ``PAD``, ``Q``, then topic, slot, value an
 - *question* ``[Q, topic, slot_k, Q]``     asks the slot's *current* value (the answer, read at the last
   position; it is not part of the history).
 
-A question's *distance* ``d`` is the number of turns since its slot was last set and its *revisions* the number
+A question's *distance* ``d`` is the number of turns since its slot was last set and its
+*revisions* the number
 of times the slot was set after the thread was opened (a revision always changes the value).
 :func:`conversation` draws training conversations; :func:`probe` builds one whose last turn asks a chosen slot
 with an exact ``d`` and number of revisions (for the accuracy-by-distance table).
@@ -109,8 +110,11 @@ class _State:
         t = len(self.turns)
         self.values[th, s], self.last_set[th, s] = val, t
         self.revs[th, s] += 1
-        self.turns.append(Turn([self.v.topic0 + self.topics[th], self.v.slot0 + s, val, self.filler()],
-                               "revise", th, slot=s))
+        self.turns.append(
+            Turn(
+                [self.v.topic0 + self.topics[th], self.v.slot0 + s, val, self.filler()], "revise", th, slot=s
+            )
+        )
 
     def chatter(self, th: int) -> None:
         toks = [self.v.topic0 + self.topics[th], self.filler(), self.filler(), self.filler()]
@@ -118,9 +122,17 @@ class _State:
 
     def question(self, th: int, s: int) -> None:
         t = len(self.turns)
-        self.turns.append(Turn([self.v.Q, self.v.topic0 + self.topics[th], self.v.slot0 + s, self.v.Q], "question",
-                               th, slot=s, answer=self.values[th, s], distance=t - self.last_set[th, s],
-                               revisions=self.revs[th, s]))
+        self.turns.append(
+            Turn(
+                [self.v.Q, self.v.topic0 + self.topics[th], self.v.slot0 + s, self.v.Q],
+                "question",
+                th,
+                slot=s,
+                answer=self.values[th, s],
+                distance=t - self.last_set[th, s],
+                revisions=self.revs[th, s],
+            )
+        )
 
     def background(self, avoid: tuple[int, int] | None, p_question: float = 0.3) -> None:
         """One random turn among the opened threads that neither sets nor asks ``avoid``."""
@@ -138,8 +150,9 @@ class _State:
                 return self.chatter(th)
 
 
-def conversation(rng: random.Random, n_turns: int, n_threads: int, vocab: Vocab = VOCAB,
-                 p_question: float = 0.35) -> list[Turn]:
+def conversation(
+    rng: random.Random, n_turns: int, n_threads: int, vocab: Vocab = VOCAB, p_question: float = 0.35
+) -> list[Turn]:
     """A training conversation: threads are opened over the first turns (each opened before it is used),
     then revise / chatter / question turns on random opened threads."""
     check_range("n_turns", n_turns, 1, 100_000, integer=True)
@@ -153,11 +166,13 @@ def conversation(rng: random.Random, n_turns: int, n_threads: int, vocab: Vocab 
     return st.turns
 
 
-def probe(rng: random.Random, distance: int, revisions: int, n_threads: int = 8, vocab: Vocab = VOCAB,
-          gap: int = 4) -> list[Turn]:
+def probe(
+    rng: random.Random, distance: int, revisions: int, n_threads: int = 8, vocab: Vocab = VOCAB, gap: int = 4
+) -> list[Turn]:
     """A conversation whose last turn asks slot ``(target, slot)`` set ``distance`` turns earlier and revised
     ``revisions`` times: the other threads open, ``gap`` background turns, the target opens, then
-    ``revisions`` × (``gap`` background turns + a revision), ``distance - 1`` background turns that neither set
+    ``revisions`` × (``gap`` background turns + a revision), ``distance - 1`` background turns that
+    neither set
     nor ask the target slot, and the question. Its length depends only on the arguments."""
     check_range("distance", distance, 1, 10_000, integer=True)
     check_range("revisions", revisions, 0, 100, integer=True)
