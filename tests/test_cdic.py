@@ -144,3 +144,25 @@ def test_train_and_bad_arguments(tmp_path):
     (tmp_path / "mine" / "user.txt").write_text("x")
     with pytest.raises(LonglabError, match="--out"):
         train_system("cdic", str(tmp_path / "mine"), max_steps=1, cfg=SMALL)
+
+
+def test_report_from_stored_rows_and_cli(tmp_path, capsys):
+    from longlab.cli import main
+    from longlab.eval.store import ResultStore
+    from longlab.memory.cdic import DISTANCES, SYSTEMS, cdic_report
+
+    with ResultStore(tmp_path / "s") as store:
+        for sysname in SYSTEMS:
+            for d in DISTANCES:
+                for i in range(4):
+                    score = float(sysname == "cdic" or (sysname == "lastk" and d <= 20))
+                    store.add({"model": "lab", "recipe": sysname, "method": "cdic", "task": "dialogue_threads",
+                               "length": d, "depth": float(i % 4), "seed": 0, "sample_id": f"p-{d}-{i}",
+                               "score": score, "routing": 1.0})
+    text = cdic_report(str(tmp_path / "s"))
+    assert "| cdic | 100.0 [" in text
+    assert "| cdic − lastk | d = 200 | +100.0 [+100.0, +100.0] (significant" in text
+    assert "| cdic − lastk | d = 5 | +0.0 [+0.0, +0.0] (not significant" in text
+    assert main(["memory", "cdic", "report", str(tmp_path / "s")]) == 0
+    assert main(["memory", "cdic", "train", "--system", "cdic", "--out", str(tmp_path / "x"), "--minutes", "-1"]) == 2
+    assert "--minutes" in capsys.readouterr().err

@@ -187,3 +187,19 @@ def test_continuation_logprobs_match_one_by_one(llama, tokenizer):
     n = len(ctx) + len(q)
     manual = sum(float(lp[n - 1 + i, t]) for i, t in enumerate(cont))
     assert one[1] == pytest.approx(manual, abs=1e-4)
+
+
+def test_memory_safety_runner_on_tiny_model_and_cli(tmp_path, capsys):
+    from longlab.cli import main
+
+    out = str(tmp_path / "store")
+    assert P.run_memory_safety("tiny-llama", out, n=2, max_tokens=4, batch=2) == 8
+    assert P.run_memory_safety("tiny-llama", out, n=2, max_tokens=4, batch=2) == 0  # stored rows are skipped
+    text = P.safety_report(out)
+    assert "| tiny-llama | 2 |" in text and "flip rate" in text
+    assert main(["memory", "persist", "report", out]) == 0
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"memories": [], "query": "q", "failure_type": "nope"}\n')
+    rc = main(["memory", "persist", "generate", "--data", str(bad), "--model", "tiny-llama",
+               "--out", str(tmp_path / "g.jsonl")])
+    assert rc == 2 and "failure_type" in capsys.readouterr().err
