@@ -156,13 +156,27 @@ def test_report_from_stored_rows_and_cli(tmp_path, capsys):
             for d in DISTANCES:
                 for i in range(4):
                     score = float(sysname == "cdic" or (sysname == "lastk" and d <= 20))
-                    store.add({"model": "lab", "recipe": sysname, "method": "cdic", "task": "dialogue_threads",
-                               "length": d, "depth": float(i % 4), "seed": 0, "sample_id": f"p-{d}-{i}",
-                               "score": score, "routing": 1.0})
+                    store.add(
+                        {
+                            "model": "lab",
+                            "recipe": sysname,
+                            "method": "cdic",
+                            "task": "dialogue_threads",
+                            "length": d,
+                            "depth": float(i % 4),
+                            "seed": 0,
+                            "sample_id": f"p-{d}-{i}",
+                            "score": score,
+                            "routing": 1.0,
+                        }
+                    )
     text = cdic_report(str(tmp_path / "s"))
     assert "| cdic | 100.0 [" in text
     assert "| cdic − lastk | d = 200 | +100.0 [+100.0, +100.0] (significant" in text
     assert "| cdic − lastk | d = 5 | +0.0 [+0.0, +0.0] (not significant" in text
     assert main(["memory", "cdic", "report", str(tmp_path / "s")]) == 0
-    assert main(["memory", "cdic", "train", "--system", "cdic", "--out", str(tmp_path / "x"), "--minutes", "-1"]) == 2
+    assert (
+        main(["memory", "cdic", "train", "--system", "cdic", "--out", str(tmp_path / "x"), "--minutes", "-1"])
+        == 2
+    )
     assert "--minutes" in capsys.readouterr().err

@@ -200,6 +200,17 @@ def test_memory_safety_runner_on_tiny_model_and_cli(tmp_path, capsys):
     assert main(["memory", "persist", "report", out]) == 0
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"memories": [], "query": "q", "failure_type": "nope"}\n')
-    rc = main(["memory", "persist", "generate", "--data", str(bad), "--model", "tiny-llama",
-               "--out", str(tmp_path / "g.jsonl")])
+    rc = main(
+        [
+            "memory",
+            "persist",
+            "generate",
+            "--data",
+            str(bad),
+            "--model",
+            "tiny-llama",
+            "--out",
+            str(tmp_path / "g.jsonl"),
+        ]
+    )
     assert rc == 2 and "failure_type" in capsys.readouterr().err
