@@ -1,5 +1,5 @@
-"""C-DIC — Context-Driven Incremental Compression (Jung et al., arXiv 2606.12411, ICML 2026; no code
-found), in
+"""C-DIC — Context-Driven Incremental Compression (Jung et al., arXiv 2606.12411, ICML 2026; no
+code found), in
 the layers lab, on :mod:`longlab.tasks.dialogue_threads`. Spec §25 [abs + recon].
 
 Memory ``M = {(key_j ∈ R^D, S_j ∈ R^{m×D})}`` of at most ``N_max`` threads (m = 8, N_max = 16, D = 128). Turn
@@ -9,18 +9,18 @@ Memory ``M = {(key_j ∈ R^D, S_j ∈ R^{m×D})}`` of at most ``N_max`` threads 
   if the best cosine is below ``θ_new = 0.5`` open a new thread (an empty slot, else the least recently used);
 - revise: ``S'_j = RMSNorm(last-layer states at m memory-query tokens of LM([S_j ; embed(u_t) ; q_1..q_m]))``
   for each retrieved ``j`` (a new thread starts from the learned ``S_0``);
-- write-back: only the retrieved slots are replaced; ``key_j ← normalise(key_j + e_t)`` for the first one
-(a new
+- write-back: only the retrieved slots are replaced; ``key_j ← normalise(key_j + e_t)`` for the
+first one (a new
   thread's key is ``e_t``);
 - the response (here: the answer token of a question turn) is read from ``LM([g_1 S'_1 ; g_2 S'_2 ; u_t])`` at
   the last position (tied head).
 
-Training (ra-TBPTT): unroll the conversation, loss ``Σ_t NLL(y_t)`` over question turns, ``S`` and keys
-detached
+Training (ra-TBPTT): unroll the conversation, loss ``Σ_t NLL(y_t)`` over question turns, ``S`` and
+keys detached
 every ``K = 4`` turns (one optimizer update per window). Retrieval receives gradient through the gates
 ``g = softmax(cos/τ)`` over the top ``r`` (straight-through: ``g = s + (1 - s).detach()`` equals 1 forward, so
-training reads what inference reads) and through an auxiliary InfoNCE term ``-log softmax(cos/τ)[true
-thread]``.
+training reads what inference reads) and through an auxiliary InfoNCE term ``-log
+softmax(cos/τ)[true thread]``.
 Deviation [recon]: during training the revised (first) thread is the generator's true thread (teacher-forced
 routing; the second is the best other by cosine); at inference routing is the learned hard top-r with
 ``θ_new``, and routing accuracy is reported.
@@ -285,8 +285,10 @@ def add_only_answer(turns: list[Turn], capacity: int) -> int:
 
 
 # ------------------------------------------------------------------------------------------ training
-def _batch(rng: random.Random, n: int, n_turns: int) -> list[list[Turn]]:
-    return [conversation(rng, n_turns, rng.randint(3, 8)) for _ in range(n)]
+def _batch(rng: random.Random, n: int, n_turns: int, n_max: int) -> list[list[Turn]]:
+    """Training conversations of 3-8 threads (at most ``n_max``: teacher-forced routing puts thread
+    i in slot i)."""
+    return [conversation(rng, n_turns, rng.randint(min(3, n_max), min(8, n_max))) for _ in range(n)]
 
 
 def _token_batch(rng: random.Random, n: int, n_turns: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -366,12 +368,13 @@ def train_system(
             acc = float("nan")
             hist.append(float(loss.detach()))
         else:
-            loss, acc = _cdic_step(model, opt, _batch(rng, batch, n_turns), cfg)  # type: ignore[arg-type]
+            loss, acc = _cdic_step(model, opt, _batch(rng, batch, n_turns, cfg.n_max), cfg)  # type: ignore[arg-type]
             hist.append(loss)
         step += 1
         if log and step % 10 == 0:
             log(
-                f"{system} seed {seed} step {step} loss {sum(hist[-10:]) / len(hist[-10:]):.3f} acc {acc:.3f} "  # noqa: E501
+                f"{system} seed {seed} step {step} loss {sum(hist[-10:]) / len(hist[-10:]):.3f} "
+                f"acc {acc:.3f} "
                 f"{time.perf_counter() - t0:.0f}s"
             )
     path.mkdir(parents=True, exist_ok=True)
@@ -458,8 +461,8 @@ def load_system(path: str, flag: str) -> tuple[nn.Module, dict[str, Any]]:
 def _cdic_answers(
     model: CdicModel, convs: list[list[Turn]], write: str
 ) -> tuple[list[int], list[float], float]:
-    """Run the memory over each conversation (batched), answer the last turn. Returns answers, routing
-    accuracy
+    """Run the memory over each conversation (batched), answer the last turn. Returns answers,
+    routing accuracy
     per conversation (first retrieved slot = the slot the true thread was routed to when opened), and the
     median per-turn seconds."""
     B, T = len(convs), len(convs[0])
@@ -645,8 +648,8 @@ def _unpaired_diff(
 
 
 def cdic_report(out_dir: str) -> str:
-    """Markdown tables from the ``dialogue_threads`` rows of ``out_dir``: accuracy by distance and by
-    revisions
+    """Markdown tables from the ``dialogue_threads`` rows of ``out_dir``: accuracy by distance and
+    by revisions
     (Wilson 95%), paired bootstrap differences on the same probes, flatness in ``d``, per-seed C-DIC accuracy,
     routing accuracy and per-turn latency."""
     from ..eval.stats import paired_difference, score_estimate

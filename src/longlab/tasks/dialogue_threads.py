@@ -10,8 +10,8 @@ Vocabulary (:class:`Vocab`, 300 ids): ``PAD``, ``Q``, then topic, slot, value an
 - *question* ``[Q, topic, slot_k, Q]``     asks the slot's *current* value (the answer, read at the last
   position; it is not part of the history).
 
-A question's *distance* ``d`` is the number of turns since its slot was last set and its *revisions* the
-number
+A question's *distance* ``d`` is the number of turns since its slot was last set and its
+*revisions* the number
 of times the slot was set after the thread was opened (a revision always changes the value).
 :func:`conversation` draws training conversations; :func:`probe` builds one whose last turn asks a chosen slot
 with an exact ``d`` and number of revisions (for the accuracy-by-distance table).
@@ -171,8 +171,8 @@ def probe(
 ) -> list[Turn]:
     """A conversation whose last turn asks slot ``(target, slot)`` set ``distance`` turns earlier and revised
     ``revisions`` times: the other threads open, ``gap`` background turns, the target opens, then
-    ``revisions`` × (``gap`` background turns + a revision), ``distance - 1`` background turns that neither
-    set
+    ``revisions`` × (``gap`` background turns + a revision), ``distance - 1`` background turns that
+    neither set
     nor ask the target slot, and the question. Its length depends only on the arguments."""
     check_range("distance", distance, 1, 10_000, integer=True)
     check_range("revisions", revisions, 0, 100, integer=True)
