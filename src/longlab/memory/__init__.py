@@ -22,7 +22,7 @@ from .backend import (
     validate_json,
 )
 from .embed import HashEmbedder, VectorIndex, make_embedder
-from .hgmem import HGMem, HGMemConfig, DocumentIndex, chunk_text
+from .hgmem import DocumentIndex, HGMem, HGMemConfig, chunk_text
 from .hypergraph import HypergraphMemory, KnowledgeGraph, MemoryPoint
 
 __all__ = [

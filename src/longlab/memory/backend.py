@@ -52,8 +52,22 @@ MAX_MESSAGES = 256
 MAX_MESSAGE_CHARS = 2_000_000
 _ROLES = ("system", "developer", "user", "assistant")
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
-_KEYWORDS = {"type", "properties", "required", "items", "enum", "minItems", "maxItems", "maxLength",
-             "minLength", "additionalProperties", "description", "title", "minimum", "maximum"}
+_KEYWORDS = {
+    "type",
+    "properties",
+    "required",
+    "items",
+    "enum",
+    "minItems",
+    "maxItems",
+    "maxLength",
+    "minLength",
+    "additionalProperties",
+    "description",
+    "title",
+    "minimum",
+    "maximum",
+}
 
 
 @runtime_checkable
@@ -62,8 +76,14 @@ class ChatBackend(Protocol):
 
     name: str
 
-    def chat(self, messages: list[dict[str, str]], *, max_tokens: int = 256, json_schema: dict | None = None,
-             temperature: float = 0.0) -> str: ...
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int = 256,
+        json_schema: dict | None = None,
+        temperature: float = 0.0,
+    ) -> str: ...
 
 
 @dataclass
@@ -84,8 +104,10 @@ class BackendStats:
 
     def since(self, before: dict[str, Any]) -> dict[str, Any]:
         """Counters spent since ``before`` (a :meth:`snapshot`)."""
-        return {k: (v - before[k] if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
-                for k, v in self.__dict__.items()}
+        return {
+            k: (v - before[k] if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+            for k, v in self.__dict__.items()
+        }
 
 
 # -------------------------------------------------------------------------------------------- schemas
@@ -97,8 +119,10 @@ def check_schema(schema: Any, where: str = "json_schema") -> dict:
         raise LonglabTypeError(f"{where} must be a JSON schema object (a dict), got {shorten(schema)}")
     unknown = sorted(set(schema) - _KEYWORDS)
     if unknown:
-        raise LonglabError(f"{where}: unsupported schema keyword(s) {', '.join(unknown)}; supported: "
-                           f"{', '.join(sorted(_KEYWORDS))}")
+        raise LonglabError(
+            f"{where}: unsupported schema keyword(s) {', '.join(unknown)}; supported: "
+            f"{', '.join(sorted(_KEYWORDS))}"
+        )
     kind = schema.get("type")
     if "enum" in schema:
         if not isinstance(schema["enum"], list) or not schema["enum"]:
@@ -153,8 +177,10 @@ def validate_json(value: Any, schema: dict, where: str = "$") -> None:
                 validate_json(value[key], sub, f"{where}.{key}")
     elif kind == "array":
         if len(value) < schema.get("minItems", 0) or len(value) > schema.get("maxItems", 1 << 30):
-            raise ValueError(f"{where} must have {schema.get('minItems', 0)}..{schema.get('maxItems', 'any')} "
-                             f"items, got {len(value)}")
+            raise ValueError(
+                f"{where} must have {schema.get('minItems', 0)}..{schema.get('maxItems', 'any')} "
+                f"items, got {len(value)}"
+            )
         for i, item in enumerate(value):
             validate_json(item, schema["items"], f"{where}[{i}]")
     elif kind == "string":
@@ -196,24 +222,37 @@ def check_messages(messages: Any) -> list[dict[str, str]]:
         raise LonglabError(f"messages takes at most {MAX_MESSAGES} turns, got {len(messages)}")
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
-            raise LonglabError(f"messages[{i}] must be {{role: one of {', '.join(_ROLES)}, content: str}}, "
-                               f"got {shorten(m)}")
+            raise LonglabError(
+                f"messages[{i}] must be {{role: one of {', '.join(_ROLES)}, content: str}}, got {shorten(m)}"
+            )
         if len(m["content"]) > MAX_MESSAGE_CHARS:
-            raise LonglabError(f"messages[{i}].content has {len(m['content'])} characters, more than "
-                               f"{MAX_MESSAGE_CHARS}")
+            raise LonglabError(
+                f"messages[{i}].content has {len(m['content'])} characters, more than {MAX_MESSAGE_CHARS}"
+            )
     return messages
 
 
 def _check_call(max_tokens: int, temperature: float, json_schema: dict | None) -> None:
     check_range("max_tokens", max_tokens, 1, MAX_CHAT_TOKENS, integer=True)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature <= 2:
+    if (
+        isinstance(temperature, bool)
+        or not isinstance(temperature, (int, float))
+        or not 0 <= temperature <= 2
+    ):
         raise LonglabError(f"temperature must be a number in [0, 2], got {shorten(temperature)}")
     if json_schema is not None:
         check_schema(json_schema)
 
 
-def chat_json(backend: ChatBackend, messages: list[dict[str, str]], schema: dict, *, max_tokens: int = 256,
-              retries: int = 2, temperature: float = 0.0) -> Any | None:
+def chat_json(
+    backend: ChatBackend,
+    messages: list[dict[str, str]],
+    schema: dict,
+    *,
+    max_tokens: int = 256,
+    retries: int = 2,
+    temperature: float = 0.0,
+) -> Any | None:
     """A JSON value valid under ``schema`` from ``backend``, or ``None`` after ``retries`` failed re-asks.
 
     Each failure (no JSON, or a value that breaks the schema) is counted in the backend's
@@ -236,8 +275,11 @@ def chat_json(backend: ChatBackend, messages: list[dict[str, str]], schema: dict
                 stats.json_failures += 1
             turn = list(messages) + [
                 {"role": "assistant", "content": text[:2000]},
-                {"role": "user", "content": f"That was not valid: {exc}. Reply with only a JSON value "
-                                            f"matching this schema: {json.dumps(schema)}"},
+                {
+                    "role": "user",
+                    "content": f"That was not valid: {exc}. Reply with only a JSON value "
+                    f"matching this schema: {json.dumps(schema)}",
+                },
             ]
     return None
 
@@ -248,8 +290,9 @@ class LocalBackend:
     ``Request(messages=..., recipe=...)``; ``json_schema`` goes in ``Request.response_format`` when the
     engine has structured output, else (logged once) :func:`chat_json` parses and retries."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, recipe: str = "full", name: str = "local",
-                 chunk_size: int = 1024) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, *, recipe: str = "full", name: str = "local", chunk_size: int = 1024
+    ) -> None:
         from ..request import Request
 
         Request(messages=[{"role": "user", "content": "x"}], recipe=recipe, chunk_size=chunk_size).check()
@@ -267,8 +310,14 @@ class LocalBackend:
         model, tokenizer = load_model(model_name, dtype=dtype)
         return cls(model, tokenizer, recipe=recipe, name=model_name)
 
-    def chat(self, messages: list[dict[str, str]], *, max_tokens: int = 256, json_schema: dict | None = None,
-             temperature: float = 0.0) -> str:
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int = 256,
+        json_schema: dict | None = None,
+        temperature: float = 0.0,
+    ) -> str:
         """One chat turn through the engine (greedy at temperature 0)."""
         from ..engine import Engine
         from ..request import Request
@@ -283,12 +332,21 @@ class LocalBackend:
             else:
                 self.stats.constrained = False
                 if not self._warned:
-                    log.warning("longlab.memory: this engine has no Request.response_format (structured "
-                                "output); JSON replies are parsed and retried instead")
+                    log.warning(
+                        "longlab.memory: this engine has no Request.response_format (structured "
+                        "output); JSON replies are parsed and retried instead"
+                    )
                     self._warned = True
-        request = Request(messages=messages, recipe=self.recipe, max_new_tokens=max_tokens,
-                          temperature=float(temperature), query_aware=True, chunk_size=self.chunk_size,
-                          strict=False, **fields)
+        request = Request(
+            messages=messages,
+            recipe=self.recipe,
+            max_new_tokens=max_tokens,
+            temperature=float(temperature),
+            query_aware=True,
+            chunk_size=self.chunk_size,
+            strict=False,
+            **fields,
+        )
         start = time.perf_counter()
         (result,) = Engine(self.model, self.tokenizer).run([request])
         self.stats.seconds += time.perf_counter() - start
@@ -302,16 +360,19 @@ class LocalBackend:
 def check_base_url(base_url: Any) -> str:
     """An http(s) URL with a host, no credentials, query or fragment (``http://127.0.0.1:8000/v1``)."""
     if not isinstance(base_url, str) or not base_url.strip():
-        raise LonglabError(f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got "
-                           f"{shorten(base_url)}")
+        raise LonglabError(
+            f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {shorten(base_url)}"
+        )
     try:
         parts = urllib.parse.urlsplit(base_url.strip())
         port = parts.port
     except ValueError as exc:
         raise LonglabError(f"base_url is not a valid URL ({exc}): {shorten(base_url)}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise LonglabError(f"base_url must start with http:// or https:// and name a host (e.g. "
-                           f"http://127.0.0.1:8000/v1), got {shorten(base_url)}")
+        raise LonglabError(
+            f"base_url must start with http:// or https:// and name a host (e.g. "
+            f"http://127.0.0.1:8000/v1), got {shorten(base_url)}"
+        )
     if parts.username or parts.password:
         raise LonglabError("base_url must not carry credentials; give api_key instead")
     if parts.query or parts.fragment:
@@ -337,29 +398,49 @@ class OpenAIBackend:
     def __post_init__(self) -> None:
         self.base_url = check_base_url(self.base_url)
         if not isinstance(self.model, str) or not self.model.strip():
-            raise LonglabError(f"model must be the endpoint's model name (a non-empty string), got "
-                               f"{shorten(self.model)}")
-        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) \
-                or not 0 < self.timeout <= 3600:
+            raise LonglabError(
+                f"model must be the endpoint's model name (a non-empty string), got {shorten(self.model)}"
+            )
+        if (
+            isinstance(self.timeout, bool)
+            or not isinstance(self.timeout, (int, float))
+            or not 0 < self.timeout <= 3600
+        ):
             raise LonglabError(f"timeout must be seconds in (0, 3600], got {shorten(self.timeout)}")
         check_range("max_retries", self.max_retries, 0, 5, integer=True)
         try:
             import openai
         except ImportError:
-            raise LonglabError("OpenAIBackend needs the openai client: pip install 'longlab[serve]'") from None
+            raise LonglabError(
+                "OpenAIBackend needs the openai client: pip install 'longlab[serve]'"
+            ) from None
         self._openai = openai
-        self.client = openai.OpenAI(base_url=self.base_url, api_key=self.api_key or "none",
-                                    timeout=float(self.timeout), max_retries=self.max_retries)
+        self.client = openai.OpenAI(
+            base_url=self.base_url,
+            api_key=self.api_key or "none",
+            timeout=float(self.timeout),
+            max_retries=self.max_retries,
+        )
         self.name = self.name or f"{self.model}@{self.base_url}"
         self.structured = True  # until the server refuses response_format once
 
-    def chat(self, messages: list[dict[str, str]], *, max_tokens: int = 256, json_schema: dict | None = None,
-             temperature: float = 0.0) -> str:
+    def chat(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        max_tokens: int = 256,
+        json_schema: dict | None = None,
+        temperature: float = 0.0,
+    ) -> str:
         """One chat completion; a refused ``response_format`` switches to parse-and-retry (logged)."""
         check_messages(messages)
         _check_call(max_tokens, temperature, json_schema)
-        kwargs: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,
-                                  "temperature": float(temperature)}
+        kwargs: dict[str, Any] = {
+            "model": self.model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "temperature": float(temperature),
+        }
         if json_schema is not None and self.structured:
             kwargs["response_format"] = response_format_of(json_schema)
         start = time.perf_counter()
@@ -367,8 +448,12 @@ class OpenAIBackend:
             out = self._create(kwargs)
         except self._openai.BadRequestError as exc:
             if "response_format" in kwargs and "response_format" in str(exc):
-                log.warning("longlab.memory: %s refused response_format (%s); JSON replies are parsed and "
-                            "retried instead", self.base_url, shorten(str(exc), 200))
+                log.warning(
+                    "longlab.memory: %s refused response_format (%s); JSON replies are parsed and "
+                    "retried instead",
+                    self.base_url,
+                    shorten(str(exc), 200),
+                )
                 self.structured = False
                 kwargs.pop("response_format")
                 out = self._create(kwargs)
@@ -393,11 +478,15 @@ class OpenAIBackend:
         except openai.APITimeoutError:
             raise LonglabError(f"{self.base_url} did not answer within timeout={self.timeout} s") from None
         except openai.APIConnectionError as exc:
-            raise LonglabError(f"cannot reach base_url {self.base_url}: {shorten(str(exc), 200)} (is the "
-                               f"server running? e.g. longlab serve --model NAME --port 8000)") from None
+            raise LonglabError(
+                f"cannot reach base_url {self.base_url}: {shorten(str(exc), 200)} (is the "
+                f"server running? e.g. longlab serve --model NAME --port 8000)"
+            ) from None
         except openai.NotFoundError:
-            raise LonglabError(f"{self.base_url}/chat/completions was not found (404): base_url must end in "
-                               f"the API root, e.g. http://127.0.0.1:8000/v1, and model must be one the "
-                               f"server lists") from None
+            raise LonglabError(
+                f"{self.base_url}/chat/completions was not found (404): base_url must end in "
+                f"the API root, e.g. http://127.0.0.1:8000/v1, and model must be one the "
+                f"server lists"
+            ) from None
         except openai.AuthenticationError:
             raise LonglabError(f"{self.base_url} refused the api_key (401)") from None

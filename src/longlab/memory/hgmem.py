@@ -37,8 +37,19 @@ from .backend import ChatBackend, chat_json
 from .embed import VectorIndex
 from .hypergraph import HypergraphMemory, KnowledgeGraph, norm_name
 
-__all__ = ["HGMemConfig", "DocumentIndex", "HGMem", "chunk_text", "ENTITY_TYPES", "EXTRACT_SCHEMA",
-           "PLAN_SCHEMA", "EVOLVE_SCHEMA", "MERGE_SCHEMA", "answer_messages", "MAX_DOC_CHARS"]
+__all__ = [
+    "HGMemConfig",
+    "DocumentIndex",
+    "HGMem",
+    "chunk_text",
+    "ENTITY_TYPES",
+    "EXTRACT_SCHEMA",
+    "PLAN_SCHEMA",
+    "EVOLVE_SCHEMA",
+    "MERGE_SCHEMA",
+    "answer_messages",
+    "MAX_DOC_CHARS",
+]
 
 ENTITY_TYPES = ["organization", "person", "geo", "event", "role", "concept"]
 MAX_DOC_CHARS = 2_000_000
@@ -49,41 +60,84 @@ _DESC = {"type": "string", "maxLength": 300}
 EXTRACT_SCHEMA: dict = {
     "type": "object",
     "properties": {
-        "entities": {"type": "array", "maxItems": 16, "items": {
-            "type": "object", "properties": {"name": _NAME, "type": {"enum": ENTITY_TYPES}, "description": _DESC},
-            "required": ["name", "type", "description"]}},
-        "relations": {"type": "array", "maxItems": 16, "items": {
-            "type": "object", "properties": {"source": _NAME, "target": _NAME, "description": _DESC},
-            "required": ["source", "target", "description"]}},
+        "entities": {
+            "type": "array",
+            "maxItems": 16,
+            "items": {
+                "type": "object",
+                "properties": {"name": _NAME, "type": {"enum": ENTITY_TYPES}, "description": _DESC},
+                "required": ["name", "type", "description"],
+            },
+        },
+        "relations": {
+            "type": "array",
+            "maxItems": 16,
+            "items": {
+                "type": "object",
+                "properties": {"source": _NAME, "target": _NAME, "description": _DESC},
+                "required": ["source", "target", "description"],
+            },
+        },
     },
     "required": ["entities", "relations"],
 }
+EXTRACT_PROMPT = (
+    "Extract the named entities (types: {types}) and the relations between them from the text. Reply with "
+    'JSON {{"entities": [{{"name", "type", "description"}}], "relations": [{{"source", "target", '
+    '"description"}}]}}.\nText: {chunk}'
+)
 PLAN_SCHEMA: dict = {
     "type": "object",
-    "properties": {"decision": {"enum": ["stop", "local", "global"]},
-                   "point_ids": {"type": "array", "maxItems": 8, "items": {"type": "integer"}},
-                   "subquery": {"type": "string", "maxLength": 300}},
+    "properties": {
+        "decision": {"enum": ["stop", "local", "global"]},
+        "point_ids": {"type": "array", "maxItems": 8, "items": {"type": "integer"}},
+        "subquery": {"type": "string", "maxLength": 300},
+    },
     "required": ["decision", "point_ids", "subquery"],
 }
 EVOLVE_SCHEMA: dict = {
     "type": "object",
     "properties": {
-        "insert": {"type": "array", "maxItems": 8, "items": {
-            "type": "object", "properties": {"objects": {"type": "array", "minItems": 1, "maxItems": 8,
-                                                         "items": _NAME}, "description": _DESC},
-            "required": ["objects", "description"]}},
-        "update": {"type": "array", "maxItems": 8, "items": {
-            "type": "object", "properties": {"id": {"type": "integer"}, "description": _DESC},
-            "required": ["id", "description"]}},
+        "insert": {
+            "type": "array",
+            "maxItems": 8,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "objects": {"type": "array", "minItems": 1, "maxItems": 8, "items": _NAME},
+                    "description": _DESC,
+                },
+                "required": ["objects", "description"],
+            },
+        },
+        "update": {
+            "type": "array",
+            "maxItems": 8,
+            "items": {
+                "type": "object",
+                "properties": {"id": {"type": "integer"}, "description": _DESC},
+                "required": ["id", "description"],
+            },
+        },
     },
     "required": ["insert", "update"],
 }
 MERGE_SCHEMA: dict = {
     "type": "object",
-    "properties": {"merge": {"type": "array", "maxItems": 4, "items": {
-        "type": "object", "properties": {"ids": {"type": "array", "minItems": 2, "maxItems": 8,
-                                                 "items": {"type": "integer"}}, "description": _DESC},
-        "required": ["ids", "description"]}}},
+    "properties": {
+        "merge": {
+            "type": "array",
+            "maxItems": 4,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "ids": {"type": "array", "minItems": 2, "maxItems": 8, "items": {"type": "integer"}},
+                    "description": _DESC,
+                },
+                "required": ["ids", "description"],
+            },
+        }
+    },
     "required": ["merge"],
 }
 
@@ -109,16 +163,27 @@ class HGMemConfig:
     retries: int = 1
 
     def check(self) -> HGMemConfig:
-        for name, low, high in (("chunk_tokens", 16, 4096), ("overlap", 0, 2048), ("max_rounds", 1, 16),
-                                ("hops", 0, 8), ("top_entities", 1, 256), ("top_chunks", 1, 256),
-                                ("answer_chunks", 1, 256), ("answer_context_tokens", 64, 1 << 17),
-                                ("extract_tokens", 16, 4096), ("plan_tokens", 16, 4096),
-                                ("evolve_tokens", 16, 4096), ("merge_tokens", 16, 4096),
-                                ("answer_tokens", 1, 4096), ("retries", 0, 8)):
+        for name, low, high in (
+            ("chunk_tokens", 16, 4096),
+            ("overlap", 0, 2048),
+            ("max_rounds", 1, 16),
+            ("hops", 0, 8),
+            ("top_entities", 1, 256),
+            ("top_chunks", 1, 256),
+            ("answer_chunks", 1, 256),
+            ("answer_context_tokens", 64, 1 << 17),
+            ("extract_tokens", 1, 4096),
+            ("plan_tokens", 1, 4096),
+            ("evolve_tokens", 1, 4096),
+            ("merge_tokens", 1, 4096),
+            ("answer_tokens", 1, 4096),
+            ("retries", 0, 8),
+        ):
             check_range(name, getattr(self, name), low, high, integer=True)
         if self.overlap >= self.chunk_tokens:
-            raise LonglabError(f"overlap must be smaller than chunk_tokens ({self.chunk_tokens}), got "
-                               f"{self.overlap}")
+            raise LonglabError(
+                f"overlap must be smaller than chunk_tokens ({self.chunk_tokens}), got {self.overlap}"
+            )
         return self
 
 
@@ -132,10 +197,10 @@ def chunk_text(text: str, tokenizer: Any, size: int = 200, overlap: int = 50) ->
     stride = size - overlap
     if tokenizer is None:
         words = text.split()
-        pieces = [" ".join(words[i:i + size]) for i in range(0, max(1, len(words) - overlap), stride)]
+        pieces = [" ".join(words[i : i + size]) for i in range(0, max(1, len(words) - overlap), stride)]
     else:
         ids = tokenizer.encode(text, add_special_tokens=False)
-        pieces = [tokenizer.decode(ids[i:i + size]) for i in range(0, max(1, len(ids) - overlap), stride)]
+        pieces = [tokenizer.decode(ids[i : i + size]) for i in range(0, max(1, len(ids) - overlap), stride)]
     if len(pieces) > MAX_CHUNKS:
         raise LonglabError(f"document makes {len(pieces)} chunks, more than {MAX_CHUNKS}")
     return [p.strip() for p in pieces if p.strip()]
@@ -147,8 +212,10 @@ def _user(text: str) -> list[dict[str, str]]:
 
 def answer_messages(question: str, context: str) -> list[dict[str, str]]:
     """The answer prompt every system of this family uses (HGMem and the baselines)."""
-    return _user(f"{context}\n\nAnswer the question using the information above. Reply with the answer only, "
-                 f"a short phrase.\nQuestion: {question}")
+    return _user(
+        f"{context}\n\nAnswer the question using the information above. Reply with the answer only, "
+        f"a short phrase.\nQuestion: {question}"
+    )
 
 
 class DocumentIndex:
@@ -168,20 +235,28 @@ class DocumentIndex:
         self.entity_index.add([e.name for e in ents], [f"{e.name}: {e.description}" for e in ents])
 
     @classmethod
-    def build(cls, backend: ChatBackend, text: str, embedder: Any, *, tokenizer: Any = None,
-              config: HGMemConfig | None = None) -> DocumentIndex:
-        """Chunk ``text``, extract entities and relations from every chunk (one schema call each) and index."""
+    def build(
+        cls,
+        backend: ChatBackend,
+        text: str,
+        embedder: Any,
+        *,
+        tokenizer: Any = None,
+        config: HGMemConfig | None = None,
+    ) -> DocumentIndex:
+        """Chunk ``text``, extract entities and relations from each chunk (one schema call each), index."""
         cfg = (config or HGMemConfig()).check()
         chunks = chunk_text(text, tokenizer, cfg.chunk_tokens, cfg.overlap)
         graph = KnowledgeGraph()
         failures = 0
         for i, chunk in enumerate(chunks):
-            got = chat_json(backend, _user(
-                f"Extract the named entities (types: {', '.join(ENTITY_TYPES)}) and the relations between "
-                f"them from the text. Reply with JSON "
-                f'{{"entities": [{{"name", "type", "description"}}], "relations": [{{"source", "target", '
-                f'"description"}}]}}.\nText: {chunk}'), EXTRACT_SCHEMA, max_tokens=cfg.extract_tokens,
-                retries=cfg.retries)
+            got = chat_json(
+                backend,
+                _user(EXTRACT_PROMPT.format(types=", ".join(ENTITY_TYPES), chunk=chunk)),
+                EXTRACT_SCHEMA,
+                max_tokens=cfg.extract_tokens,
+                retries=cfg.retries,
+            )
             if got is None:
                 failures += 1
                 continue
@@ -209,8 +284,14 @@ class Trace:
 class HGMem:
     """HGMem over one :class:`DocumentIndex` and one backend (see the module docstring for the loop)."""
 
-    def __init__(self, backend: ChatBackend, index: DocumentIndex, config: HGMemConfig | None = None,
-                 *, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        backend: ChatBackend,
+        index: DocumentIndex,
+        config: HGMemConfig | None = None,
+        *,
+        tokenizer: Any = None,
+    ) -> None:
         self.backend, self.index, self.cfg = backend, index, (config or HGMemConfig()).check()
         self.tokenizer = tokenizer
 
@@ -220,7 +301,9 @@ class HGMem:
         chunks = [k for k, _ in self.index.chunk_index.search(query, self.cfg.top_chunks)]
         return ents, chunks
 
-    def retrieve_local(self, query: str, memory: HypergraphMemory, pids: list[int]) -> tuple[list[str], list[int]]:
+    def retrieve_local(
+        self, query: str, memory: HypergraphMemory, pids: list[int]
+    ) -> tuple[list[str], list[int]]:
         """Entities in the ``hops`` neighbourhood of the points' vertices, ranked by the sub-query; chunks:
         the points' own (inner) and their neighbours' (outer), ranked by the sub-query."""
         anchors = sorted(set().union(*(memory.points[p].objects for p in pids)))
@@ -229,14 +312,19 @@ class HGMem:
         pool: set[int] = set().union(*(memory.points[p].chunks for p in pids))
         for name in near:
             pool |= self.index.graph.entities[name].chunks
-        chunks = [k for k, _ in self.index.chunk_index.search(query, self.cfg.top_chunks, among=pool)] if pool \
+        chunks = (
+            [k for k, _ in self.index.chunk_index.search(query, self.cfg.top_chunks, among=pool)]
+            if pool
             else []
+        )
         return ents, chunks
 
     def context_of(self, ents: list[str], chunks: list[int]) -> str:
         g = self.index.graph
         lines = ["-----Entities-----", "name,type,description"]
-        lines += [f'"{n}","{g.entities[n].type}","{g.entities[n].description}"' for n in ents if n in g.entities]
+        lines += [
+            f'"{n}","{g.entities[n].type}","{g.entities[n].description}"' for n in ents if n in g.entities
+        ]
         lines += ["-----Relations-----", "source,target,description"]
         lines += [f'"{r.source}","{r.target}","{r.description}"' for r in g.relations_among(ents)]
         lines += ["-----Chunks-----"] + [f"[chunk {c}] {self.index.chunks[c]}" for c in chunks]
@@ -261,9 +349,13 @@ class HGMem:
             else:
                 plan = self._json(
                     f"Question: {question}\nMemory points:\n{memory.render()}\n\nIs the memory enough to "
-                    f"answer? Reply with JSON {{\"decision\": \"stop\" | \"local\" | \"global\", \"point_ids\": "
-                    f"[ids of memory points to investigate, for local], \"subquery\": \"what to look up "
-                    f"next\"}}.", PLAN_SCHEMA, cfg.plan_tokens, trace)
+                    f'answer? Reply with JSON {{"decision": "stop" | "local" | "global", "point_ids": '
+                    f'[ids of memory points to investigate, for local], "subquery": "what to look up '
+                    f'next"}}.',
+                    PLAN_SCHEMA,
+                    cfg.plan_tokens,
+                    trace,
+                )
                 if plan is None or plan["decision"] == "stop":
                     step["decision"] = "stop" if plan else "stop (no valid plan)"
                     trace.rounds.append(step)
@@ -272,24 +364,32 @@ class HGMem:
                 pids = [p for p in plan["point_ids"] if p in memory.points]
                 if decision == "local" and not pids:
                     decision = "global"
-            ents, chunks = (self.retrieve_local(sub, memory, pids) if decision == "local"
-                            else self.retrieve_global(sub))
-            step.update(decision=decision, subquery=sub[:200], point_ids=pids, entities=len(ents),
-                        chunks=list(chunks))
+            ents, chunks = (
+                self.retrieve_local(sub, memory, pids) if decision == "local" else self.retrieve_global(sub)
+            )
+            step.update(
+                decision=decision, subquery=sub[:200], point_ids=pids, entities=len(ents), chunks=list(chunks)
+            )
             evolve = self._json(
                 f"Question: {question}\nSub-query: {sub}\nMemory points:\n{memory.render()}\n\nRetrieved:\n"
                 f"{self.context_of(ents, chunks)}\n\nRecord what the retrieved text says that helps answer. "
-                f"Reply with JSON {{\"insert\": [{{\"objects\": [entity names], \"description\": \"a fact\"}}], "
-                f"\"update\": [{{\"id\": memory point id, \"description\": \"rewritten fact\"}}]}}.",
-                EVOLVE_SCHEMA, cfg.evolve_tokens, trace)
+                f'Reply with JSON {{"insert": [{{"objects": [entity names], "description": "a fact"}}], '
+                f'"update": [{{"id": memory point id, "description": "rewritten fact"}}]}}.',
+                EVOLVE_SCHEMA,
+                cfg.evolve_tokens,
+                trace,
+            )
             if evolve is not None:
                 step["inserted"], step["updated"] = self.evolve(memory, evolve, chunks)
             if len(memory) >= 2:
                 merge = self._json(
                     f"Question: {question}\nMemory points:\n{memory.render()}\n\nWhich points describe one "
-                    f"connected fact and should be merged? Reply with JSON {{\"merge\": [{{\"ids\": [two or "
-                    f"more ids], \"description\": \"the merged fact\"}}]}} (an empty list if none).",
-                    MERGE_SCHEMA, cfg.merge_tokens, trace)
+                    f'connected fact and should be merged? Reply with JSON {{"merge": [{{"ids": [two or '
+                    f'more ids], "description": "the merged fact"}}]}} (an empty list if none).',
+                    MERGE_SCHEMA,
+                    cfg.merge_tokens,
+                    trace,
+                )
                 if merge is not None:
                     step["merged"] = self.merge(memory, merge)
             trace.rounds.append(step)
@@ -356,12 +456,17 @@ class HGMem:
         memory, trace = self.run_memory(question)
         context, trace.answer_chunks = self.answer_context(memory)
         text = self.backend.chat(answer_messages(question, context), max_tokens=self.cfg.answer_tokens)
-        record = {"trace": json.loads(json.dumps(asdict(trace))), "memory": memory.render()[:4000],
-                  "wall_s": time.perf_counter() - start}
+        record = {
+            "trace": json.loads(json.dumps(asdict(trace))),
+            "memory": memory.render()[:4000],
+            "wall_s": time.perf_counter() - start,
+        }
         if stats is not None:
             record["spent"] = stats.since(before)
         return text, record
 
 
 def _count(tokenizer: Any, text: str) -> int:
-    return len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer is not None else len(text.split())
+    return (
+        len(tokenizer.encode(text, add_special_tokens=False)) if tokenizer is not None else len(text.split())
+    )

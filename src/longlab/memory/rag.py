@@ -25,21 +25,25 @@ from .hgmem import answer_messages, chunk_text
 
 __all__ = ["ChunkStore", "rag_answer", "context_answers", "reuse_answers", "ANSWER_INSTRUCTION"]
 
-ANSWER_INSTRUCTION = "Answer the question using the information above. Reply with the answer only, a short phrase."
+ANSWER_INSTRUCTION = (
+    "Answer the question using the information above. Reply with the answer only, a short phrase."
+)
 
 
 class ChunkStore:
     """A document's chunks and their vector index."""
 
-    def __init__(self, text: str, embedder: Any, *, tokenizer: Any = None, chunk_tokens: int = 200,
-                 overlap: int = 50) -> None:
+    def __init__(
+        self, text: str, embedder: Any, *, tokenizer: Any = None, chunk_tokens: int = 200, overlap: int = 50
+    ) -> None:
         self.chunks = chunk_text(text, tokenizer, chunk_tokens, overlap)
         self.index = VectorIndex(embedder)
         self.index.add(list(range(len(self.chunks))), self.chunks)
 
 
-def rag_answer(backend: ChatBackend, store: ChunkStore, question: str, *, k: int = 4,
-               answer_tokens: int = 32) -> tuple[str, dict[str, Any]]:
+def rag_answer(
+    backend: ChatBackend, store: ChunkStore, question: str, *, k: int = 4, answer_tokens: int = 32
+) -> tuple[str, dict[str, Any]]:
     """Top-``k`` chunk RAG; the chunks go in document order."""
     check_range("k", k, 1, 256, integer=True)
     stats = getattr(backend, "stats", None)
@@ -56,20 +60,37 @@ def rag_answer(backend: ChatBackend, store: ChunkStore, question: str, *, k: int
 
 def _local(backend: Any, what: str) -> LocalBackend:
     if not isinstance(backend, LocalBackend):
-        raise LonglabError(f"{what} needs the local engine (a model name), not {type(backend).__name__}: a remote "
-                           f"endpoint keeps its own KV cache")
+        raise LonglabError(
+            f"{what} needs the local engine (a model name), not {type(backend).__name__}: a remote "
+            f"endpoint keeps its own KV cache"
+        )
     return backend
 
 
 def _record(result: Any, wall: float) -> dict[str, Any]:
-    return {"wall_s": wall, "spent": {"calls": 1, "prompt_tokens": int(result.prompt_tokens),
-                                      "generated_tokens": len(result.token_ids), "seconds": wall},
-            "kv_bytes_before": int(result.kv_bytes_before), "kv_bytes_after": int(result.kv_bytes_after),
-            "prefill_s": float(result.prefill_s), "decode_s": float(result.decode_s)}
+    return {
+        "wall_s": wall,
+        "spent": {
+            "calls": 1,
+            "prompt_tokens": int(result.prompt_tokens),
+            "generated_tokens": len(result.token_ids),
+            "seconds": wall,
+        },
+        "kv_bytes_before": int(result.kv_bytes_before),
+        "kv_bytes_after": int(result.kv_bytes_after),
+        "prefill_s": float(result.prefill_s),
+        "decode_s": float(result.decode_s),
+    }
 
 
-def context_answers(backend: LocalBackend, document: str, questions: list[str], *, recipe: str = "full",
-                    answer_tokens: int = 32) -> list[tuple[str, dict[str, Any]]]:
+def context_answers(
+    backend: LocalBackend,
+    document: str,
+    questions: list[str],
+    *,
+    recipe: str = "full",
+    answer_tokens: int = 32,
+) -> list[tuple[str, dict[str, Any]]]:
     """The whole ``document`` in context under ``recipe``, one request per question (each timed alone)."""
     from ..engine import Engine
     from ..request import Request
@@ -77,18 +98,31 @@ def context_answers(backend: LocalBackend, document: str, questions: list[str], 
     backend = _local(backend, "the whole-document baseline")
     out = []
     for q in questions:
-        request = Request(context=document, question=f"{ANSWER_INSTRUCTION}\nQuestion: {q}", recipe=recipe,
-                          query_aware=True, max_new_tokens=answer_tokens, chunk_size=backend.chunk_size,
-                          strict=False).check()
+        request = Request(
+            context=document,
+            question=f"{ANSWER_INSTRUCTION}\nQuestion: {q}",
+            recipe=recipe,
+            query_aware=True,
+            max_new_tokens=answer_tokens,
+            chunk_size=backend.chunk_size,
+            strict=False,
+        ).check()
         start = time.perf_counter()
         (result,) = Engine(backend.model, backend.tokenizer).run([request])
         out.append((result.text, _record(result, time.perf_counter() - start)))
     return out
 
 
-def reuse_answers(backend: LocalBackend, document: str, questions: list[str], *,
-                  reuse: str = "cacheblend:recompute=0.15", piece_tokens: int = 512, answer_tokens: int = 32,
-                  store: Any = None) -> list[tuple[str, dict[str, Any]]]:
+def reuse_answers(
+    backend: LocalBackend,
+    document: str,
+    questions: list[str],
+    *,
+    reuse: str = "cacheblend:recompute=0.15",
+    piece_tokens: int = 512,
+    answer_tokens: int = 32,
+    store: Any = None,
+) -> list[tuple[str, dict[str, Any]]]:
     """The document as ``piece_tokens`` pieces in a KV store, assembled with ``reuse`` for every question;
     the first question pays the pieces' prefill (``record["stored"]`` says which did)."""
     from ..engine import Engine
@@ -102,8 +136,13 @@ def reuse_answers(backend: LocalBackend, document: str, questions: list[str], *,
     engine = Engine(backend.model, backend.tokenizer, store=store)
     out = []
     for i, q in enumerate(questions):
-        request = Request(documents=pieces, question=f"{ANSWER_INSTRUCTION}\nQuestion: {q}", reuse=reuse,
-                          max_new_tokens=answer_tokens, strict=False).check()
+        request = Request(
+            documents=pieces,
+            question=f"{ANSWER_INSTRUCTION}\nQuestion: {q}",
+            reuse=reuse,
+            max_new_tokens=answer_tokens,
+            strict=False,
+        ).check()
         start = time.perf_counter()
         (result,) = engine.run([request])
         rec = _record(result, time.perf_counter() - start)

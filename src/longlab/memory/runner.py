@@ -25,7 +25,7 @@ from ..errors import LonglabError, shorten
 from ..tasks.registry import score_sample
 from ..tasks.sample import Sample
 from .backend import ChatBackend, LocalBackend
-from .hgmem import HGMem, HGMemConfig, DocumentIndex
+from .hgmem import DocumentIndex, HGMem, HGMemConfig
 
 __all__ = ["parse_system", "run_systems", "SYSTEM_KINDS", "MAX_SAMPLES"]
 
@@ -37,8 +37,10 @@ def parse_system(spec: str) -> tuple[str, Any]:
     """``"hgmem"`` -> ("hgmem", None); ``"rag:k=8"`` -> ("rag", 8); ``"context:snapkv@0.5"`` ->
     ("context", "snapkv@0.5"); ``"reuse"`` -> ("reuse", "cacheblend:recompute=0.15")."""
     if not isinstance(spec, str) or not spec.strip():
-        raise LonglabError(f"a system must be one of {', '.join(SYSTEM_KINDS)} (e.g. rag:k=4, context:full), "
-                           f"got {shorten(spec)}")
+        raise LonglabError(
+            f"a system must be one of {', '.join(SYSTEM_KINDS)} (e.g. rag:k=4, context:full), "
+            f"got {shorten(spec)}"
+        )
     kind, _, arg = spec.strip().partition(":")
     if kind == "hgmem" and not arg:
         return "hgmem", None
@@ -65,8 +67,10 @@ def parse_system(spec: str) -> tuple[str, Any]:
         except LonglabError as exc:
             raise LonglabError(f"system {spec}: {exc}") from None
         return "reuse", method
-    raise LonglabError(f"unknown system {shorten(spec)}; systems: hgmem, rag[:k=N], context:RECIPE "
-                       f"(context:full, context:snapkv@0.5, context:kivi4), reuse[:METHOD]")
+    raise LonglabError(
+        f"unknown system {shorten(spec)}; systems: hgmem, rag[:k=N], context:RECIPE "
+        f"(context:full, context:snapkv@0.5, context:kivi4), reuse[:METHOD]"
+    )
 
 
 def _groups(samples: Sequence[Sample]) -> list[list[Sample]]:
@@ -76,12 +80,21 @@ def _groups(samples: Sequence[Sample]) -> list[list[Sample]]:
     return list(by.values())
 
 
-def run_systems(backend: ChatBackend, samples: Sequence[Sample], systems: Sequence[str], *, embedder: Any,
-                store: Any = None, config: HGMemConfig | None = None, seed: int = 0,
-                tokenizer: Any = None, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+def run_systems(
+    backend: ChatBackend,
+    samples: Sequence[Sample],
+    systems: Sequence[str],
+    *,
+    embedder: Any,
+    store: Any = None,
+    config: HGMemConfig | None = None,
+    seed: int = 0,
+    tokenizer: Any = None,
+    log: Callable[[str], None] | None = None,
+) -> list[dict[str, Any]]:
     """Every system on every sample; the rows (also added to ``store`` when given)."""
     from ..eval.identity import config_hash, run_key_of
-    from .rag import ChunkStore, context_answers, reuse_answers, rag_answer
+    from .rag import ChunkStore, context_answers, rag_answer, reuse_answers
 
     cfg = (config or HGMemConfig()).check()
     parsed = [(s, *parse_system(s)) for s in systems]
@@ -98,8 +111,20 @@ def run_systems(backend: ChatBackend, samples: Sequence[Sample], systems: Sequen
     for group in _groups(samples):
         doc = group[0].context
         for spec, kind, arg in parsed:
-            base = [{"model": backend.name, "recipe": spec, "method": kind, "task": s.task, "length": s.length,
-                     "sample_id": s.sample_id, "query_aware": 1, "seed": seed, "config_hash": chash} for s in group]
+            base = [
+                {
+                    "model": backend.name,
+                    "recipe": spec,
+                    "method": kind,
+                    "task": s.task,
+                    "length": s.length,
+                    "sample_id": s.sample_id,
+                    "query_aware": 1,
+                    "seed": seed,
+                    "config_hash": chash,
+                }
+                for s in group
+            ]
             todo = [i for i, b in enumerate(base) if store is None or not store.has(run_key_of(b))]
             if not todo:
                 continue
@@ -110,12 +135,17 @@ def run_systems(backend: ChatBackend, samples: Sequence[Sample], systems: Sequen
             offline: dict[str, Any] = {}
             if kind == "hgmem":
                 index = DocumentIndex.build(backend, doc, embedder, tokenizer=tokenizer, config=cfg)
-                offline = {"chunks": len(index.chunks), "entities": len(index.graph.entities),
-                           "relations": len(index.graph.relations), "extract_failures": index.extract_failures}
+                offline = {
+                    "chunks": len(index.chunks),
+                    "entities": len(index.graph.entities),
+                    "relations": len(index.graph.relations),
+                    "extract_failures": index.extract_failures,
+                }
                 system = HGMem(backend, index, cfg, tokenizer=tokenizer)
             elif kind == "rag":
-                chunk_store = ChunkStore(doc, embedder, tokenizer=tokenizer, chunk_tokens=cfg.chunk_tokens,
-                                         overlap=cfg.overlap)
+                chunk_store = ChunkStore(
+                    doc, embedder, tokenizer=tokenizer, chunk_tokens=cfg.chunk_tokens, overlap=cfg.overlap
+                )
             offline_s = time.perf_counter() - t0
             if stats is not None:
                 spent = stats.since(before)
@@ -124,34 +154,59 @@ def run_systems(backend: ChatBackend, samples: Sequence[Sample], systems: Sequen
             if kind == "hgmem":
                 results = [system.answer(s.question) for s in chosen]
             elif kind == "rag":
-                results = [rag_answer(backend, chunk_store, s.question, k=arg, answer_tokens=cfg.answer_tokens)
-                           for s in chosen]
+                results = [
+                    rag_answer(backend, chunk_store, s.question, k=arg, answer_tokens=cfg.answer_tokens)
+                    for s in chosen
+                ]
             elif kind == "context":
-                results = context_answers(backend, doc, [s.question for s in chosen], recipe=arg,
-                                          answer_tokens=cfg.answer_tokens)
+                results = context_answers(
+                    backend, doc, [s.question for s in chosen], recipe=arg, answer_tokens=cfg.answer_tokens
+                )
             else:
-                results = reuse_answers(backend, doc, [s.question for s in chosen], reuse=arg,
-                                        answer_tokens=cfg.answer_tokens)
+                results = reuse_answers(
+                    backend, doc, [s.question for s in chosen], reuse=arg, answer_tokens=cfg.answer_tokens
+                )
             for i, s, (text, rec) in zip(todo, chosen, results):
                 spent = rec.get("spent", {})
-                gen = spent.get("generated_tokens", 0) + offline.get("offline_generated_tokens", 0) / len(chosen)
-                row = dict(base[i], prediction=text, answers=list(s.answers), score=score_sample(s, text) if s.answers else None,
-                           context_tokens=len(tokenizer.encode(doc, add_special_tokens=False))
-                           if tokenizer is not None else None,
-                           prefill_s=rec.get("prefill_s"), decode_s=rec.get("decode_s"),
-                           kv_bytes_before=rec.get("kv_bytes_before"), kv_bytes_after=rec.get("kv_bytes_after"))
-                row["extra"] = {"wall_s": rec["wall_s"], "offline_s": offline_s,
-                                "wall_per_question_s": rec["wall_s"] + offline_s / len(chosen),
-                                "generated_tokens": spent.get("generated_tokens"),
-                                "prompt_tokens": spent.get("prompt_tokens"), "calls": spent.get("calls"),
-                                "json_failures": spent.get("json_failures"), "constrained": spent.get("constrained"),
-                                "generated_per_question": gen, "doc": s.metadata.get("doc"),
-                                "backend": type(backend).__name__, "embedder": type(embedder).__name__,
-                                **offline, **{k: v for k, v in rec.items() if k in ("trace", "memory", "chunks",
-                                                                                   "stored", "pieces")}}
+                gen = spent.get("generated_tokens", 0) + offline.get("offline_generated_tokens", 0) / len(
+                    chosen
+                )
+                row = dict(
+                    base[i],
+                    prediction=text,
+                    answers=list(s.answers),
+                    score=score_sample(s, text) if s.answers else None,
+                    context_tokens=len(tokenizer.encode(doc, add_special_tokens=False))
+                    if tokenizer is not None
+                    else None,
+                    prefill_s=rec.get("prefill_s"),
+                    decode_s=rec.get("decode_s"),
+                    kv_bytes_before=rec.get("kv_bytes_before"),
+                    kv_bytes_after=rec.get("kv_bytes_after"),
+                )
+                row["extra"] = {
+                    "wall_s": rec["wall_s"],
+                    "offline_s": offline_s,
+                    "wall_per_question_s": rec["wall_s"] + offline_s / len(chosen),
+                    "generated_tokens": spent.get("generated_tokens"),
+                    "prompt_tokens": spent.get("prompt_tokens"),
+                    "calls": spent.get("calls"),
+                    "json_failures": spent.get("json_failures"),
+                    "constrained": spent.get("constrained"),
+                    "generated_per_question": gen,
+                    "doc": s.metadata.get("doc"),
+                    "backend": type(backend).__name__,
+                    "embedder": type(embedder).__name__,
+                    **offline,
+                    **{
+                        k: v for k, v in rec.items() if k in ("trace", "memory", "chunks", "stored", "pieces")
+                    },
+                }
                 if store is not None:
                     store.add(row)
                 rows.append(row)
-                say(f"{spec:>22} {s.sample_id}: score {row['score']} | {shorten(text, 40)!s} | "
-                    f"gold {s.answers[:1]} | {row['extra']['wall_per_question_s']:.1f} s/q")
+                say(
+                    f"{spec:>22} {s.sample_id}: score {row['score']} | {shorten(text, 40)!s} | "
+                    f"gold {s.answers[:1]} | {row['extra']['wall_per_question_s']:.1f} s/q"
+                )
     return rows
