@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -243,8 +244,10 @@ class DocumentIndex:
         *,
         tokenizer: Any = None,
         config: HGMemConfig | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> DocumentIndex:
-        """Chunk ``text``, extract entities and relations from each chunk (one schema call each), index."""
+        """Chunk ``text``, extract entities and relations from each chunk (one schema call each), index.
+        ``progress`` gets one line per chunk."""
         cfg = (config or HGMemConfig()).check()
         chunks = chunk_text(text, tokenizer, cfg.chunk_tokens, cfg.overlap)
         graph = KnowledgeGraph()
@@ -257,6 +260,15 @@ class DocumentIndex:
                 max_tokens=cfg.extract_tokens,
                 retries=cfg.retries,
             )
+            if progress is not None:
+                progress(
+                    f"extract {i + 1}/{len(chunks)}: "
+                    + (
+                        "no valid JSON"
+                        if got is None
+                        else f"{len(got['entities'])} entities, {len(got['relations'])} relations"
+                    )
+                )
             if got is None:
                 failures += 1
                 continue

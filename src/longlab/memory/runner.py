@@ -110,6 +110,7 @@ def run_systems(
     rows: list[dict[str, Any]] = []
     for group in _groups(samples):
         doc = group[0].context
+        joint: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         for spec, kind, arg in parsed:
             base = [
                 {
@@ -134,7 +135,9 @@ def run_systems(
             t0 = time.perf_counter()
             offline: dict[str, Any] = {}
             if kind == "hgmem":
-                index = DocumentIndex.build(backend, doc, embedder, tokenizer=tokenizer, config=cfg)
+                index = DocumentIndex.build(
+                    backend, doc, embedder, tokenizer=tokenizer, config=cfg, progress=say
+                )
                 offline = {
                     "chunks": len(index.chunks),
                     "entities": len(index.graph.entities),
@@ -159,9 +162,17 @@ def run_systems(
                     for s in chosen
                 ]
             elif kind == "context":
-                results = context_answers(
-                    backend, doc, [s.question for s in chosen], recipe=arg, answer_tokens=cfg.answer_tokens
-                )
+                if spec not in joint:  # every context system of this document at once: one shared prefill
+                    recipes = [a for sp, k, a in parsed if k == "context"]
+                    got = context_answers(
+                        backend,
+                        doc,
+                        [s.question for s in group],
+                        recipes=recipes,
+                        answer_tokens=cfg.answer_tokens,
+                    )
+                    joint.update({sp: got[a] for sp, k, a in parsed if k == "context"})
+                results = [joint[spec][i] for i in todo]
             else:
                 results = reuse_answers(
                     backend, doc, [s.question for s in chosen], reuse=arg, answer_tokens=cfg.answer_tokens
