@@ -350,3 +350,22 @@ def test_extract_schema_is_accepted_by_the_checker():
     from longlab.memory import check_schema
 
     assert check_schema(EXTRACT_SCHEMA) is EXTRACT_SCHEMA
+
+
+def test_page_is_generated_from_the_stored_rows(tokenizer, tmp_path):
+    from longlab.cli import main
+    from longlab.eval.stats import wilson_interval
+    from longlab.eval.store import ResultStore
+
+    samples = longdoc_multihop(tokenizer, 600, 4, seed=1, questions_per_doc=2, distractors=1)
+    with ResultStore(tmp_path / "a") as store:
+        rows = run_systems(Scripted(), samples, ["hgmem", "rag:k=1"], embedder=HashEmbedder(), store=store,
+                           config=HGMemConfig(max_rounds=2), tokenizer=tokenizer, log=lambda m: None)
+    out = tmp_path / "page.md"
+    assert main(["memory", "page", str(tmp_path / "a"), "--out", str(out)]) == 0
+    text = out.read_text()
+    hg = [r["score"] for r in rows if r["recipe"] == "hgmem"]
+    low, high = wilson_interval(int(sum(hg)), len(hg))
+    assert f"| hgmem | {sum(hg) / len(hg):.3f} [{low:.3f}, {high:.3f}] | 4 |" in text
+    assert "| hgmem - rag:k=1 |" in text and "hgmem internals:" in text
+    assert main(["memory", "page", str(tmp_path / "missing"), "--out", str(out)]) == 2

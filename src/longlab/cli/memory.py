@@ -25,6 +25,7 @@ __all__ = ["add_memory_parser", "SUBCOMMANDS", "backend_from_args", "add_backend
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     (".memory", "add_run_parser"),
     (".memory", "add_eval_parser"),
+    (".memory", "add_page_parser"),
     (".memory_cdic", "add_cdic_parser"),
     (".memory_cdic", "add_persist_parser"),
 )
@@ -257,4 +258,28 @@ def cmd_eval(args: argparse.Namespace) -> int:
             tokenizer=tokenizer,
         )
     print(f"{len(rows)} new rows in {args.out}; tables: longlab report {args.out} --baseline context:full")
+    return 0
+
+
+HGMEM_TITLE = "HGMem vs its baselines: multi-hop QA over long documents (issue #31)"
+
+
+def add_page_parser(msub: Any) -> None:
+    p = msub.add_parser("page", help="the HGMem results page (Markdown) from results directories")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="results directories (only read)")
+    p.add_argument("--out", required=True, metavar="FILE", help="Markdown file to write")
+    p.add_argument("--intro", metavar="FILE", help="Markdown put before the tables")
+    p.add_argument("--notes", metavar="FILE", help="Markdown put after the tables")
+    p.add_argument("--title", default=HGMEM_TITLE)
+    p.set_defaults(func=cmd_page)
+
+
+def cmd_page(args: argparse.Namespace) -> int:
+    from ..memory.report import write_page
+    from .common import read_context_file
+
+    intro = read_context_file(args.intro, flag="--intro") if args.intro else ""
+    notes = read_context_file(args.notes, flag="--notes") if args.notes else ""
+    write_page(args.dirs, args.out, title=args.title, intro=intro, notes=notes)
+    print(f"wrote {args.out}")
     return 0

@@ -5,7 +5,8 @@ document in context under a KV recipe: ``context:full``, ``context:snapkv@0.5``,
 ``reuse`` / ``reuse:METHOD`` (the document KV store, ``reuse:cacheblend:recompute=0.15``). Samples are
 grouped by document (``metadata["doc"]``, else the context): HGMem's offline index, the RAG chunk index and
 the KV store are built once per document; their cost is stored as ``offline_s`` / ``offline_tokens`` and
-spread over the document's questions in ``wall_per_question_s`` / ``generated_per_question``.
+spread over the document's questions in ``wall_per_question_s`` / ``generated_per_question`` /
+``prompt_per_question``.
 
 Rows go to the results store (:class:`~longlab.eval.store.ResultStore`) in the columns ``longlab report``
 reads: ``recipe`` is the system spec, ``task``, ``length``, ``sample_id``, ``score`` (the task's metric),
@@ -179,9 +180,9 @@ def run_systems(
                 )
             for i, s, (text, rec) in zip(todo, chosen, results):
                 spent = rec.get("spent", {})
-                gen = spent.get("generated_tokens", 0) + offline.get("offline_generated_tokens", 0) / len(
-                    chosen
-                )
+                share = 1 / len(chosen)  # this question's share of the document's offline work
+                gen = spent.get("generated_tokens", 0) + offline.get("offline_generated_tokens", 0) * share
+                prompt = spent.get("prompt_tokens", 0) + offline.get("offline_prompt_tokens", 0) * share
                 row = dict(
                     base[i],
                     prediction=text,
@@ -205,6 +206,7 @@ def run_systems(
                     "json_failures": spent.get("json_failures"),
                     "constrained": spent.get("constrained"),
                     "generated_per_question": gen,
+                    "prompt_per_question": prompt,
                     "doc": s.metadata.get("doc"),
                     "backend": type(backend).__name__,
                     "embedder": type(embedder).__name__,
