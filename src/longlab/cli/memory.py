@@ -25,6 +25,7 @@ __all__ = ["add_memory_parser", "SUBCOMMANDS", "backend_from_args", "add_backend
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
     (".memory", "add_run_parser"),
     (".memory", "add_eval_parser"),
+    (".memory", "add_page_parser"),
     (".memory_cdic", "add_cdic_parser"),
     (".memory_cdic", "add_persist_parser"),
 )
@@ -65,19 +66,30 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--endpoint-model", help="the endpoint's model name (with --base-url)")
     g.add_argument("--api-key", default="none", help="API key of the endpoint (default: none)")
     g.add_argument("--timeout", type=_positive(float), default=120.0, help="seconds per endpoint call")
-    p.add_argument("--embedder", default="minilm", choices=("minilm", "hash"),
-                   help="chunk/entity embeddings: all-MiniLM-L6-v2 (longlab[data]) or word hashing")
+    p.add_argument(
+        "--embedder",
+        default="minilm",
+        choices=("minilm", "hash"),
+        help="chunk/entity embeddings: all-MiniLM-L6-v2 (longlab[data]) or word hashing",
+    )
     p.add_argument("--threads", type=_positive(int), help="torch CPU threads")
     h = p.add_argument_group("HGMem")
     h.add_argument("--max-rounds", type=_positive(int), default=4, help="plan/retrieve/evolve rounds (4)")
     h.add_argument("--hops", type=int, default=2, help="neighbourhood radius of local investigation (2)")
     h.add_argument("--top-chunks", type=_positive(int), default=4, help="chunks retrieved per round (4)")
     h.add_argument("--top-entities", type=_positive(int), default=8, help="entities retrieved per round (8)")
-    h.add_argument("--answer-tokens", type=_positive(int), default=32,
-                   help="generated tokens of every system's answer (equal budget; 32)")
+    h.add_argument(
+        "--answer-tokens",
+        type=_positive(int),
+        default=32,
+        help="generated tokens of every system's answer (equal budget; 32)",
+    )
     h.add_argument("--retries", type=int, default=1, help="re-asks of an invalid JSON reply (1)")
-    h.add_argument("--json-tokens", type=_positive(int),
-                   help="cap the generated tokens of every JSON call (extract/plan/evolve/merge)")
+    h.add_argument(
+        "--json-tokens",
+        type=_positive(int),
+        help="cap the generated tokens of every JSON call (extract/plan/evolve/merge)",
+    )
 
 
 def backend_from_args(args: argparse.Namespace) -> Any:
@@ -89,7 +101,9 @@ def backend_from_args(args: argparse.Namespace) -> Any:
 
         torch.set_num_threads(args.threads)
     if bool(args.model) == bool(args.base_url):
-        raise LonglabError("give exactly one backend: --model NAME (local) or --base-url URL --endpoint-model NAME")  # noqa: E501
+        raise LonglabError(
+            "give exactly one backend: --model NAME (local) or --base-url URL --endpoint-model NAME"
+        )
     if args.base_url:
         if not args.endpoint_model:
             raise LonglabError("--base-url needs --endpoint-model (the model name the endpoint serves)")
@@ -97,15 +111,23 @@ def backend_from_args(args: argparse.Namespace) -> Any:
     from ..models import build_tiny_model, tiny_tokenizer
 
     if args.model.startswith("tiny-"):  # the random test models built in code
-        return LocalBackend(build_tiny_model(args.model), tiny_tokenizer(), recipe=args.recipe, name=args.model)  # noqa: E501
+        return LocalBackend(
+            build_tiny_model(args.model), tiny_tokenizer(), recipe=args.recipe, name=args.model
+        )
     return LocalBackend.load(args.model, recipe=args.recipe, dtype=args.dtype)
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
     from ..memory.hgmem import HGMemConfig
 
-    cfg = HGMemConfig(max_rounds=args.max_rounds, hops=args.hops, top_chunks=args.top_chunks,
-                      top_entities=args.top_entities, answer_tokens=args.answer_tokens, retries=args.retries)
+    cfg = HGMemConfig(
+        max_rounds=args.max_rounds,
+        hops=args.hops,
+        top_chunks=args.top_chunks,
+        top_entities=args.top_entities,
+        answer_tokens=args.answer_tokens,
+        retries=args.retries,
+    )
     if args.json_tokens:
         for name in ("extract_tokens", "plan_tokens", "evolve_tokens", "merge_tokens"):
             setattr(cfg, name, min(getattr(cfg, name), args.json_tokens))
@@ -123,8 +145,11 @@ def add_run_parser(msub: Any) -> None:
     p = msub.add_parser("run", help="answer one question about one document with one system")
     p.add_argument("--doc", required=True, metavar="FILE", help="the document (UTF-8 text)")
     p.add_argument("--question", required=True)
-    p.add_argument("--system", default="hgmem",
-                   help="hgmem | rag[:k=N] | context:RECIPE | reuse[:METHOD] (default: hgmem)")
+    p.add_argument(
+        "--system",
+        default="hgmem",
+        help="hgmem | rag[:k=N] | context:RECIPE | reuse[:METHOD] (default: hgmem)",
+    )
     p.add_argument("--json", action="store_true", help="print the record as JSON")
     add_backend_arguments(p)
     p.set_defaults(func=cmd_run)
@@ -134,16 +159,23 @@ def add_eval_parser(msub: Any) -> None:
     p = msub.add_parser("eval", help="systems x samples -> rows in DIR/results.sqlite")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--task", choices=("longdoc_multihop",), help="generated task")
-    src.add_argument("--data", metavar="FILE", help="your own JSONL (NarrativeQA-/LoCoMo-style; see "
-                                                    "longlab.tasks.longdoc)")
+    src.add_argument(
+        "--data", metavar="FILE", help="your own JSONL (NarrativeQA-/LoCoMo-style; see longlab.tasks.longdoc)"
+    )
     p.add_argument("--length", type=_positive(int), default=2048, help="document tokens (generated task)")
     p.add_argument("--samples", type=_positive(int), default=24, help="questions (default 24)")
     p.add_argument("--questions-per-doc", type=_positive(int), default=8)
+    p.add_argument("--distractors", type=int, default=8, help="headquarters facts nobody asks about (8)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--first-doc", type=int, default=0, help="skip the first N documents (split runs)")
     p.add_argument("--docs", type=_positive(int), help="run only this many documents")
-    p.add_argument("--systems", nargs="+", default=["hgmem", "rag"], metavar="SYSTEM",
-                   help="hgmem rag[:k=N] context:RECIPE reuse[:METHOD] (default: hgmem rag)")
+    p.add_argument(
+        "--systems",
+        nargs="+",
+        default=["hgmem", "rag"],
+        metavar="SYSTEM",
+        help="hgmem rag[:k=N] context:RECIPE reuse[:METHOD] (default: hgmem rag)",
+    )
     p.add_argument("--out", required=True, metavar="DIR", help="results directory")
     add_backend_arguments(p)
     p.set_defaults(func=cmd_eval)
@@ -161,15 +193,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise LonglabError("--question is empty")
     backend = backend_from_args(args)
     sample = Sample(context=doc, question=args.question, task="memory_run", sample_id="run")
-    (row,) = run_systems(backend, [sample], [args.system], embedder=make_embedder(args.embedder),
-                         config=config_from_args(args), tokenizer=_tokenizer_for(backend), log=lambda m: None)
+    (row,) = run_systems(
+        backend,
+        [sample],
+        [args.system],
+        embedder=make_embedder(args.embedder),
+        config=config_from_args(args),
+        tokenizer=_tokenizer_for(backend),
+        log=lambda m: None,
+    )
     print(row["prediction"])
     ex = row["extra"]
     if args.json:
         print(json.dumps(ex, default=str))
     else:
-        print(f"[{args.system}] {ex['wall_per_question_s']:.1f} s, {ex.get('calls')} calls, "
-              f"{ex.get('generated_per_question') or 0:.0f} generated tokens")
+        print(
+            f"[{args.system}] {ex['wall_per_question_s']:.1f} s, {ex.get('calls')} calls, "
+            f"{ex.get('generated_per_question') or 0:.0f} generated tokens"
+        )
     return 0
 
 
@@ -192,15 +233,53 @@ def cmd_eval(args: argparse.Namespace) -> int:
         from ..models import tiny_tokenizer
         from ..tasks.longdoc import longdoc_multihop
 
-        samples = longdoc_multihop(tokenizer or tiny_tokenizer(), args.length, args.samples, args.seed,
-                                   questions_per_doc=args.questions_per_doc)
+        samples = longdoc_multihop(
+            tokenizer or tiny_tokenizer(),
+            args.length,
+            args.samples,
+            args.seed,
+            questions_per_doc=args.questions_per_doc,
+            distractors=args.distractors,
+        )
     docs = list(dict.fromkeys(s.metadata.get("doc") for s in samples))
-    keep = set(docs[args.first_doc: args.first_doc + args.docs if args.docs else None])
+    keep = set(docs[args.first_doc : args.first_doc + args.docs if args.docs else None])
     samples = [s for s in samples if s.metadata.get("doc") in keep]
     if not samples:
         raise LonglabError(f"--first-doc {args.first_doc} leaves no documents (there are {len(docs)})")
     with ResultStore(args.out) as store:
-        rows = run_systems(backend, samples, args.systems, embedder=make_embedder(args.embedder), store=store,
-                           config=config_from_args(args), seed=args.seed, tokenizer=tokenizer)
+        rows = run_systems(
+            backend,
+            samples,
+            args.systems,
+            embedder=make_embedder(args.embedder),
+            store=store,
+            config=config_from_args(args),
+            seed=args.seed,
+            tokenizer=tokenizer,
+        )
     print(f"{len(rows)} new rows in {args.out}; tables: longlab report {args.out} --baseline context:full")
+    return 0
+
+
+HGMEM_TITLE = "HGMem vs its baselines: multi-hop QA over long documents (issue #31)"
+
+
+def add_page_parser(msub: Any) -> None:
+    p = msub.add_parser("page", help="the HGMem results page (Markdown) from results directories")
+    p.add_argument("dirs", nargs="+", metavar="DIR", help="results directories (only read)")
+    p.add_argument("--out", required=True, metavar="FILE", help="Markdown file to write")
+    p.add_argument("--intro", metavar="FILE", help="Markdown put before the tables")
+    p.add_argument("--notes", metavar="FILE", help="Markdown put after the tables")
+    p.add_argument("--title", default=HGMEM_TITLE)
+    p.set_defaults(func=cmd_page)
+
+
+def cmd_page(args: argparse.Namespace) -> int:
+    from ..memory.report import write_page
+    from .common import read_context_file
+
+    intro = read_context_file(args.intro, flag="--intro") if args.intro else ""
+    notes = read_context_file(args.notes, flag="--notes") if args.notes else ""
+    write_page(args.dirs, args.out, title=args.title, intro=intro, notes=notes)
+    print(f"wrote {args.out}")
     return 0

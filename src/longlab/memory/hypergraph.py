@@ -24,8 +24,15 @@ from dataclasses import dataclass, field
 
 from ..errors import LonglabError, shorten
 
-__all__ = ["Entity", "Relation", "KnowledgeGraph", "MemoryPoint", "HypergraphMemory", "norm_name",
-           "MAX_POINTS"]
+__all__ = [
+    "Entity",
+    "Relation",
+    "KnowledgeGraph",
+    "MemoryPoint",
+    "HypergraphMemory",
+    "norm_name",
+    "MAX_POINTS",
+]
 
 MAX_POINTS = 10_000
 
@@ -129,7 +136,9 @@ class HypergraphMemory:
 
     def __init__(self, max_points: int = 256) -> None:
         if not 1 <= max_points <= MAX_POINTS:
-            raise LonglabError(f"max_points must be an integer in [1, {MAX_POINTS}], got {shorten(max_points)}")  # noqa: E501
+            raise LonglabError(
+                f"max_points must be an integer in [1, {MAX_POINTS}], got {shorten(max_points)}"
+            )
         self.max_points = max_points
         self.points: dict[int, MemoryPoint] = {}
         self.incidence: dict[str, set[int]] = {}
@@ -173,8 +182,9 @@ class HypergraphMemory:
         self._attach(MemoryPoint(pid, objs, description, frozenset(chunks)))
         return pid
 
-    def update(self, pid: int, description: str, objects: Iterable[str] | None = None,
-               chunks: Iterable[int] = ()) -> None:
+    def update(
+        self, pid: int, description: str, objects: Iterable[str] | None = None, chunks: Iterable[int] = ()
+    ) -> None:
         """Rewrite point ``pid``'s description (and objects, when given); chunks are added."""
         if pid not in self.points:
             raise LonglabError(f"no memory point {shorten(pid)}; ids: {sorted(self.points)}")
@@ -188,8 +198,10 @@ class HypergraphMemory:
         ids = list(dict.fromkeys(pids))
         missing = [i for i in ids if i not in self.points]
         if len(ids) < 2 or missing:
-            raise LonglabError(f"merge needs at least two existing memory point ids, got {shorten(ids)} "
-                               f"(ids: {sorted(self.points)})")
+            raise LonglabError(
+                f"merge needs at least two existing memory point ids, got {shorten(ids)} "
+                f"(ids: {sorted(self.points)})"
+            )
         olds = [self._detach(i) for i in ids]
         pid = self._next
         self._next += 1
@@ -217,5 +229,10 @@ class HypergraphMemory:
     def render(self, ids: Iterable[int] | None = None) -> str:
         """The points as numbered lines ``[i] (A, B): description``."""
         chosen = sorted(self.points) if ids is None else [i for i in ids if i in self.points]
-        return "\n".join(f"[{i}] ({', '.join(sorted(self.points[i].objects))}): {self.points[i].description}"
-                         for i in chosen) or "(empty)"
+        return (
+            "\n".join(
+                f"[{i}] ({', '.join(sorted(self.points[i].objects))}): {self.points[i].description}"
+                for i in chosen
+            )
+            or "(empty)"
+        )

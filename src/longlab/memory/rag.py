@@ -88,28 +88,36 @@ def context_answers(
     document: str,
     questions: list[str],
     *,
-    recipe: str = "full",
+    recipes: list[str] | str = "full",
     answer_tokens: int = 32,
-) -> list[tuple[str, dict[str, Any]]]:
-    """The whole ``document`` in context under ``recipe``, one request per question (each timed alone)."""
+) -> dict[str, list[tuple[str, dict[str, Any]]]]:
+    """The whole ``document`` in context under each of ``recipes``: recipe -> one ``(text, record)`` per
+    question. The recipes of one question run as one engine batch, so they share one prefill of the prompt
+    (:mod:`longlab.engine.prefill`); each record's ``wall_s`` is the engine's own account of that request
+    (prefill, which counts the shared prefix in full, + compression + decode), i.e. its cost alone."""
     from ..engine import Engine
     from ..request import Request
 
     backend = _local(backend, "the whole-document baseline")
-    out = []
+    recipes = [recipes] if isinstance(recipes, str) else list(recipes)
+    out: dict[str, list[tuple[str, dict[str, Any]]]] = {r: [] for r in recipes}
     for q in questions:
-        request = Request(
-            context=document,
-            question=f"{ANSWER_INSTRUCTION}\nQuestion: {q}",
-            recipe=recipe,
-            query_aware=True,
-            max_new_tokens=answer_tokens,
-            chunk_size=backend.chunk_size,
-            strict=False,
-        ).check()
-        start = time.perf_counter()
-        (result,) = Engine(backend.model, backend.tokenizer).run([request])
-        out.append((result.text, _record(result, time.perf_counter() - start)))
+        requests = [
+            Request(
+                context=document,
+                question=f"{ANSWER_INSTRUCTION}\nQuestion: {q}",
+                recipe=r,
+                query_aware=True,
+                max_new_tokens=answer_tokens,
+                chunk_size=backend.chunk_size,
+                strict=False,
+                batch_decode=False,
+            ).check()
+            for r in recipes
+        ]
+        for r, result in zip(recipes, Engine(backend.model, backend.tokenizer).run(requests)):
+            alone = float(result.prefill_s) + float(result.compress_s) + float(result.decode_s)
+            out[r].append((result.text, _record(result, alone)))
     return out
 
 

@@ -5,7 +5,8 @@ document in context under a KV recipe: ``context:full``, ``context:snapkv@0.5``,
 ``reuse`` / ``reuse:METHOD`` (the document KV store, ``reuse:cacheblend:recompute=0.15``). Samples are
 grouped by document (``metadata["doc"]``, else the context): HGMem's offline index, the RAG chunk index and
 the KV store are built once per document; their cost is stored as ``offline_s`` / ``offline_tokens`` and
-spread over the document's questions in ``wall_per_question_s`` / ``generated_per_question``.
+spread over the document's questions in ``wall_per_question_s`` / ``generated_per_question`` /
+``prompt_per_question``.
 
 Rows go to the results store (:class:`~longlab.eval.store.ResultStore`) in the columns ``longlab report``
 reads: ``recipe`` is the system spec, ``task``, ``length``, ``sample_id``, ``score`` (the task's metric),
@@ -110,6 +111,7 @@ def run_systems(
     rows: list[dict[str, Any]] = []
     for group in _groups(samples):
         doc = group[0].context
+        joint: dict[str, list[tuple[str, dict[str, Any]]]] = {}
         for spec, kind, arg in parsed:
             base = [
                 {
@@ -134,7 +136,9 @@ def run_systems(
             t0 = time.perf_counter()
             offline: dict[str, Any] = {}
             if kind == "hgmem":
-                index = DocumentIndex.build(backend, doc, embedder, tokenizer=tokenizer, config=cfg)
+                index = DocumentIndex.build(
+                    backend, doc, embedder, tokenizer=tokenizer, config=cfg, progress=say
+                )
                 offline = {
                     "chunks": len(index.chunks),
                     "entities": len(index.graph.entities),
@@ -159,18 +163,26 @@ def run_systems(
                     for s in chosen
                 ]
             elif kind == "context":
-                results = context_answers(
-                    backend, doc, [s.question for s in chosen], recipe=arg, answer_tokens=cfg.answer_tokens
-                )
+                if spec not in joint:  # every context system of this document at once: one shared prefill
+                    recipes = [a for sp, k, a in parsed if k == "context"]
+                    got = context_answers(
+                        backend,
+                        doc,
+                        [s.question for s in group],
+                        recipes=recipes,
+                        answer_tokens=cfg.answer_tokens,
+                    )
+                    joint.update({sp: got[a] for sp, k, a in parsed if k == "context"})
+                results = [joint[spec][i] for i in todo]
             else:
                 results = reuse_answers(
                     backend, doc, [s.question for s in chosen], reuse=arg, answer_tokens=cfg.answer_tokens
                 )
             for i, s, (text, rec) in zip(todo, chosen, results):
                 spent = rec.get("spent", {})
-                gen = spent.get("generated_tokens", 0) + offline.get("offline_generated_tokens", 0) / len(
-                    chosen
-                )
+                share = 1 / len(chosen)  # this question's share of the document's offline work
+                gen = spent.get("generated_tokens", 0) + offline.get("offline_generated_tokens", 0) * share
+                prompt = spent.get("prompt_tokens", 0) + offline.get("offline_prompt_tokens", 0) * share
                 row = dict(
                     base[i],
                     prediction=text,
@@ -194,6 +206,7 @@ def run_systems(
                     "json_failures": spent.get("json_failures"),
                     "constrained": spent.get("constrained"),
                     "generated_per_question": gen,
+                    "prompt_per_question": prompt,
                     "doc": s.metadata.get("doc"),
                     "backend": type(backend).__name__,
                     "embedder": type(embedder).__name__,

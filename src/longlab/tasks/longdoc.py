@@ -7,9 +7,9 @@
 - hop 2: ``"The {organization} has its headquarters in {city}."``, 30-60% of the document away from hop 1
 - distractors: headquarters of organizations nobody in the document works for.
 
-Question: ``"In which city is the headquarters of the organization that {person} works for?"``; the answer
+Question: ``"In which city is the main office of the employer of {person}?"``; the answer
 is the invented city name (``string_match_part``: contained in the reply, case-insensitive). The question
-shares no word with the hop-2 sentence, so one retrieval by the question finds hop 1 only — the case
+shares no content word with the hop-2 sentence, so one retrieval by the question finds hop 1 only — the case
 HGMem's multi-step memory is for. Names are invented (no model knows them). Every sample of one document
 carries the same ``context`` and ``metadata["doc"]``, so memory systems and KV reuse build once per document.
 
@@ -219,9 +219,7 @@ def longdoc_multihop(
             for o, c in zip(orgs[q:], cities[q:])
         ]
         start = rng.randrange(len(sentences))
-        questions = [
-            f"In which city is the headquarters of the organization that {p} works for?" for p in people
-        ]
+        questions = [f"In which city is the main office of the employer of {p}?" for p in people]
         longest_q = max(count_tokens(tokenizer, x) for x in questions)
 
         def text_of(n: int, start: int = start, inserts: list = inserts) -> str:

@@ -1,0 +1,389 @@
+"""Chat backends (issue #31): schemas, JSON parse-and-retry, bad URLs, and HGMem end to end on the tiny model
+through the API and the CLI, locally and against a ``longlab serve`` app on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+from longlab.errors import LonglabError
+from longlab.memory import BackendStats, HashEmbedder, LocalBackend, OpenAIBackend, chat_json, check_schema
+from longlab.memory.backend import check_base_url, extract_json, validate_json
+from longlab.request import Request
+
+MODEL = "tiny-llama"
+DOC = (
+    "Alma Larkspur works for the Quartz Foundry. Rivers bend and fill with reeds. "
+    "The Quartz Foundry has its headquarters in Velstead. Towns grew near the water."
+)
+QUESTION = "In which city is the main office of the employer of Alma Larkspur?"
+STRUCTURED = "response_format" in Request.__dataclass_fields__
+# a small schema: a random tiny model cannot run out of tokens inside it when decoding is constrained
+SMALL = {
+    "type": "object",
+    "properties": {
+        "entities": {
+            "type": "array",
+            "maxItems": 2,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string", "maxLength": 6},
+                    "type": {"enum": ["person", "geo"]},
+                },
+                "required": ["name", "type"],
+            },
+        }
+    },
+    "required": ["entities"],
+}
+
+
+# ------------------------------------------------------------------------------------------- schemas
+@pytest.mark.parametrize(
+    "schema, msg",
+    [
+        ("not a dict", "must be a JSON schema object"),
+        ({"type": "tuple"}, r"json_schema.type must be one of"),
+        (
+            {"type": "object", "properties": {"a": {"type": "string", "pattern": "x+"}}},
+            "unsupported schema keyword",
+        ),
+        (
+            {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["b"]},
+            "required must list",
+        ),
+        ({"type": "array"}, "needs items"),
+        ({"enum": []}, "enum must be a non-empty list"),
+    ],
+)
+def test_bad_schemas_are_refused_with_the_place_named(schema, msg):
+    with pytest.raises(LonglabError, match=msg):
+        check_schema(schema)
+
+
+def test_validate_json_accepts_valid_and_names_the_first_fault():
+    validate_json({"entities": [{"name": "Ann", "type": "person"}]}, SMALL)
+    for value, where in (
+        ({"entities": [{"name": "Ann"}]}, r"\$.entities\[0\] lacks the required key 'type'"),
+        ({"entities": [{"name": "Ann", "type": "city"}]}, r"\$.entities\[0\].type must be one of"),
+        ({"entities": "x"}, r"\$.entities must be of type array"),
+        ({"entities": [{"name": "toolongname", "type": "geo"}]}, "length 11"),
+    ):
+        with pytest.raises(ValueError, match=where):
+            validate_json(value, SMALL)
+
+
+def test_extract_json_finds_fenced_and_embedded_values():
+    assert extract_json('Sure! ```json\n{"a": 1}\n``` done') == {"a": 1}
+    assert extract_json('noise {bad} then {"b": [1, 2]} tail') == {"b": [1, 2]}
+    with pytest.raises(ValueError, match="no JSON"):
+        extract_json("no json here")
+
+
+class Replies:
+    name = "replies"
+
+    def __init__(self, *texts):
+        self.texts, self.stats, self.seen = list(texts), BackendStats(), []
+
+    def chat(self, messages, *, max_tokens=256, json_schema=None, temperature=0.0):
+        self.seen.append(messages)
+        return self.texts.pop(0)
+
+
+def test_chat_json_retries_with_the_error_then_gives_up():
+    backend = Replies('{"entities": [{"name": "Ann"}]}', '{"entities": [{"name": "Ann", "type": "person"}]}')
+    assert chat_json(backend, [{"role": "user", "content": "go"}], SMALL, retries=1) == {
+        "entities": [{"name": "Ann", "type": "person"}]
+    }
+    assert backend.stats.json_failures == 1 and backend.stats.json_calls == 2
+    assert "lacks the required key 'type'" in backend.seen[1][-1]["content"]  # the re-ask names the fault
+    backend = Replies("nothing", "still nothing")
+    assert chat_json(backend, [{"role": "user", "content": "go"}], SMALL, retries=1) is None
+    assert backend.stats.json_failures == 2
+
+
+# ----------------------------------------------------------------------------------------- bad URLs
+@pytest.mark.parametrize(
+    "url, msg",
+    [
+        ("localhost:8000/v1", "must start with http"),
+        ("ftp://127.0.0.1/v1", "must start with http"),
+        ("http://", "must start with http"),
+        ("http://user:pw@127.0.0.1:8000/v1", "credentials"),
+        ("http://127.0.0.1:8000/v1?x=1", "query or fragment"),
+        ("http://127.0.0.1:99999/v1", "not a valid URL"),
+        ("", "base_url must be"),
+        (None, "base_url must be"),
+    ],
+)
+def test_bad_base_urls_are_refused(url, msg):
+    with pytest.raises(LonglabError, match=msg):
+        check_base_url(url)
+    with pytest.raises(LonglabError, match=msg):
+        OpenAIBackend(url, "m")
+
+
+def test_bad_endpoint_settings_and_an_unreachable_server():
+    with pytest.raises(LonglabError, match="timeout must be"):
+        OpenAIBackend("http://127.0.0.1:1/v1", "m", timeout=0)
+    with pytest.raises(LonglabError, match="model must be"):
+        OpenAIBackend("http://127.0.0.1:1/v1", "")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once the block ends: nobody listens there
+    backend = OpenAIBackend(f"http://127.0.0.1:{port}/v1", "m", timeout=5)
+    with pytest.raises(LonglabError, match="cannot reach base_url"):
+        backend.chat([{"role": "user", "content": "hi"}], max_tokens=2)
+    with pytest.raises(LonglabError, match="max_tokens"):
+        backend.chat([{"role": "user", "content": "hi"}], max_tokens=0)
+    with pytest.raises(LonglabError, match=r"messages\[0\]"):
+        backend.chat([{"role": "robot", "content": "hi"}])
+    with pytest.raises(LonglabError, match="unsupported schema keyword"):
+        backend.chat([{"role": "user", "content": "hi"}], json_schema={"type": "string", "format": "date"})
+
+
+# ------------------------------------------------------------------------------------- tiny model
+@pytest.fixture(scope="module")
+def tiny():
+    from longlab.models import build_tiny_model, tiny_tokenizer
+
+    return build_tiny_model(MODEL), tiny_tokenizer()
+
+
+def test_local_backend_counts_tokens_and_rejects_bad_recipes(tiny):
+    model, tok = tiny
+    backend = LocalBackend(model, tok, name=MODEL)
+    out = backend.chat([{"role": "user", "content": "hello"}], max_tokens=3)
+    assert isinstance(out, str) and backend.stats.calls == 1 and 1 <= backend.stats.generated_tokens <= 3
+    assert backend.stats.prompt_tokens > 0
+    with pytest.raises(LonglabError):
+        LocalBackend(model, tok, recipe="nosuchmethod@0.5")
+
+
+@pytest.mark.skipif(not STRUCTURED, reason="needs Request.response_format (structured output, issue [serve])")
+def test_schema_constrained_extraction_on_the_tiny_model_is_valid_json(tiny):
+    model, tok = tiny
+    backend = LocalBackend(model, tok, name=MODEL)
+    for i in range(3):
+        text = backend.chat(
+            [{"role": "user", "content": f"Extract entities {i}: {DOC}"}], max_tokens=96, json_schema=SMALL
+        )
+        validate_json(json.loads(text), SMALL)
+    assert backend.stats.constrained is True
+
+
+def _small_config():
+    from longlab.memory import HGMemConfig
+
+    return HGMemConfig(
+        chunk_tokens=64,
+        overlap=16,
+        max_rounds=2,
+        extract_tokens=12,
+        plan_tokens=12,
+        evolve_tokens=12,
+        merge_tokens=12,
+        answer_tokens=4,
+        retries=0,
+    )
+
+
+def test_hgmem_api_end_to_end_on_the_tiny_model(tiny):
+    from longlab.memory import DocumentIndex, HGMem
+
+    model, tok = tiny
+    backend = LocalBackend(model, tok, name=MODEL)
+    cfg = _small_config()
+    index = DocumentIndex.build(backend, DOC, HashEmbedder(), tokenizer=tok, config=cfg)
+    text, record = HGMem(backend, index, cfg, tokenizer=tok).answer(QUESTION)
+    assert isinstance(text, str) and record["trace"]["rounds"][0]["decision"] == "global"
+    n_chunks = len(index.chunks)
+    # a random model's replies are not valid JSON: every extraction failed, and that is counted
+    assert index.extract_failures == n_chunks and record["spent"]["calls"] >= 2
+    assert record["spent"]["generated_tokens"] <= 12 * 4 + 4
+
+
+def _cli(*args):
+    from longlab.cli import main
+
+    return main(
+        [
+            "memory",
+            *args,
+            "--embedder",
+            "hash",
+            "--json-tokens",
+            "8",
+            "--max-rounds",
+            "2",
+            "--answer-tokens",
+            "4",
+            "--retries",
+            "0",
+            "--threads",
+            "1",
+        ]
+    )
+
+
+def test_cli_run_and_eval_on_the_tiny_model(tmp_path, capsys):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC)
+    assert _cli("run", "--model", MODEL, "--doc", str(doc), "--question", QUESTION, "--json") == 0
+    out = capsys.readouterr().out.strip().splitlines()
+    assert json.loads(out[-1])["calls"] >= 2
+    assert (
+        _cli(
+            "eval",
+            "--model",
+            MODEL,
+            "--task",
+            "longdoc_multihop",
+            "--length",
+            "900",
+            "--samples",
+            "2",
+            "--questions-per-doc",
+            "2",
+            "--distractors",
+            "1",
+            "--systems",
+            "hgmem",
+            "rag:k=2",
+            "context:full",
+            "context:kivi4",
+            "reuse",
+            "--out",
+            str(tmp_path / "res"),
+        )
+        == 0
+    )
+    from longlab.eval.store import ResultStore
+
+    with ResultStore(tmp_path / "res", readonly=True) as store:
+        rows = store.rows()
+    assert sorted({r["recipe"] for r in rows}) == [
+        "context:full",
+        "context:kivi4",
+        "hgmem",
+        "rag:k=2",
+        "reuse",
+    ]
+    assert len(rows) == 10 and all(r["model"] == MODEL for r in rows)
+    reuse = sorted((r for r in rows if r["recipe"] == "reuse"), key=lambda r: r["sample_id"])
+    assert [r["extra"]["stored"] for r in reuse] == [True, False]
+
+
+def test_cli_refuses_bad_backend_arguments(tmp_path, capsys):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC)
+    assert _cli("run", "--doc", str(doc), "--question", "q") == 2
+    assert "give exactly one backend" in capsys.readouterr().err
+    assert (
+        _cli(
+            "run", "--base-url", "localhost:1", "--endpoint-model", "m", "--doc", str(doc), "--question", "q"
+        )
+        == 2
+    )
+    assert "must start with http" in capsys.readouterr().err
+    assert _cli("run", "--model", MODEL, "--system", "bm25", "--doc", str(doc), "--question", "q") == 2
+    assert "unknown system" in capsys.readouterr().err
+    assert (
+        _cli(
+            "run",
+            "--base-url",
+            "http://127.0.0.1:1/v1",
+            "--endpoint-model",
+            "m",
+            "--system",
+            "context:full",
+            "--doc",
+            str(doc),
+            "--question",
+            "q",
+        )
+        == 2
+    )
+    assert "needs the local engine" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ longlab serve endpoint
+class Server:
+    """A ``longlab serve`` app (uvicorn) in a thread on a free loopback port."""
+
+    def __init__(self, app):
+        import uvicorn
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
+        )
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.time() + 20
+        while not self.server.started:
+            assert time.time() < deadline and self.thread.is_alive(), "the server did not start"
+            time.sleep(0.02)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+
+    def close(self):
+        self.server.should_exit = True
+        self.thread.join(timeout=20)
+
+
+@pytest.fixture(scope="module")
+def server(tiny):
+    pytest.importorskip("fastapi")
+    pytest.importorskip("uvicorn")
+    pytest.importorskip("openai")
+    from longlab.serve import create_app
+
+    model, tok = tiny
+    srv = Server(create_app(model, tok, model_name=MODEL, max_batch=4))
+    yield srv
+    srv.close()
+
+
+def test_hgmem_against_longlab_serve_api_and_cli(server, tiny, tmp_path, capsys):
+    from longlab.memory import DocumentIndex, HGMem
+
+    model, tok = tiny
+    remote = OpenAIBackend(server.url, MODEL, timeout=60)
+    local = LocalBackend(model, tok, name=MODEL)
+    msgs = [{"role": "user", "content": "Where is Velstead?"}]
+    assert remote.chat(msgs, max_tokens=5) == local.chat(msgs, max_tokens=5)  # same model, same greedy tokens
+    assert remote.stats.generated_tokens == local.stats.generated_tokens
+    cfg = _small_config()
+    index = DocumentIndex.build(remote, DOC, HashEmbedder(), tokenizer=tok, config=cfg)
+    text, record = HGMem(remote, index, cfg, tokenizer=tok).answer(QUESTION)
+    assert isinstance(text, str) and record["spent"]["calls"] >= 2
+    assert remote.stats.constrained == STRUCTURED  # the server took response_format, or the fallback ran
+    doc = tmp_path / "doc.txt"
+    doc.write_text(DOC)
+    assert (
+        _cli(
+            "run",
+            "--base-url",
+            server.url,
+            "--endpoint-model",
+            MODEL,
+            "--doc",
+            str(doc),
+            "--question",
+            QUESTION,
+            "--json",
+        )
+        == 0
+    )
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["backend"] == "OpenAIBackend"
+    wrong = OpenAIBackend(server.url.removesuffix("/v1"), MODEL, timeout=10)
+    with pytest.raises(LonglabError, match="not found"):
+        wrong.chat(msgs, max_tokens=2)
