@@ -51,7 +51,7 @@ in ``--chunk`` token chunks through a transformers cache; the per-token negative
 by position. Resumable: methods already in ``--out`` are skipped (one JSON object per method).
 
 ``--block B`` also keeps the NLL sums of consecutive ``B``-token blocks (``block_nll``: block ``j`` holds
-the NLL of predicting tokens ``jB+1 .. (j+1)B``), so that ``bench/position_report.py`` can give each
+the NLL of predicting tokens ``jB+1 .. (j+1)B``), so that ``longlab report --docs --page results/position`` can give each
 perplexity a block-bootstrap interval and each pair of methods a paired test on the same blocks:
 
     bench/heavy.sh .venv/bin/python bench/position.py ppl --methods yarn:factor=2,ntk:factor=2 \\
@@ -616,7 +616,7 @@ sweep evaluates it under (``repo:weights=runs/position/repo-smollm2-s80``).
 
     .venv/bin/python bench/position.py variants --add runs/position/repo-smollm2-s80
 
-``bench/position_report.py`` makes the *Recalibrated variants* table from this file.
+``longlab report --docs --page results/position`` makes the *Recalibrated variants* table from this file.
 """.lstrip("\n")
 
 def variants_main() -> None:

@@ -6,7 +6,7 @@ baseline), ``long.json`` (chunked prefill), the perplexity JSONs of ``bench/posi
 (``upi_passkey*.json``) and the retrained variants' figures (``variants.json``). Scores: mean x100 over
 every task's samples with a 95% interval (Wilson for pass/fail cells, else bootstrap; stratified by task
 when several), and the paired difference to no scaling on the same samples (paired bootstrap; n.s. when
-the interval holds 0). Moved from ``bench/position_report.py``.
+the interval holds 0). Moved from ``longlab report --docs --page results/position``.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (tables by
 ``longlab memory cdic report`` / ``longlab memory persist report``; verdicts computed from the same rows).
 
-    PYTHONPATH=src python bench/scripts/memory_docs.py --cdic bench/results/memory_cdic \
+    PYTHONPATH=src python bench/memory_docs.py --cdic bench/results/memory_cdic \
         --persist bench/results/memory_persist
 """
 
@@ -119,12 +119,12 @@ def main() -> None:
     ap.add_argument("--docs", default="docs/results")
     a = ap.parse_args()
     if a.cdic:
-        head = Path("bench/scripts/memory_cdic_head.md").read_text()
+        head = Path("bench/configs/memory_cdic_head.md").read_text()
         text = head + "\n## Verdicts (computed from the stored rows)\n\n" + "\n".join(cdic_verdicts(a.cdic))
         text += "\n\n## Tables (`longlab memory cdic report " + a.cdic + "`)\n\n" + cdic_report(a.cdic) + "\n"
         Path(a.docs, "memory-cdic.md").write_text(text)
     if a.persist:
-        head = Path("bench/scripts/memory_persist_head.md").read_text()
+        head = Path("bench/configs/memory_persist_head.md").read_text()
         text = (
             head
             + "\n## Verdicts (computed from the stored rows)\n\n"
