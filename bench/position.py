@@ -51,7 +51,8 @@ in ``--chunk`` token chunks through a transformers cache; the per-token negative
 by position. Resumable: methods already in ``--out`` are skipped (one JSON object per method).
 
 ``--block B`` also keeps the NLL sums of consecutive ``B``-token blocks (``block_nll``: block ``j`` holds
-the NLL of predicting tokens ``jB+1 .. (j+1)B``), so that ``longlab report --docs --page results/position`` can give each
+the NLL of predicting tokens ``jB+1 .. (j+1)B``), so that ``longlab report --docs --page results/position``
+can give each
 perplexity a block-bootstrap interval and each pair of methods a paired test on the same blocks:
 
     bench/heavy.sh .venv/bin/python bench/position.py ppl --methods yarn:factor=2,ntk:factor=2 \\
