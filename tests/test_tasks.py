@@ -78,10 +78,18 @@ def haystack(sample: Sample) -> str:
 # --------------------------------------------------------------------------- registry
 
 
+#: tasks whose questions share one document (HGMem builds one memory per document): several samples per
+#: context by design, so the one-question-per-context checks below skip them (tests/test_memory_hgmem.py
+#: checks their sizes, determinism and answers)
+SHARED_DOCUMENT = {"longdoc_multihop"}
+ONE_QUESTION = [t for t in TASKS if t not in SHARED_DOCUMENT]
+
+
 def test_registry_names():
     assert list(TASKS)[:13] == RULER_13
     assert set(TASKS) == set(RULER_13) | {"passkey", "multidoc_qa_1", "multidoc_qa_2", "summ_events"} | {
-        "redundant_niah", "redundant_niah_2hop", "cite_qa", "lookup_chain"}  # longlab.tasks.compression
+        "redundant_niah", "redundant_niah_2hop", "cite_qa", "lookup_chain"  # longlab.tasks.compression
+    } | SHARED_DOCUMENT
     assert get_task("vt") is TASKS["vt"]
 
 
@@ -95,7 +103,7 @@ def test_unknown_task_lists_valid_names():
 # --------------------------------------------------------------------------- sizes
 
 
-@pytest.mark.parametrize("task", list(TASKS))
+@pytest.mark.parametrize("task", ONE_QUESTION)
 @pytest.mark.parametrize(
     ("tok", "length"), [(WS, 700), (WS, 3000), (CHAR, 6000)], ids=["ws700", "ws3000", "char6000"]
 )
@@ -120,7 +128,7 @@ def test_cwe_switches_frequencies_at_4k():
 # --------------------------------------------------------------------------- determinism
 
 
-@pytest.mark.parametrize("task", list(TASKS))
+@pytest.mark.parametrize("task", ONE_QUESTION)
 def test_deterministic_and_seed_dependent(task):
     a = [s.to_dict() for s in generate_samples(task, WS, 1500, 2, seed=7)]
     b = [s.to_dict() for s in generate_samples(task, WS, 1500, 2, seed=7)]
@@ -575,7 +583,7 @@ def test_generated_answers_score_one():
 
 def _ruler_metric(task: str) -> str:
     """RULER's scoring rule (NVIDIA/RULER's synthetic-task eval constants) plus pass-key accuracy."""
-    if task.startswith("qa_"):
+    if task.startswith("qa_") or task in ("longdoc_multihop", "memory_jsonl"):  # memory QA (issue #31)
         return "string_match_part"
     if task == "summ_events":  # longlab's summarisation-like free-text task (longlab.tasks.summary)
         return "rouge_l"
