@@ -109,10 +109,16 @@ def test_max_new_tokens_first_is_length_and_eos_waits_for_a_whole_document(engin
     assert mask.complete and allowed[tok.eos_token_id] and allowed.sum() == 1 and not allowed[259]
 
 
-def test_generate_and_documents_take_response_format(engine, one_thread):
+def test_generate_messages_documents_and_other_lanes_take_response_format(engine, one_thread):
     out = generate(engine.model, engine.tokenizer, "Item 3 is stored in box 4.", "Where is item 3?",
                    recipe="full", response_format=FMT, max_new_tokens=96)
-    _valid(out.texts[0] if hasattr(out, "texts") else out.text)
+    _valid(out.texts[0])
+    chat = generate(engine.model, engine.tokenizer, messages=MSGS, recipe="snapkv@0.5", response_format=FMT,
+                    max_new_tokens=96)  # what [memory] sends: a chat under a compressing recipe
+    _valid(chat.texts[0])
+    (quant,) = engine.run([Request(messages=MSGS, recipe="kivi4", response_format=FMT, max_new_tokens=96)])
+    assert quant.extra["decode_batch"] == 1  # quantized storage decodes in a lane of its own: masked too
+    _valid(quant.text)
     (doc,) = engine.run([Request(documents=["Item 3 is stored in box 4.", "Item 5 is in box 9."],
                                  question="Where is item 3?", response_format=FMT, max_new_tokens=96)])
     _valid(doc.text)

@@ -198,7 +198,7 @@ def grammar_mask(tokenizer: Any, grammar: str, vocab: int, eos: set[int]) -> Gra
         if entry is not None:
             _matchers.move_to_end(key)
     if template is None:
-        template = llg.LLMatcher(lltok, grammar)
+        template = llg.LLMatcher(lltok, grammar, log_level=0)  # errors are read with is_error(), not printed
         if template.is_error():
             raise LonglabError(f"response_format schema cannot be compiled: {template.get_error()[:300]}")
         with _lock:
