@@ -3,14 +3,17 @@ docs/results/serve-load.md, run end to end).
 
 Starts ``--workers`` servers (``longlab serve --model M --port P_i``, one thread each) and
 ``python -m sglang_router.launch_router --policy POLICY`` in front of them (``--router-python``: a Python
-with ``sglang-router`` installed; it is not a longlab dependency), sends ``--prompts`` distinct long prompts
+with ``sglang-router`` installed; it is not a longlab dependency), or ``--policy prefix-hash``:
+``python -m longlab.serve.router``, sends ``--prompts`` distinct long prompts
 ``--repeats`` times each through the router with the ``openai`` client (recipes alternating full /
 snapkv@0.5), and reports which worker served each request (from each worker's ``/metrics``), the share of
 repeats that reached the worker their prompt first went to, and whether every answer equals the same
 request sent straight to a worker.
 
     python bench/serve_router.py --router-python /tmp/sglvenv/bin/python --model tiny-llama \\
-        --out bench/results/serve_router.json
+        --out bench/results/serve_router_sglang.json
+    python bench/serve_router.py --policy prefix-hash --model tiny-llama \\
+        --out bench/results/serve_router_prefix_hash.json
 """
 
 from __future__ import annotations
@@ -57,10 +60,12 @@ def _wait(url: str, timeout: float = 120) -> None:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--router-python", required=True, help="a Python with sglang-router installed")
+    p.add_argument("--router-python", help="a Python with sglang-router installed (sglang policies)")
     p.add_argument("--model", default="tiny-llama")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--policy", default="cache_aware")
+    p.add_argument("--policy", default="cache_aware",
+                   help="sglang-router's (cache_aware, round_robin, ...), or prefix-hash "
+                   "(longlab.serve.router)")
     p.add_argument("--prompts", type=int, default=6)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--base-port", type=int, default=18200)
@@ -79,10 +84,15 @@ def main() -> int:
     try:
         for w in workers:
             _wait(w + "/health")
-        procs.append(subprocess.Popen([args.router_python, "-m", "sglang_router.launch_router", "--host",
-                                       "127.0.0.1", "--port", str(args.base_port), "--policy", args.policy,
-                                       "--worker-urls", *workers], env=env, stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
+        if args.policy == "prefix-hash":
+            cmd = [sys.executable, "-m", "longlab.serve.router", "--port", str(args.base_port), "--workers",
+                   *workers]
+        else:
+            if not args.router_python:
+                p.error("--router-python is needed for sglang-router's policies")
+            cmd = [args.router_python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
+                   str(args.base_port), "--policy", args.policy, "--worker-urls", *workers]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
         _wait(router + "/health")
         time.sleep(3)
         prompts = [" ".join(f"Record {j}: crate {(j * 7 + i) % 97} sits on shelf {(j * 13 + i) % 89}."
@@ -96,11 +106,14 @@ def main() -> int:
                 recipe = ("full", "snapkv@0.5")[i % 2]
                 body = dict(model=args.model, messages=[{"role": "user", "content": prompt}], max_tokens=8,
                             temperature=0, extra_body={"recipe": recipe})
-                text = via.chat.completions.create(**body).choices[0].message.content
+                out = via.chat.completions.create(**body)
+                text = out.choices[0].message.content
                 now = [_requests_per_worker(w) for w in workers]
                 worker = next(k for k in range(args.workers) if now[k] > counts[k])
                 counts = now
-                rows.append({"repeat": rep, "prompt": i, "recipe": recipe, "worker": worker, "text": text})
+                served_as = out.model_extra.get("longlab", {}).get("recipe")  # what the worker ran
+                rows.append({"repeat": rep, "prompt": i, "recipe": recipe, "worker": worker, "text": text,
+                             "worker_recipe": served_as})
         for r in rows:  # the same request straight to worker 0 (after routing, so it does not skew it)
             body = dict(model=args.model, messages=[{"role": "user", "content": prompts[r["prompt"]]}],
                         max_tokens=8, temperature=0, extra_body={"recipe": r["recipe"]})
@@ -112,7 +125,8 @@ def main() -> int:
         spread = sorted({w for w in first.values()})
         summary = {"policy": args.policy, "workers": args.workers, "requests": len(rows),
                    "repeats_on_first_worker": sticky, "workers_used_by_first_requests": spread,
-                   "answers_equal_direct": sum(r["same_as_direct"] for r in rows)}
+                   "answers_equal_direct": sum(r["same_as_direct"] for r in rows),
+                   "recipe_reached_worker": sum(r["worker_recipe"] == r["recipe"] for r in rows)}
         print(summary)
         path = write_json(args.out, {"hardware": hardware(), "args": vars(args), "rows": rows,
                                      "summary": summary})
