@@ -387,3 +387,23 @@ def test_hgmem_against_longlab_serve_api_and_cli(server, tiny, tmp_path, capsys)
     wrong = OpenAIBackend(server.url.removesuffix("/v1"), MODEL, timeout=10)
     with pytest.raises(LonglabError, match="not found"):
         wrong.chat(msgs, max_tokens=2)
+
+
+def test_repair_json_keeps_the_complete_items_of_a_cut_reply():
+    from longlab.memory.backend import repair_json
+
+    cut = '{"entities": [{"name": "Ann", "type": "person"}, {"name": "Os", "type": "geo"}, {"name": "B'
+    assert repair_json(cut, SMALL) == {
+        "entities": [{"name": "Ann", "type": "person"}, {"name": "Os", "type": "geo"}]
+    }
+    assert repair_json('{"entities": [{"name": "A, b\\"c", "type": "person"}, {"na', SMALL) == {
+        "entities": [{"name": 'A, b"c', "type": "person"}]
+    }  # commas and quotes inside strings are not cuts
+    assert repair_json('{"entities": [{"name": "Ann", "ty', SMALL) is None  # no valid prefix: item incomplete
+    assert repair_json("no json", SMALL) is None
+    backend = Replies(cut)
+    assert (
+        chat_json(backend, [{"role": "user", "content": "go"}], SMALL, retries=0)["entities"][1]["name"]
+        == "Os"
+    )
+    assert backend.stats.json_repaired == 1 and backend.stats.json_failures == 0
