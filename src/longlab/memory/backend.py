@@ -39,6 +39,7 @@ __all__ = [
     "check_schema",
     "validate_json",
     "extract_json",
+    "repair_json",
     "chat_json",
     "response_format_of",
     "check_messages",
@@ -97,6 +98,7 @@ class BackendStats:
     seconds: float = 0.0
     json_calls: int = 0
     json_failures: int = 0
+    json_repaired: int = 0  # replies cut at max_tokens whose complete prefix was valid (see repair_json)
     constrained: bool | None = None  # None: no json_schema call yet; False: parse-and-retry fallback
 
     def snapshot(self) -> dict[str, Any]:
@@ -209,6 +211,51 @@ def extract_json(text: str) -> Any:
     raise ValueError(f"no JSON value in the reply {shorten(text)}")
 
 
+def repair_json(text: str, schema: dict, max_cuts: int = 400) -> Any | None:
+    """The longest complete prefix of an unfinished JSON value in ``text`` that is valid under ``schema``,
+    or ``None``: cut after the last complete element (at a ``,`` or after a closing bracket, outside
+    strings), close the open brackets, parse, validate; earlier cuts are tried until one is valid (at most
+    ``max_cuts``). A small model's extraction that runs past ``max_tokens`` keeps its finished items."""
+    start = next((i for i, ch in enumerate(text) if ch in "{["), None)
+    if start is None:
+        return None
+    stack: list[str] = []
+    cuts: list[tuple[int, str]] = []  # (end index, closing brackets) after which the value can be closed
+    in_str = esc = False
+    for i in range(start, len(text)):
+        ch = text[i]
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+            continue
+        if ch == '"':
+            in_str = True
+        elif ch in "{[":
+            stack.append("}" if ch == "{" else "]")
+        elif ch in "}]":
+            if not stack:
+                break
+            stack.pop()
+            if not stack:
+                break  # a complete value: extract_json's business, not a truncation
+            cuts.append((i + 1, "".join(reversed(stack))))
+        elif ch == ",":
+            cuts.append((i, "".join(reversed(stack))))
+    else:
+        for end, closing in reversed(cuts[-max_cuts:]):
+            try:
+                value = json.loads(text[start:end] + closing)
+                validate_json(value, schema)
+                return value
+            except ValueError:
+                continue
+    return None
+
+
 def response_format_of(schema: dict, name: str = "output") -> dict:
     """The OpenAI ``response_format`` for ``schema``."""
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
@@ -255,8 +302,9 @@ def chat_json(
 ) -> Any | None:
     """A JSON value valid under ``schema`` from ``backend``, or ``None`` after ``retries`` failed re-asks.
 
-    Each failure (no JSON, or a value that breaks the schema) is counted in the backend's
-    ``stats.json_failures`` and re-asked with the error appended (parse-and-retry); with
+    A reply cut at ``max_tokens`` (an unfinished JSON value) is first repaired by :func:`repair_json`
+    (counted in ``stats.json_repaired``). Each failure (no JSON, or a value that breaks the schema) is
+    counted in ``stats.json_failures`` and re-asked with the error appended (parse-and-retry); with
     grammar-constrained decoding the first reply is valid unless it was cut at ``max_tokens``."""
     check_schema(schema)
     check_range("retries", retries, 0, 8, integer=True)
@@ -271,6 +319,11 @@ def chat_json(
             validate_json(value, schema)
             return value
         except ValueError as exc:
+            value = repair_json(text, schema)
+            if value is not None:
+                if stats is not None:
+                    stats.json_repaired += 1
+                return value
             if stats is not None:
                 stats.json_failures += 1
             turn = list(messages) + [

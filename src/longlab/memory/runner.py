@@ -204,6 +204,7 @@ def run_systems(
                     "prompt_tokens": spent.get("prompt_tokens"),
                     "calls": spent.get("calls"),
                     "json_failures": spent.get("json_failures"),
+                    "json_repaired": spent.get("json_repaired"),
                     "constrained": spent.get("constrained"),
                     "generated_per_question": gen,
                     "prompt_per_question": prompt,
