@@ -376,3 +376,81 @@ def test_cli_bad_arguments_exit_2_naming_the_flag(tmp_path, capsys, args, messag
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_resume_refuses_a_partial_run_of_another_code_version(llama, tokenizer, tmp_path, one_thread):
+    corpus = generate_corpus(2, 6, seed=3)
+    full = tmp_path / "full.jsonl"
+    build_dataset(corpus, llama, tokenizer, full, _small_cfg(), progress=False)
+    head, _ = _records(full)
+    from longlab.data.entropylong import ALGORITHM_VERSION, code_version
+
+    assert head["code"] == code_version() and head["code"]["algorithm"] == ALGORITHM_VERSION
+    lines = full.read_text().splitlines(keepends=True)
+    for field, value in (("algorithm", ALGORITHM_VERSION - 1), ("source_sha256", "0" * 16)):
+        old = json.loads(lines[0])
+        old["code"][field] = value
+        partial = tmp_path / "x.jsonl.partial"
+        partial.write_text(json.dumps(old) + "\n" + lines[1])
+        with pytest.raises(LonglabError, match="--out: .*another version of longlab's EntropyLong code"):
+            build_dataset(corpus, llama, tokenizer, tmp_path / "x.jsonl", _small_cfg(), progress=False)
+        assert partial.read_text() == json.dumps(old) + "\n" + lines[1]  # refused: left as it was
+    # a header without any code version (written before it was recorded) is refused too
+    old = json.loads(lines[0])
+    del old["code"]
+    partial.write_text(json.dumps(old) + "\n" + lines[1])
+    with pytest.raises(LonglabError, match="no code version recorded"):
+        build_dataset(corpus, llama, tokenizer, tmp_path / "x.jsonl", _small_cfg(), progress=False)
+    summary = build_dataset(corpus, llama, tokenizer, tmp_path / "x.jsonl", _small_cfg(), progress=False,
+                            restart=True)
+    assert (summary["skipped"], summary["written"]) == (0, 2)
+    assert (tmp_path / "x.jsonl").read_text() == full.read_text() and not partial.exists()
+
+
+def test_parquet_round_trip_and_foreign_file_refused(llama, tokenizer, tmp_path, one_thread):
+    pytest.importorskip("pyarrow")
+    from longlab.data.entropylong import owns_output, read_dataset
+
+    corpus = generate_corpus(3, 9, seed=4)
+    jsonl, parquet = tmp_path / "d.jsonl", tmp_path / "d.parquet"
+    build_dataset(corpus, llama, tokenizer, jsonl, _small_cfg(), progress=False)
+    build_dataset(corpus, llama, tokenizer, parquet, _small_cfg(), progress=False)
+    assert not (tmp_path / "d.parquet.partial").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".longlab-tmp")]
+    head_j, recs_j = read_dataset(jsonl)
+    head_p, recs_p = read_dataset(parquet)
+    recs_j, recs_p = list(recs_j), list(recs_p)
+    assert head_p == head_j and recs_p == recs_j and len(recs_p) == 3
+    assert any(s["kind"] == "filler" and "delta_h" not in s for r in recs_p for s in r["segments"])
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(parquet)
+    assert str(schema.field("segments").type).startswith("list<element: struct<kind: string")
+    assert owns_output(parquet)
+    assert build_dataset(corpus, llama, tokenizer, parquet, _small_cfg(), progress=False)["complete_already"]
+    # a Parquet file longlab did not write (no header in its metadata) is never overwritten
+    import pyarrow as pa
+
+    foreign = tmp_path / "foreign.parquet"
+    pq.write_table(pa.table({"x": [1, 2]}), foreign)
+    before = foreign.read_bytes()
+    with pytest.raises(LonglabError, match="--out: .*longlab did not write it"):
+        build_dataset(corpus, llama, tokenizer, foreign, _small_cfg(), progress=False)
+    assert foreign.read_bytes() == before and not (tmp_path / "foreign.parquet.partial").exists()
+    with pytest.raises(LonglabError, match="--data: .*not an EntropyLong dataset"):
+        read_dataset(foreign)
+
+
+def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from longlab.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(
+        name, *a))
+    code = main(["data", "entropylong", "--generate", "2", "--out", str(tmp_path / "o.parquet"), "--model",
+                 "tiny-llama", "--retriever", "bm25"])
+    err = capsys.readouterr().err
+    assert code == 2 and "pip install 'longlab[data]'" in err and "Traceback" not in err
+    assert not list(tmp_path.iterdir())

@@ -2,7 +2,7 @@
 
 ``entropylong`` extends each document of a corpus (``--corpus DIR``: a folder of .txt/.jsonl files or a
 ground-truth folder; or ``--generate N``: a ground-truth corpus made in memory) with distant chunks that
-lower the scorer model's entropy at its uncertain positions, writing JSONL with provenance
+lower the scorer model's entropy at its uncertain positions, writing JSONL (or Parquet) with provenance
 (:func:`longlab.data.entropylong.build_dataset`). ``groundtruth`` writes a corpus whose true source card
 of every dependent position is known (:func:`longlab.data.groundtruth.generate_corpus`). Every setting is
 checked before a model loads; ``--out`` is never a file longlab did not write.
@@ -34,7 +34,11 @@ def add_data_parser(sub: Any) -> None:
                      help="generate a ground-truth corpus of N documents")
     e.add_argument("--cards", type=int, default=None, help="with --generate: entity cards (default 10 x N)")
     e.add_argument("--out", required=True,
-                   help="output JSONL file (resumes OUT.partial of an interrupted run)")
+                   help="output file: .jsonl, or .parquet (pyarrow: pip install 'longlab[data]'); resumes "
+                   "OUT.partial of an interrupted run")
+    e.add_argument("--restart", action="store_true",
+                   help="discard OUT.partial of an interrupted run (other settings or code version), start "
+                   "over")
     e.add_argument("--model", default="smollm2-135m", help="scorer model (default smollm2-135m)")
     e.add_argument("--max-docs", type=int, default=None, help="extend only the first N documents")
     e.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
@@ -111,6 +115,12 @@ def entropylong_main(args: argparse.Namespace) -> int:
         if args.cards is not None:
             raise LonglabError("--cards: an option of --generate, not of --corpus")
         corpus = load_corpus(args.corpus, "--corpus")
+    if str(args.out).lower().endswith(".parquet"):
+        import importlib.util
+
+        if importlib.util.find_spec("pyarrow") is None:
+            raise LonglabError("--out: a .parquet output needs pyarrow: pip install 'longlab[data]' "
+                               "(or write .jsonl)")
     check_output_file(args.out, "--out", owned=owns_output, what="EntropyLong dataset")
     if cfg.retriever == "embedding":
         MiniLMEmbedder.check_installed()
@@ -122,7 +132,8 @@ def entropylong_main(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)
     summary = build_dataset(corpus, model, tokenizer, args.out, cfg, scorer=args.model,
-                            progress=not args.no_progress, max_docs=args.max_docs)
+                            progress=not args.no_progress, max_docs=args.max_docs,
+                            restart=args.restart)
     if summary.get("complete_already"):
         print(f"{summary['out']} is complete already ({summary['documents']} documents, same settings)")
     else:

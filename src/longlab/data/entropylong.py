@@ -23,10 +23,15 @@ it ([paper]) with the details it leaves open filled in and marked [recon]:
 4. **Assembly.** Verified chunks in random order, then unrelated filler chunks (from other documents and
    not retrieved for this one), then the document, up to ``target_tokens`` [paper: 128K; here a parameter].
 
-Output: JSONL, a header line (format, settings, scorer, corpus) then one record per document with the
-sequence's token ids and the provenance of every segment (source document, chunk, token span, dH); the
-run writes ``OUT.partial`` as it goes and renames it to ``OUT`` when done, so an interrupted run resumes
-where it stopped (documents already written are skipped; a torn last line is dropped).
+Output: JSONL, a header line (format, settings, scorer, corpus, code version) then one record per document
+with the sequence's token ids and the provenance of every segment (source document, chunk, token span, dH);
+or, for an ``OUT`` ending in ``.parquet``, the same records as Parquet (pyarrow; segments and groups as
+lists of structs, the header in the schema's ``longlab`` metadata). The run writes JSONL to ``OUT.partial``
+as it goes and turns it into ``OUT`` when done (a rename, or a Parquet file written beside ``OUT`` and
+renamed over it), so an interrupted run resumes where it stopped (documents already written are skipped; a
+torn last line is dropped) and no half-written ``OUT`` is ever visible. A partial run written by other
+settings or by another version of this module (:data:`ALGORITHM_VERSION`, the SHA-256 of this file's
+source) is refused, never mixed in; ``restart=True`` (``--restart``) discards it.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ import math
 import os
 import random
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +79,9 @@ __all__ = [
     "build_dataset",
     "OUTPUT_FORMAT",
     "owns_output",
+    "read_dataset",
+    "code_version",
+    "ALGORITHM_VERSION",
     "PAPER",
 ]
 
@@ -81,6 +89,10 @@ PAPER = "arXiv:2510.02330"
 OUTPUT_FORMAT = "longlab-entropylong"
 MAX_POOL_CHUNKS = 200_000  # embeddings: 200k x 384 floats = 300 MB
 MAX_DOCUMENTS = 1_000_000
+#: Bump when a change alters the records a run writes: a partial run of another version is never resumed
+#: (the header also records the SHA-256 of this file, so a forgotten bump is caught too).
+ALGORITHM_VERSION = 2
+PARQUET_ROWS = 64  # records per Parquet row group while converting (bounded memory)
 
 
 @dataclass
@@ -489,7 +501,36 @@ def process_document(
 # ------------------------------------------------------------------------------------------ the dataset
 
 
+def code_version() -> dict[str, Any]:
+    """The version of the code that writes a run: ``{"algorithm": ALGORITHM_VERSION, "source_sha256": the
+    first 16 hex of this module's source}``. Resuming needs both equal."""
+    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+    return {"algorithm": ALGORITHM_VERSION, "source_sha256": digest}
+
+
+def _is_parquet(path: Path) -> bool:
+    return path.suffix.lower() == ".parquet"
+
+
+def _need_pyarrow(flag: str) -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("pyarrow") is None:
+        raise LonglabError(f"{flag}: a .parquet output needs pyarrow: pip install 'longlab[data]' "
+                           "(or write .jsonl)")
+
+
 def _read_head(path: Path) -> dict[str, Any] | None:
+    """The run header of a JSONL or Parquet dataset longlab wrote, else None."""
+    if _is_parquet(path):
+        try:
+            import pyarrow.parquet as pq
+
+            meta = pq.read_schema(path).metadata or {}
+            head = json.loads(meta[b"longlab"].decode("utf-8"))
+        except (ImportError, OSError, KeyError, ValueError, UnicodeDecodeError, RuntimeError):
+            return None
+        return head if isinstance(head, dict) and head.get("format") == OUTPUT_FORMAT else None
     try:
         with open(path, "rb") as fh:
             line = fh.readline(1 << 20)
@@ -500,6 +541,7 @@ def _read_head(path: Path) -> dict[str, Any] | None:
 
 
 def owns_output(path: Path) -> bool:
+    """Did ``longlab data entropylong`` write this file (a JSONL header or Parquet metadata of its format)?"""
     return _read_head(path) is not None
 
 
@@ -522,17 +564,120 @@ def _read_records(path: Path, wanted: set[str]) -> list[dict[str, Any]]:
     return records
 
 
+def _parquet_schema(header: dict[str, Any]) -> Any:
+    """The Parquet schema of the records (segments and groups: lists of structs; absent struct fields are
+    null), the run header as JSON in the ``longlab`` metadata."""
+    import pyarrow as pa
+
+    i64, f64, text = pa.int64(), pa.float64(), pa.string()
+    segment = pa.struct([("kind", text), ("source", text), ("chunk", i64), ("pool_index", i64),
+                         ("start", i64), ("offset", i64), ("n_tokens", i64), ("delta_h", f64)])
+    candidate = pa.struct([("source", text), ("chunk", i64), ("pool_index", i64), ("delta_h", f64),
+                           ("kept", pa.bool_())])
+    group = pa.struct([("positions", pa.list_(i64)), ("peak", i64), ("entropy", f64),
+                       ("candidates", pa.list_(candidate))])
+    fields = [("doc_id", text), ("n_tokens", i64), ("document_tokens", i64), ("truncated", pa.bool_()),
+              ("mu", f64), ("tau", f64), ("verified", i64), ("retrieved", i64), ("dropped_for_length", i64),
+              ("segments", pa.list_(segment)), ("groups", pa.list_(group)),
+              ("input_ids", pa.list_(pa.int64()))]
+    return pa.schema(fields, metadata={"longlab": json.dumps(header)})
+
+
+def _write_parquet(partial: Path, out: Path, header: dict[str, Any], flag: str) -> None:
+    """The JSONL ``partial`` as Parquet at ``out``: written to a temporary file beside ``out``
+    (``PARQUET_ROWS`` records per row group) and renamed over it; the partial is removed after."""
+    import tempfile
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = _parquet_schema(header)
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".longlab-tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        with pq.ParquetWriter(name, schema) as writer, open(partial, "rb") as fh:
+            fh.readline()
+            batch: list[dict[str, Any]] = []
+            for raw in fh:
+                batch.append(json.loads(raw))
+                if len(batch) == PARQUET_ROWS:
+                    writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+                    batch = []
+            if batch:
+                writer.write_table(pa.Table.from_pylist(batch, schema=schema))
+        os.replace(name, out)
+    except OSError as exc:
+        raise os_error(exc, flag, out) from None
+    finally:
+        if os.path.exists(name):
+            os.unlink(name)  # our own temporary file (gone already once renamed)
+    os.unlink(partial)
+
+
+def _parquet_record(row: dict[str, Any]) -> dict[str, Any]:
+    """A Parquet row as the JSONL record: the null fields of a segment struct are fields it lacks."""
+    row["segments"] = [{k: v for k, v in seg.items() if v is not None} for seg in row["segments"]]
+    return row
+
+
+def read_dataset(path: str | os.PathLike[str], flag: str = "--data",
+                 max_bytes: int = 64 << 30) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+    """``(header, records)`` of a dataset ``build_dataset`` wrote (JSONL, its ``.partial``, or Parquet);
+    the records are read lazily (64 per Parquet batch). Anything else is a LonglabError naming ``flag``."""
+    p = Path(path)
+    try:
+        st = p.stat()
+    except FileNotFoundError:
+        raise LonglabError(f"{flag}: no such file: {shorten(str(p))}") from None
+    except OSError as exc:
+        raise os_error(exc, flag, p, "read") from None
+    if not p.is_file():
+        raise LonglabError(f"{flag}: {shorten(str(p))} is not a file; give an EntropyLong dataset")
+    if st.st_size > max_bytes:
+        raise LonglabError(f"{flag}: {shorten(str(p))} has {st.st_size:,} bytes, more than {max_bytes:,}")
+    if _is_parquet(p):
+        _need_pyarrow(flag)
+    head = _read_head(p)
+    if head is None:
+        raise LonglabError(f"{flag}: {shorten(str(p))} is not an EntropyLong dataset (`longlab data "
+                           "entropylong` writes one: JSONL with its header line, or .parquet)")
+
+    def records() -> Iterator[dict[str, Any]]:
+        if _is_parquet(p):
+            import pyarrow.parquet as pq
+
+            for batch in pq.ParquetFile(p).iter_batches(batch_size=PARQUET_ROWS):
+                yield from (_parquet_record(r) for r in batch.to_pylist())
+            return
+        with open(p, "rb") as fh:
+            fh.readline()
+            for n, raw in enumerate(fh, start=2):
+                try:
+                    rec = json.loads(raw)
+                except ValueError:
+                    if not raw.endswith(b"\n"):
+                        return  # the torn last line of an interrupted run's partial file
+                    raise LonglabError(f"{flag}: {shorten(str(p))} line {n} is not JSON") from None
+                if not isinstance(rec, dict) or not isinstance(rec.get("input_ids"), list):
+                    raise LonglabError(f"{flag}: {shorten(str(p))} line {n} is not a record (no input_ids)")
+                yield rec
+
+    return head, records()
+
+
 def build_dataset(
     corpus: Corpus, model: Any, tokenizer: Any, out: str | os.PathLike[str],
     cfg: EntropyLongConfig | None = None, *, scorer: str = "", progress: bool = True,
     max_docs: int | None = None, flag: str = "--out",
-    index_factory: Callable[[list[str]], Any] | None = None,
+    index_factory: Callable[[list[str]], Any] | None = None, restart: bool = False,
 ) -> dict[str, Any]:
-    """Run EntropyLong over ``corpus.documents`` (pool: ``corpus.pool``) and write JSONL to ``out``.
+    """Run EntropyLong over ``corpus.documents`` (pool: ``corpus.pool``) and write JSONL (or Parquet, for
+    an ``out`` ending in ``.parquet``) to ``out``.
 
-    Resumable: records go to ``out + ".partial"`` (header first) as each document finishes; a rerun with
-    the same settings skips the documents already there; the file is renamed to ``out`` at the end.
-    ``out`` (and the partial file) must be new or longlab's own output. Returns a summary dict."""
+    Resumable: records go to ``out + ".partial"`` (JSONL, header first) as each document finishes; a rerun
+    with the same settings and code version skips the documents already there (``restart``: discard them);
+    the file becomes ``out`` at the end. ``out`` (and the partial file) must be new or longlab's own
+    output. Returns a summary dict."""
     cfg = (cfg or EntropyLongConfig()).validate()
     docs = list(corpus.documents)[: max_docs] if max_docs is not None else list(corpus.documents)
     if not docs:
@@ -545,25 +690,37 @@ def build_dataset(
             f"entropylong: max_doc_tokens (--max-doc-tokens) + chunk_tokens (--chunk-tokens) must be <= the "
             f"scorer's max_position_embeddings ({limit}), got {cfg.max_doc_tokens} + {cfg.chunk_tokens}"
         )
+    if _is_parquet(Path(out)):
+        _need_pyarrow(flag)
     out = check_output_file(out, flag, owned=owns_output, what="EntropyLong dataset")
     partial = check_output_file(out.with_name(out.name + ".partial"), flag, owned=owns_output,
                                 what="EntropyLong partial dataset")
     header = {"format": OUTPUT_FORMAT, "version": 1, "paper": PAPER, "config": asdict(cfg), "scorer": scorer,
               "corpus": corpus.source, "documents": len(docs),
-              "doc_ids_sha256": _ids_digest(docs)}
+              "doc_ids_sha256": _ids_digest(docs), "code": code_version()}
     summary = {"out": str(out), "documents": len(docs), "written": 0, "skipped": 0}
-    if out.exists() and _same_run(_read_head(out), header):
+    if out.exists() and _same_run(_read_head(out), header) and not restart:
         summary["skipped"] = len(docs)
         summary["complete_already"] = True
+        if partial.exists() and _same_run(_read_head(partial), header):
+            partial.unlink()  # ours, left by a conversion interrupted after its rename
         return summary
     wanted = {d.id for d in docs}
     done: list[dict[str, Any]] = []
-    if partial.exists():
+    if partial.exists() and not restart:
         old = _read_head(partial)
+        if old is not None and old.get("code") != header["code"]:
+            raise LonglabError(
+                f"{flag}: {shorten(str(partial))} holds an interrupted run written by another version of "
+                f"longlab's EntropyLong code ({_code_text(old.get('code'))}; this one: "
+                f"{_code_text(header['code'])}); its records would not match new ones, so they are not "
+                "resumed: rerun with --restart (restart=True) to discard them, or finish it with the "
+                "longlab that wrote it"
+            )
         if not _same_run(old, header):
             raise LonglabError(
                 f"{flag}: {shorten(str(partial))} holds an interrupted run with other settings or another "
-                "corpus; rerun with those, or remove it to start over"
+                "corpus; rerun with those, or with --restart (restart=True) to discard it"
             )
         done = _read_records(partial, wanted)
     text = json.dumps(header) + "\n" + "".join(json.dumps(r) + "\n" for r in done)
@@ -596,7 +753,10 @@ def build_dataset(
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(verified=kept_total)
-        os.replace(partial, out)
+        if _is_parquet(out):
+            _write_parquet(partial, out, header, flag)
+        else:
+            os.replace(partial, out)
     except OSError as exc:
         raise os_error(exc, flag, partial) from None
     finally:
@@ -604,6 +764,12 @@ def build_dataset(
             bar.close()
     summary["verified_chunks_new"] = kept_total
     return summary
+
+
+def _code_text(code: Any) -> str:
+    if not isinstance(code, dict):
+        return "no code version recorded"
+    return f"algorithm {code.get('algorithm')}, source {code.get('source_sha256')}"
 
 
 def _ids_digest(docs: Sequence[Doc]) -> str:
