@@ -24,7 +24,8 @@ LAYERS: list[tuple[str, ...]] = [
     # method families; ops.kernels: LongCA-bench's kernels behind one call (it runs the sparse executor);
     # compress: context compressors (compress.api: above models); position: RoPE methods (position.train,
     # the training tool, sits with the tools)
-    ("kv", "quant", "sparse", "decode", "ops.kernels", "compress", "position"),
+    # adapter: LoRA adapter files, checked and merged into a base model's weights (models loads them)
+    ("kv", "quant", "sparse", "decode", "ops.kernels", "compress", "position", "adapter"),
     ("hook",),
     ("models",),
     ("reuse",),  # per-document KV store, assembly and reuse methods: drive a model's layers, below pipeline
@@ -36,7 +37,8 @@ LAYERS: list[tuple[str, ...]] = [
     # tools and the harness drive models and pipelines (capture: q/k/v capture for calibration, training)
     ("capture", "kv.indexmem_train", "quant.calibrate", "eval", "ops.cp_generate",  # CP prefill
      "position.train", "lab",  # lab: the layers lab (own LM + trainer), writes to eval.store
-     "serve", "data", "memory"),  # serve: the OpenAI server (drives the engine); data: EntropyLong data;
+     "serve", "data", "memory", "adapter_train"),  # serve: the OpenAI server (drives the engine); data:
+    # EntropyLong data; adapter_train: `longlab train lora` (LoRA on EntropyLong data, through peft);
     # memory: HGMem, C-DIC, PersistBench over a chat backend (the engine or an OpenAI-compatible endpoint)
     ("methods",),  # the one list of method modules (registers every family); the package face imports it
     ("eval.docs_tables", "eval.pages"),  # the docs site's generated tables: read stores and the registry

@@ -232,9 +232,9 @@ def test_a_store_that_cannot_be_made_leaves_no_empty_database_in_a_users_directo
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["train", "indexmem", "--steps", "5"], "--steps: an option of drope, ropeid and repo, not of train"),
+        (["train", "indexmem", "--steps", "5"], "--steps: an option of drope, ropeid, repo and lora, not of"),
         (["train", "indexmem", "--params", "cycles=2"], "--params: an option of drope, ropeid and repo"),
-        (["train", "indexmem", "--data", "pydoc"], "--data: an option of drope, ropeid and repo"),
+        (["train", "indexmem", "--data", "pydoc"], "--data: an option of drope, ropeid, repo and lora"),
         (["train", "drope", "--inner-steps", "2"], "--inner-steps: an option of indexmem, not of train"),
         (["train", "repo", "--lr-memory", "0.1"], "--lr-memory: an option of indexmem"),
         (["train", "drope", "--max-steps", "3"], "--max-steps: an option of indexmem"),  # drope: --steps
@@ -244,6 +244,14 @@ def test_a_store_that_cannot_be_made_leaves_no_empty_database_in_a_users_directo
         (["train", "indexmem", "--seq-len", str(10**9)], "--seq-len must be an integer in [128, 131072]"),
         (["train", "ropeid", "--steps", "1000000", "--batch", "1000"], "training tokens, more than"),
         (["train", "drope", "--minutes", "1e30"], "--minutes must be"),
+        (["train", "drope", "--data", "x.jsonl"], "--data must be 'essay' or 'pydoc'"),
+        (["train", "lora", "--batch", "2"], "--batch: an option of drope, ropeid and repo, not of train"),
+        (["train", "drope", "--rank", "4"], "--rank: an option of lora, not of train drope"),
+        (["train", "lora"], "--data: train lora needs an EntropyLong dataset"),
+        (["train", "lora", "--data", "x.jsonl", "--rank", "0"], "--rank must be an integer in [1, 1024]"),
+        (["train", "lora", "--data", "x.jsonl", "--targets", "mlp"], "--targets must be 'attn' or 'all'"),
+        (["train", "lora", "--data", "x", "--steps", "100000", "--seq-len", "100000"], "training tokens"),
+        (["train", "lora", "--data", "no-such.jsonl"], "--data: no such file"),
     ],
 )
 def test_train_refuses_other_methods_options_and_unbounded_sizes(argv, words, tmp_path, capsys):

@@ -13,6 +13,8 @@ Names:
   it once like SmolLM2 (~50 s); later loads read the cached safetensors.
 - ``tiny-llama``, ``tiny-qwen2``, ``tiny-gemma3``: seeded random models built in code, with a
   byte-level tokenizer, for tests.
+- a directory ``longlab train lora`` wrote: its base model with the LoRA adapter merged
+  (:mod:`longlab.adapter`); one ``longlab train drope|ropeid|repo`` wrote: its base model + weights.
 - anything else: a Hugging Face id, a local directory, or a ``.gguf`` file path.
 """
 
@@ -402,10 +404,17 @@ def load_model(
             f"got {shorten(attn_implementation)}"
         )
     device = _check_device(device)
+    from .adapter import adapter_of, apply_adapter
     from .position import apply_position, parse_position, variant_of
 
+    name, adapter = adapter_of(name)  # a `longlab train lora` directory: its base model + the adapter
     name, position = variant_of(name, position)  # a `longlab train` directory: its base model + weights
     position = parse_position(position)  # checked before anything is loaded
+    if adapter and getattr(position, "weights", ""):
+        raise LonglabError(
+            f"model {shorten(adapter)} is a LoRA adapter; a position method with trained weights would "
+            "overwrite what it merged: use the position without weights="
+        )
     if name in MODEL_NAMES:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")  # built-in models never touch the hub
     start = time.perf_counter()
@@ -439,6 +448,8 @@ def load_model(
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     model = model.to(device).eval()
+    if adapter:
+        apply_adapter(model, adapter, base_model=name)  # checked (file, shapes, base weights), then merged
     apply_position(model, position, base_model=name)
     model.longlab_load_seconds = time.perf_counter() - start
     return model, tokenizer

@@ -1,8 +1,9 @@
-"""``longlab train indexmem|drope|ropeid|repo``: train a learned method's weights.
+"""``longlab train indexmem|drope|ropeid|repo|lora``: train a learned method's weights, or a LoRA adapter.
 
 The argparse of every training tool lives here; the work is the libraries' (:func:`longlab.kv.indexmem_train.
-train_indexmem`, :func:`longlab.position.train.recalibrate` and :func:`~longlab.position.train.save_variant`).
-An option of one method given to another is refused, naming the option and the methods it belongs to."""
+train_indexmem`, :func:`longlab.position.train.recalibrate` and :func:`~longlab.position.train.save_variant`,
+:func:`longlab.adapter_train.train_lora` on an EntropyLong dataset). An option of one method given to another
+is refused, naming the option and the methods it belongs to."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_train_parser", "train_indexmem_main", "train_position_main"]
+__all__ = ["add_train_parser", "train_indexmem_main", "train_position_main", "train_lora_main"]
 
 POSITION_METHODS = ("drope", "ropeid", "repo")  # longlab.position.train.TRAINABLE (checked by a test)
 INDEXMEM_ONLY = {"inner_steps": "--inner-steps", "lr_memory": "--lr-memory", "max_steps": "--max-steps"}
@@ -19,30 +20,42 @@ POSITION_ONLY = {
     "steps": "--steps", "batch": "--batch", "params": "--params", "train": "--train",
     "heldout_windows": "--heldout-windows", "data": "--data",
 }
+LORA_ONLY = {"rank": "--rank", "lora_alpha": "--lora-alpha", "targets": "--targets",
+             "grad_checkpointing": "--grad-checkpointing"}
+# dest -> (flag, the methods that take it)
+OPTION_METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
+    **{d: (f, ("indexmem",)) for d, f in INDEXMEM_ONLY.items()},
+    **{d: (f, POSITION_METHODS) for d, f in POSITION_ONLY.items()},
+    **{d: (f, ("lora",)) for d, f in LORA_ONLY.items()},
+}
+for _dest in ("steps", "heldout_windows", "data"):  # shared by the position methods and lora
+    OPTION_METHODS[_dest] = (OPTION_METHODS[_dest][0], (*POSITION_METHODS, "lora"))
 INDEXMEM_LR, INDEXMEM_LR_MEMORY, INDEXMEM_INNER_STEPS = 1e-4, 2e-3, 4
 POSITION_STEPS, POSITION_BATCH, POSITION_HELD_OUT = 50, 1, 2
 
 
 def add_train_parser(sub: Any) -> None:
-    t = sub.add_parser("train", help="train a learned method's weights (IndexMem; DroPE, RoPE-ID, RePo)")
-    t.add_argument("method", choices=("indexmem", *POSITION_METHODS), help="method to train")
+    t = sub.add_parser("train", help="train a learned method's weights (IndexMem; DroPE, RoPE-ID, RePo) or a "
+                       "LoRA adapter on EntropyLong data (lora)")
+    t.add_argument("method", choices=("indexmem", *POSITION_METHODS, "lora"), help="method to train")
     t.add_argument("--model", default="smollm2-135m", help="model name or path (default: smollm2-135m)")
-    t.add_argument("--minutes", type=float, default=15.0, help="wall-clock training budget (default 15)")
+    t.add_argument("--minutes", type=float, default=None,
+                   help="wall-clock training budget (default 15; lora: none)")
     t.add_argument("--seq-len", type=int, default=1024, help="tokens per training text (default 1024)")
     t.add_argument(
         "--lr",
         type=float,
         default=None,
         help=f"learning rate (indexmem: the indexer's, default {INDEXMEM_LR:g}; drope/ropeid/repo: "
-        "drope 1e-4, ropeid 1e-4, repo 5e-3)",
+        "drope 1e-4, ropeid 1e-4, repo 5e-3; lora 2e-4)",
     )
     t.add_argument("--seed", type=int, default=0, help="random seed, in [0, 2**32 - 1] (default 0)")
     t.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     t.add_argument(
         "--out",
         default=None,
-        help="indexmem: a weights file .safetensors; drope/ropeid/repo: a variant directory (default: the "
-        "longlab cache); never one longlab did not write",
+        help="indexmem: a weights file .safetensors; drope/ropeid/repo: a variant directory; lora: an "
+        "adapter directory (default: the longlab cache); never one longlab did not write",
     )
     g = t.add_argument_group("indexmem only")
     g.add_argument("--max-steps", type=int, default=None, help="stop after this many texts (over --minutes)")
@@ -52,8 +65,9 @@ def add_train_parser(sub: Any) -> None:
     g.add_argument(
         "--lr-memory", type=float, default=None, help=f"memory lr (default {INDEXMEM_LR_MEMORY:g})"
     )
-    g = t.add_argument_group("drope / ropeid / repo only")
-    g.add_argument("--steps", type=int, default=None, help=f"optimizer steps (default {POSITION_STEPS})")
+    g = t.add_argument_group("drope / ropeid / repo (and lora: --steps, --heldout-windows, --data)")
+    g.add_argument("--steps", type=int, default=None,
+                   help=f"optimizer steps (default {POSITION_STEPS}; lora 300)")
     g.add_argument("--batch", type=int, default=None, help=f"windows per step (default {POSITION_BATCH})")
     g.add_argument("--params", default=None, help="the method's parameters, e.g. qk_norm=true or cycles=2")
     g.add_argument(
@@ -62,25 +76,41 @@ def add_train_parser(sub: Any) -> None:
     )
     g.add_argument(
         "--heldout-windows", type=int, default=None,
-        help=f"held-out windows scored before and after, each in the manifest (default {POSITION_HELD_OUT})",
+        help=f"held-out windows scored before and after, each in the manifest (default {POSITION_HELD_OUT}; "
+        "lora: held-out sequences, default 4)",
     )
     g.add_argument(
-        "--data", default=None, choices=("essay", "pydoc"),
+        "--data", default=None,
         help="training text: essay (longlab's essay haystack, 1.8k tokens: short runs memorise it) or pydoc "
         "(CPython's documentation topics, ~85k tokens, disjoint from bench/position.py ppl's text); "
-        "default essay",
+        "default essay. lora: an EntropyLong dataset (`longlab data entropylong --out X.jsonl|.parquet`)",
     )
+    g = t.add_argument_group("lora only (LoRA, arXiv 2106.09685, through peft: pip install 'longlab[train]')")
+    g.add_argument("--rank", type=int, default=None, help="LoRA rank r (default 8)")
+    g.add_argument("--lora-alpha", type=float, default=None, help="LoRA alpha; the update is alpha/r B A "
+                   "(default 16)")
+    g.add_argument("--targets", default=None,
+                   help="projections adapted: attn (q/k/v/o) or all (and the MLP's); default attn")
+    g.add_argument("--grad-checkpointing", action="store_const", const=True, default=None,
+                   help="recompute activations in the backward pass (less memory at long --seq-len, slower)")
     t.set_defaults(func=_train_main)
 
 
 def _train_main(args: argparse.Namespace) -> int:
     from ..recipe import LonglabError
 
-    position = args.method in POSITION_METHODS
-    other, owner = (INDEXMEM_ONLY, "indexmem") if position else (POSITION_ONLY, "drope, ropeid and repo")
-    given = [flag for dest, flag in other.items() if getattr(args, dest) is not None]
-    if given:
-        raise LonglabError(f"{', '.join(given)}: an option of {owner}, not of train {args.method}")
+    wrong: dict[tuple[str, ...], list[str]] = {}
+    for dest, (flag, methods) in OPTION_METHODS.items():
+        if getattr(args, dest) is not None and args.method not in methods:
+            wrong.setdefault(methods, []).append(flag)
+    if wrong:
+        methods, flags = next(iter(wrong.items()))
+        owner = methods[0] if len(methods) == 1 else f"{', '.join(methods[:-1])} and {methods[-1]}"
+        raise LonglabError(f"{', '.join(flags)}: an option of {owner}, not of train {args.method}")
+    if args.method == "lora":
+        return train_lora_main(args)
+    if args.minutes is None:
+        args.minutes = 15.0
     return train_position_main(args) if args.method in POSITION_METHODS else train_indexmem_main(args)
 
 
@@ -200,4 +230,77 @@ def train_position_main(args: argparse.Namespace) -> int:
             flush=True,
         )
     print(f"load it: load_model({str(out)!r}) or --model {out}", flush=True)
+    return 0
+
+
+def train_lora_main(args: argparse.Namespace) -> int:
+    """``longlab train lora``: settings, ``--data`` and ``--out`` checked before the model loads."""
+    from ..adapter_train import (
+        LORA_DEFAULTS,
+        check_adapter_out,
+        check_lora_settings,
+        load_sequences,
+        save_adapter,
+        train_lora,
+    )
+    from ..paths import cache_dir
+    from ..recipe import LonglabError
+    from ..safeio import file_sha256
+
+    if args.data is None:
+        raise LonglabError("--data: train lora needs an EntropyLong dataset (`longlab data entropylong --out "
+                           "X.jsonl|.parquet`)")
+    d = LORA_DEFAULTS
+    steps = d["steps"] if args.steps is None else args.steps
+    lr = d["lr"] if args.lr is None else args.lr
+    rank = d["rank"] if args.rank is None else args.rank
+    alpha = d["alpha"] if args.lora_alpha is None else args.lora_alpha
+    targets = d["targets"] if args.targets is None else args.targets
+    held = d["heldout"] if args.heldout_windows is None else args.heldout_windows
+    check_lora_settings(steps=steps, seq_len=args.seq_len, lr=lr, rank=rank, alpha=alpha, targets=targets,
+                        seed=args.seed, heldout=held, minutes=args.minutes)
+    try:
+        import peft  # noqa: F401
+    except ImportError:
+        raise LonglabError("longlab train lora needs peft: pip install 'longlab[train]'") from None
+    header, sequences, cut = load_sequences(args.data, args.seq_len, model_name=str(args.model))
+    if len(sequences) <= held:
+        raise LonglabError(f"--heldout-windows: {held} held-out sequences leave none of the {len(sequences)} "
+                           f"in {args.data} to train on")
+    key = Path(str(args.model)).name.replace(".gguf", "")
+    out = Path(args.out) if args.out else cache_dir() / "adapters" / f"{key}-lora-{Path(args.data).stem}"
+    check_adapter_out(out)
+    _threads(args)
+    from ..models import load_model
+
+    model, _ = load_model(args.model, attn_implementation="sdpa")
+    _check_model_positions(model, args.seq_len)
+    vocab = model.get_input_embeddings().weight.shape[0]
+    bad = next((i for i, s in enumerate(sequences) if max(s) >= vocab or min(s) < 0), None)
+    if bad is not None:
+        raise LonglabError(f"--data: sequence {bad + 1} has token ids outside {args.model}'s vocabulary "
+                           f"[0, {vocab})")
+    import torch
+
+    print(f"longlab train lora: {args.model} on {len(sequences)} sequences of {args.data} ({cut} cut to "
+          f"their last {args.seq_len} tokens); {steps} steps, lr {lr:g}, rank {rank}, alpha {alpha:g}, "
+          f"{targets}, threads {torch.get_num_threads()}", flush=True)
+    tensors, stats = train_lora(
+        model, sequences, steps=steps, lr=lr, rank=rank, alpha=alpha, targets=targets, seed=args.seed,
+        heldout=held, minutes=args.minutes, grad_checkpointing=bool(args.grad_checkpointing),
+        log=lambda m: print(m, flush=True),
+    )
+    data = {"path": str(args.data), "sha256": file_sha256(args.data), "records": len(sequences),
+            "cut_to_seq_len": cut, "scorer": header.get("scorer"), "corpus": header.get("corpus"),
+            "config": header.get("config"), "code": header.get("code")}
+    stats["seq_len"] = args.seq_len
+    path = save_adapter(out, tensors, model, base_model=str(args.model), rank=rank, alpha=alpha,
+                        targets=targets, data=data, training=stats)
+    before, after = stats["heldout_loss_before"], stats["heldout_loss_after"]
+    held_text = f"held-out loss {before:.4f} -> {after:.4f}; " if before is not None else ""
+    print(f"{held_text}training loss {stats['loss_first_10pct']:.4f} (first 10%) -> "
+          f"{stats['loss_last_10pct']:.4f} (last 10%); {stats['steps_done']} steps in "
+          f"{stats['seconds']:.0f}s ({stats['seconds_per_step']:.2f} s/step); wrote {path}", flush=True)
+    print(f"evaluate it: longlab eval --model {path} ... (the base model {args.model} with the adapter "
+          "merged)", flush=True)
     return 0

@@ -287,6 +287,7 @@ class EvalConfig:
             **({"score": self.score} if self.score != "decode" else {}),
             **({"reuse": 1, "num_docs": self.num_docs} if self.reuse else {}),
             **({"gamma": self.gamma} if self.speculative else {}),
+            **_adapter_identity(self.model),
         }
 
 
@@ -394,6 +395,19 @@ def _check_jsonl(path: str) -> None:
         raise LonglabError(f"--jsonl: {path} is {kind}; give a JSONL file")
     if Path(path).stat().st_size > MAX_JSONL_BYTES:
         raise LonglabError(f"--jsonl: {path} is larger than {MAX_JSONL_BYTES // 2**20} MiB")
+
+
+def _adapter_identity(model: str) -> dict[str, Any]:
+    """``{"adapter": SHA-256 (16 hex) of its weights}`` when ``model`` is a LoRA adapter directory
+    (:mod:`longlab.adapter`): an adapter retrained into the same directory makes new rows, not skipped ones;
+    ``{}`` for any other model, so their identity is unchanged."""
+    from ..adapter import adapter_of, read_adapter_manifest
+
+    if adapter_of(model)[1] is None:
+        return {}
+    record = read_adapter_manifest(model).get("weights_file")
+    sha = record.get("sha256") if isinstance(record, dict) else None
+    return {"adapter": str(sha)[:16]}
 
 
 def _check_model_name(name: str) -> None:

@@ -1,0 +1,203 @@
+"""LoRA on EntropyLong data (issue 34 item 4): training lowers the loss, the saved adapter merged at load
+reproduces the trained model, evaluation runs it, and a bad adapter directory is refused before it merges."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from longlab.errors import LonglabError
+from longlab.models import build_tiny_model, load_model
+
+pytest.importorskip("peft")
+
+SEQ = list(range(10, 90)) * 2  # a repeated sequence: learnable in a few steps
+
+
+def _train(steps=12, lr=1e-2, **kw):
+    from longlab.adapter_train import train_lora
+
+    model = build_tiny_model("tiny-llama", attn="sdpa")
+    tensors, stats = train_lora(model, [SEQ] * 3, steps=steps, lr=lr, heldout=1, progress=False, **kw)
+    return model, tensors, stats
+
+
+def _save(tmp_path, model, tensors, stats, name="ad", **kw):
+    from longlab.adapter_train import save_adapter
+
+    args = dict(base_model="tiny-llama", rank=8, alpha=16.0, targets="attn", data={"path": "x.jsonl"},
+                training=stats)
+    return save_adapter(tmp_path / name, tensors, model, **{**args, **kw})
+
+
+@pytest.fixture(scope="module")
+def trained():
+    torch.set_num_threads(1)
+    return _train()
+
+
+def test_a_few_lora_steps_lower_the_loss_and_leave_the_base_model_as_it_was(trained):
+    model, tensors, stats = trained
+    losses = stats["losses"]
+    assert len(losses) == stats["steps_done"] == 12 and stats["stopped_by"] == "steps"
+    assert losses[-1] < losses[0] - 1.0  # the repeated sequence is learned
+    assert stats["heldout_loss_after"] < stats["heldout_loss_before"] - 1.0
+    fresh = build_tiny_model("tiny-llama", attn="sdpa").state_dict()
+    assert set(model.state_dict()) == set(fresh)  # peft's layers removed
+    assert all(torch.equal(v, fresh[k]) for k, v in model.state_dict().items())  # base weights untouched
+    assert len(tensors) == 2 * 2 * 4  # 2 layers x q/k/v/o x (A, B)
+    a = tensors["model.layers.0.self_attn.q_proj.lora_A"]
+    b = tensors["model.layers.0.self_attn.k_proj.lora_B"]
+    assert a.shape == (8, 64) and b.shape == (32, 8)  # A [r, in]; k_proj: 2 KV heads x 16 = 32 outputs
+
+
+def test_merged_adapter_reproduces_the_trained_model_and_changes_logits(trained, tmp_path):
+    from longlab.adapter_train import sequence_loss
+
+    model, tensors, stats = trained
+    path = _save(tmp_path, model, tensors, stats)
+    merged, _ = load_model(path)
+    base, _ = load_model("tiny-llama")
+    x = torch.tensor([SEQ])
+    with torch.no_grad():
+        diff = (merged(x).logits - base(x).logits).abs().max().item()
+    assert diff > 0.1
+    assert merged.longlab_adapter["modules"] == 8
+    # the merge W + alpha/r B A is the trained model: its loss on the held-out sequence is the one training
+    # recorded (a wrong scale, e.g. alpha instead of alpha/r, would not match)
+    assert sequence_loss(merged, [SEQ]) == pytest.approx(stats["heldout_loss_after"], abs=2e-3)
+    half = _save(tmp_path, model, tensors, stats, name="half", alpha=8.0)
+    loss_half = sequence_loss(load_model(half)[0], [SEQ])
+    assert abs(loss_half - stats["heldout_loss_after"]) > 0.05
+
+
+def test_eval_runs_the_adapter_and_keys_rows_by_its_weights(trained, tmp_path):
+    from longlab.eval.config import EvalConfig
+    from longlab.eval.driver import run_eval
+    from longlab.eval.store import ResultStore
+
+    model, tensors, stats = trained
+    path = _save(tmp_path, model, tensors, stats)
+    cfg = dict(recipes=["full"], tasks=["passkey"], lengths=[400], samples=1, max_new_tokens=2, report=False,
+               progress=False)
+    run_eval(EvalConfig(out=str(tmp_path / "res"), model=str(path), **cfg), log=lambda m: None)
+    assert EvalConfig(out="x", model=str(path), **cfg).identity()["adapter"] == json.loads(
+        (path / "adapter.json").read_text())["weights_file"]["sha256"][:16]
+    assert "adapter" not in EvalConfig(out="x", model="tiny-llama", **cfg).identity()
+    store = ResultStore(str(tmp_path / "res"))
+    try:
+        rows = list(store.rows())
+    finally:
+        store.close()
+    assert [r["model"] for r in rows] == [str(path)]
+
+
+def _flip_byte(path, at=-20):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_bad_adapter_directories_are_refused(trained, tmp_path):
+    from safetensors.torch import save_file
+
+    from longlab.adapter import apply_adapter
+    from longlab.safeio import file_record
+
+    model, tensors, stats = trained
+    # the weights file is missing
+    gone = _save(tmp_path, model, tensors, stats, name="gone")
+    (gone / "adapter.safetensors").unlink()
+    with pytest.raises(LonglabError, match="not a longlab LoRA adapter .needs adapter.json and adapter"):
+        load_model(gone)
+    # corrupt weights: the SHA-256 of the manifest's record differs
+    bad = _save(tmp_path, model, tensors, stats, name="corrupt")
+    _flip_byte(bad / "adapter.safetensors")
+    with pytest.raises(LonglabError, match="does not match the SHA-256 in its manifest"):
+        load_model(bad)
+    # a pickle named adapter.safetensors with a matching record is never unpickled
+    pick = _save(tmp_path, model, tensors, stats, name="pickle")
+    torch.save(tensors, pick / "adapter.safetensors")
+    man = json.loads((pick / "adapter.json").read_text())
+    man["weights_file"] = file_record(pick / "adapter.safetensors", tensors)
+    (pick / "adapter.json").write_text(json.dumps(man))
+    with pytest.raises(LonglabError, match="not a readable safetensors file"):
+        load_model(pick)
+    # shapes that do not fit the base model, recorded consistently
+    wrong = {k: (v[:, :32].contiguous() if k.endswith("lora_A") else v) for k, v in tensors.items()}
+    shape = _save(tmp_path, model, wrong, stats, name="shape")
+    with pytest.raises(LonglabError, match=r"has lora_A \[8, 32\] .*; this model needs \[8, 64\]"):
+        load_model(shape)
+    # the manifest relabelled after training (rank), and other base weights
+    rel = _save(tmp_path, model, tensors, stats, name="relabel")
+    man = json.loads((rel / "adapter.json").read_text())
+    man["rank"] = 4
+    (rel / "adapter.json").write_text(json.dumps(man))
+    with pytest.raises(LonglabError, match="says rank='4' but adapter.safetensors was trained with rank='8'"):
+        load_model(rel)
+    other = build_tiny_model("tiny-llama", seed=1)
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(LonglabError, match="trained on other base weights"):
+        apply_adapter(other, _save(tmp_path, model, tensors, stats, name="ok"))
+    assert all(torch.equal(v, before[k]) for k, v in other.state_dict().items())  # nothing merged
+    with pytest.raises(LonglabError, match="trained on base model 'tiny-llama', not 'tiny-qwen2'"):
+        apply_adapter(other, tmp_path / "ok", base_model="tiny-qwen2")
+    # a tensor that is not a LoRA pair, written with a matching record
+    odd = _save(tmp_path, model, tensors, stats, name="odd")
+    extra = {**tensors, "model.layers.0.mlp.up_proj.lora_A": torch.zeros(8, 64),
+             "model.layers.0.mlp.up_proj.lora_B": torch.zeros(128, 8)}
+    save_file(extra, str(odd / "adapter.safetensors"), metadata={"rank": "8", "targets": "attn",
+              "base_fingerprint": man["base_fingerprint"]})
+    man = json.loads((odd / "adapter.json").read_text())
+    man["weights_file"] = file_record(odd / "adapter.safetensors", extra)
+    (odd / "adapter.json").write_text(json.dumps(man))
+    with pytest.raises(LonglabError, match="up_proj is not one of the --targets attn projections"):
+        load_model(odd)
+
+
+def test_cli_trains_on_an_entropylong_dataset_and_never_overwrites_a_foreign_dir(tmp_path, capsys):
+    from longlab.cli import main
+
+    data = tmp_path / "el.jsonl"
+    assert main(["data", "entropylong", "--generate", "4", "--out", str(data), "--model", "tiny-llama",
+                 "--retriever", "bm25", "--alpha", "0.5", "--chunk-tokens", "48", "--query-tokens", "16",
+                 "--target-tokens", "512", "--max-doc-tokens", "384", "--no-progress", "--threads", "1"]) == 0
+    out = tmp_path / "adapter"
+    argv = ["train", "lora", "--model", "tiny-llama", "--data", str(data), "--steps", "3", "--seq-len", "256",
+            "--heldout-windows", "1", "--threads", "1", "--out", str(out)]
+    assert main(argv) == 0
+    man = json.loads((out / "adapter.json").read_text())
+    assert man["training"]["steps_done"] == 3 and man["data"]["records"] == 4
+    assert man["data"]["cut_to_seq_len"] == 4  # 512-token sequences, their last 256 tokens
+    assert main(argv) == 0  # its own adapter directory is replaced
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("keep")
+    assert main(argv[:-1] + [str(foreign)]) == 2
+    assert "longlab did not write" in capsys.readouterr().err
+    assert sorted(p.name for p in foreign.iterdir()) == ["notes.txt"]
+    other = ["train", "lora", "--model", "tiny-qwen2", "--data", str(data), "--out", str(tmp_path / "q")]
+    assert main(other) == 2
+    assert "tokenizer (its scorer), not of --model 'tiny-qwen2'" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()
+
+
+def test_train_lora_without_peft_names_the_extra(tmp_path, monkeypatch, capsys):
+    import builtins
+
+    from longlab.cli import main
+
+    real = builtins.__import__
+
+    def no_peft(name, *a, **kw):
+        if name == "peft" or name.startswith("peft."):
+            raise ImportError("no peft")
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(builtins, "__import__", no_peft)
+    assert main(["train", "lora", "--model", "tiny-llama", "--data", str(tmp_path / "x.jsonl"), "--out",
+                 str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "pip install 'longlab[train]'" in err and "Traceback" not in err
