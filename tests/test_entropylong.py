@@ -454,3 +454,32 @@ def test_parquet_without_pyarrow_names_the_extra(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "pip install 'longlab[data]'" in err and "Traceback" not in err
     assert not list(tmp_path.iterdir())
+
+
+def test_selection_baselines_retrieval_and_random(llama, tokenizer, tmp_path, one_thread):
+    corpus = generate_corpus(3, 12, seed=5)
+    runs = {}
+    for sel in ("verification", "retrieval", "random"):
+        out = tmp_path / f"{sel}.jsonl"
+        build_dataset(corpus, llama, tokenizer, out, _small_cfg(selection=sel), progress=False)
+        head, runs[sel] = _records(out)
+        assert head["config"]["selection"] == sel
+    kind = {"verification": "verified", "retrieval": "retrieved", "random": "random"}
+    for sel, recs in runs.items():
+        for r in recs:
+            chosen = [s for s in r["segments"] if s["kind"] == kind[sel]]
+            assert r["selection"] == sel and r["selected"] == len(chosen)
+            assert r["segments"][-1]["kind"] == "document" and r["segments"][-1]["source"] == r["doc_id"]
+            assert all(s["source"] != r["doc_id"] for s in r["segments"][:-1])
+    for v, t, x in zip(runs["verification"], runs["retrieval"], runs["random"]):
+        # the same groups and candidates; retrieval keeps every one of them (no dH computed), verification
+        # those with dH >= delta, random as many as retrieval found, from anywhere in the pool
+        assert [g["positions"] for g in v["groups"]] == [g["positions"] for g in t["groups"]]
+        retrieved = {c["pool_index"] for g in t["groups"] for c in g["candidates"]}
+        assert all(c["kept"] and c["delta_h"] is None for g in t["groups"] for c in g["candidates"])
+        got = {s["pool_index"] for s in t["segments"] if s["kind"] == "retrieved"}
+        assert got == retrieved or t["dropped_for_length"] > 0
+        kept = {c["pool_index"] for g in v["groups"] for c in g["candidates"] if c["kept"]}
+        assert {s["pool_index"] for s in v["segments"] if s["kind"] == "verified"} <= kept
+        assert x["selected"] + x["dropped_for_length"] == len(retrieved) == t["retrieved"]
+    assert sum(len(v["groups"]) for v in runs["verification"]) > 0

@@ -16,7 +16,8 @@ from typing import Any
 __all__ = ["add_data_parser"]
 
 CONFIG_FLAGS = ("alpha", "merge_gap", "query_tokens", "top_k", "chunk_tokens", "delta", "retriever",
-                "target_tokens", "max_doc_tokens", "max_queries", "prefill_chunk", "batch_tokens", "seed")
+                "target_tokens", "max_doc_tokens", "max_queries", "prefill_chunk", "batch_tokens", "seed",
+                "selection")
 
 
 def add_data_parser(sub: Any) -> None:
@@ -49,6 +50,10 @@ def add_data_parser(sub: Any) -> None:
         if name == "retriever":
             e.add_argument(flag, default=value, help=f"embedding (all-MiniLM-L6-v2 cosine) or bm25 "
                            f"(default {value})")
+        elif name == "selection":
+            e.add_argument(flag, default=value, help="chunks before the document: verification (kept if "
+                           "dH >= delta; the paper), retrieval (every retrieved chunk) or random (as many, "
+                           f"uniformly from the pool): the baselines (default {value})")
         else:
             e.add_argument(flag, type=type(value), default=value, help=f"default {value}")
     e.set_defaults(func=entropylong_main)

@@ -22,6 +22,9 @@ it ([paper]) with the details it leaves open filled in and marked [recon]:
    of a few prefills (``batch_tokens`` per prefill), each row only as long as the last needed position.
 4. **Assembly.** Verified chunks in random order, then unrelated filler chunks (from other documents and
    not retrieved for this one), then the document, up to ``target_tokens`` [paper: 128K; here a parameter].
+   ``selection`` builds the issue's baselines through the same path: ``retrieval`` puts every retrieved
+   chunk there (no verification prefill), ``random`` as many chunks as retrieval found, drawn uniformly
+   from the pool outside the document [longlab].
 
 Output: JSONL, a header line (format, settings, scorer, corpus, code version) then one record per document
 with the sequence's token ids and the provenance of every segment (source document, chunk, token span, dH);
@@ -92,6 +95,7 @@ MAX_DOCUMENTS = 1_000_000
 #: Bump when a change alters the records a run writes: a partial run of another version is never resumed
 #: (the header also records the SHA-256 of this file, so a forgotten bump is caught too).
 ALGORITHM_VERSION = 2
+SEGMENT_KIND = {"verification": "verified", "retrieval": "retrieved", "random": "random"}
 PARQUET_ROWS = 64  # records per Parquet row group while converting (bounded memory)
 
 
@@ -112,6 +116,9 @@ class EntropyLongConfig:
     prefill_chunk: int = param(512, low=16, high=8192, integer=True)  # tokens per forward
     batch_tokens: int = param(8192, low=64, high=1 << 20, integer=True)  # padded tokens per prefill
     seed: int = param(0, low=0, high=2**32 - 1, integer=True)
+    # which chunks go before the document: verified (the paper), every retrieved one (no verification, no
+    # dH computed), or as many as retrieval found drawn uniformly from the pool (the baselines)
+    selection: str = param("verification", choices=("verification", "retrieval", "random"))
 
     def validate(self) -> EntropyLongConfig:
         check_params(self, label=lambda n: f"entropylong: {n} (--{n.replace('_', '-')})")
@@ -441,22 +448,30 @@ def process_document(
         query = tokenizer.decode(ids[max(0, g.peak - cfg.query_tokens + 1) : g.peak + 1])
         candidates.append(retrieve(index, query, own, cfg.top_k))
     unique = sorted({c for cand in candidates for c in cand})
+    verify = cfg.selection == "verification"
     dH = delta_entropy(model, ids, H, groups, [chunks[c].ids for c in unique], cfg.prefill_chunk,
-                       cfg.batch_tokens)
+                       cfg.batch_tokens) if verify else None
     row = {c: r for r, c in enumerate(unique)}
-    kept: dict[int, float] = {}
+    kept: dict[int, float | None] = {}
     group_records = []
     for gi, (g, cand) in enumerate(zip(groups, candidates)):
         cands = []
         for c in cand:
-            d = float(dH[row[c], gi])
-            ok = verified(d, cfg.delta)
-            if ok:
-                kept[c] = max(kept.get(c, -math.inf), d)
+            d = float(dH[row[c], gi]) if dH is not None else None
+            ok = verified(d, cfg.delta) if d is not None else cfg.selection == "retrieval"
+            if ok and d is not None:
+                kept[c] = max(kept.get(c) or -math.inf, d)  # verified: d >= delta >= 0
+            elif ok:
+                kept[c] = None
             cands.append({"source": chunks[c].source, "chunk": chunks[c].index, "pool_index": c,
-                          "delta_h": round(d, 6), "kept": ok})
+                          "delta_h": round(d, 6) if d is not None else None, "kept": ok})
         group_records.append({"positions": g.positions, "peak": g.peak, "entropy": round(g.entropy, 6),
                               "candidates": cands})
+    if cfg.selection == "random":  # the baseline: as many chunks as retrieval found, uniformly from the pool
+        pick = random.Random(f"longlab.entropylong/random/{cfg.seed}/{doc.id}")
+        others = [c for c in range(len(chunks)) if not own[c]]
+        kept = {c: None for c in sorted(pick.sample(others, min(len(unique), len(others))))}
+    kind = SEGMENT_KIND[cfg.selection]
     rng = _rng(cfg, doc.id)
     order = list(kept)
     rng.shuffle(order)
@@ -472,11 +487,13 @@ def process_document(
 
     dropped = 0
     for c in order:
-        if len(seq) + len(chunks[c].ids) <= room:
-            put("verified", c, delta_h=round(kept[c], 6))
-        else:
+        if len(seq) + len(chunks[c].ids) > room:
             dropped += 1
-    related = set(unique)
+        elif kept[c] is not None:
+            put(kind, c, delta_h=round(kept[c], 6))
+        else:
+            put(kind, c)
+    related = set(unique) | set(kept)
     misses = 0
     while misses < 8 and len(seq) < room:
         c = rng.randrange(len(chunks))
@@ -493,6 +510,7 @@ def process_document(
     return {
         "doc_id": doc.id, "n_tokens": len(seq), "document_tokens": len(ids), "truncated": truncated,
         "mu": round(mu, 6), "tau": round(tau, 6), "verified": sum(s["kind"] == "verified" for s in segments),
+        "selection": cfg.selection, "selected": sum(s["kind"] == kind for s in segments),
         "retrieved": len(unique), "dropped_for_length": dropped, "segments": segments,
         "groups": group_records, "input_ids": seq,
     }
@@ -577,7 +595,8 @@ def _parquet_schema(header: dict[str, Any]) -> Any:
     group = pa.struct([("positions", pa.list_(i64)), ("peak", i64), ("entropy", f64),
                        ("candidates", pa.list_(candidate))])
     fields = [("doc_id", text), ("n_tokens", i64), ("document_tokens", i64), ("truncated", pa.bool_()),
-              ("mu", f64), ("tau", f64), ("verified", i64), ("retrieved", i64), ("dropped_for_length", i64),
+              ("mu", f64), ("tau", f64), ("verified", i64), ("selection", text), ("selected", i64),
+              ("retrieved", i64), ("dropped_for_length", i64),
               ("segments", pa.list_(segment)), ("groups", pa.list_(group)),
               ("input_ids", pa.list_(pa.int64()))]
     return pa.schema(fields, metadata={"longlab": json.dumps(header)})
