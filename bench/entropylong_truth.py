@@ -15,6 +15,20 @@ entropy threshold flags at all (the position before the value's first token in a
 
     bench/heavy.sh .venv/bin/python bench/entropylong_truth.py --docs 40 --cards 400   # run + page
     .venv/bin/python bench/entropylong_truth.py --report                               # page from JSON
+
+Item 4 of the issue, "does the data help?" (``--finetune``): one ground-truth corpus, its three data
+variants (``longlab data entropylong --selection verification|retrieval|random``, scorer = the trained
+model), a LoRA fine-tune on each (``longlab train lora``, 300 steps at 2k tokens by default), and
+``longlab eval`` of the base model and each adapter on vt and niah_single_1 at 2k and 4k (24 samples per
+task and length, the same samples for every model), paired per sample against the base model
+(``longlab.eval.stats.paired_difference``: mean difference, 95% paired-bootstrap interval). Every step is
+a ``longlab`` command (``--dry-run`` prints them) and resumes: a finished dataset or adapter is kept, the
+eval store skips finished rows. ``--time-lora-steps N`` times N LoRA steps at ``--ft-seq-len`` on one
+thread (random token ids: the cost of a step does not depend on them) and stores the estimate for 300.
+
+    bench/heavy.sh .venv/bin/python bench/entropylong_truth.py --time-lora-steps 2     # ~1 minute
+    bench/heavy.sh .venv/bin/python bench/entropylong_truth.py --finetune              # hours: see the page
+    .venv/bin/python bench/entropylong_truth.py --finetune --dry-run                   # the commands
 """
 
 from __future__ import annotations
@@ -34,6 +48,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 from common import ROOT, hardware, write_json  # noqa: E402
 
 RESULT = ROOT / "bench" / "results" / "entropylong_truth.json"
+FINETUNE_RESULT = ROOT / "bench" / "results" / "entropylong_finetune.json"
+TIMING_RESULT = ROOT / "bench" / "results" / "entropylong_lora_timing.json"
+VARIANTS = ("verification", "retrieval", "random")
 PAGE = ROOT / "docs" / "results" / "entropylong.md"
 METHODS = ("verification", "retrieval-only", "random")
 SWEEP = (0.5, 1.0, 2.0)  # other deltas, from the stored dH of the same candidates (no rerun)
@@ -245,6 +262,145 @@ def page(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def finetune_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
+    """``(what, argv)`` of every ``longlab`` command of the fine-tune comparison, in order."""
+    work = Path(args.ft_dir)
+    common = ["--threads", "1", "--no-progress"]
+    cmds: list[tuple[str, list[str]]] = [
+        ("corpus", ["data", "groundtruth", "--docs", str(args.ft_docs), "--cards", str(args.ft_cards),
+                    "--seed", str(args.seed), "--out", str(work / "corpus")]),
+    ]
+    for v in VARIANTS:
+        cmds.append((f"data:{v}", ["data", "entropylong", "--corpus", str(work / "corpus"), "--model",
+                                   args.model, "--retriever", args.retriever, "--selection", v,
+                                   "--target-tokens", str(args.ft_seq_len), "--max-doc-tokens",
+                                   str(args.ft_seq_len // 2), "--seed", str(args.seed),
+                                   "--out", str(work / f"{v}.jsonl"), *common]))
+    for v in VARIANTS:
+        cmds.append((f"train:{v}", [
+            "train", "lora", "--model", args.model, "--data", str(work / f"{v}.jsonl"), "--steps",
+            str(args.ft_steps), "--seq-len", str(args.ft_seq_len), "--seed", str(args.seed), "--threads", "1",
+            "--out", str(work / f"lora-{v}")]))
+    ev = ["--recipes", "full", "--tasks", args.ft_tasks, "--lengths", args.ft_lengths, "--samples",
+          str(args.ft_samples), "--seed", str(args.seed), "--out", str(work / "eval"), "--no-report", *common]
+    cmds.append(("eval:base", ["eval", "--model", args.model, *ev]))
+    for v in VARIANTS:
+        cmds.append((f"eval:{v}", ["eval", "--model", str(work / f"lora-{v}"), *ev]))
+    return cmds
+
+
+def _finished(what: str, argv: list[str], args: argparse.Namespace) -> bool:
+    """A training step whose adapter is there with all its steps done is not run again (the data and eval
+    commands resume by themselves)."""
+    if not what.startswith("train:"):
+        return what == "corpus" and (Path(args.ft_dir) / "corpus").is_dir()
+    manifest = Path(argv[argv.index("--out") + 1]) / "adapter.json"
+    try:
+        done = json.loads(manifest.read_text())["training"]["steps_done"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    return done == args.ft_steps
+
+
+def finetune(args: argparse.Namespace) -> dict[str, Any]:
+    """Run (or print, ``--dry-run``) the commands, then pair each adapter's scores with the base model's."""
+    import subprocess
+
+    cmds = finetune_commands(args)
+    shown = [" ".join(["longlab", *argv]) for _, argv in cmds]
+    if args.dry_run:
+        print("\n".join(shown))
+        return {}
+    start = time.perf_counter()
+    for (what, argv), line in zip(cmds, shown):
+        if _finished(what, argv, args):
+            print(f"[{what}] done already", flush=True)
+            continue
+        print(f"[{what}] {line}", flush=True)
+        subprocess.run([sys.executable, "-m", "longlab.cli", *argv], check=True, cwd=ROOT)
+    result = finetune_analysis(args)
+    result.update({"commands": shown, "seconds": round(time.perf_counter() - start, 1),
+                   "hardware": hardware(), "command": " ".join(["bench/heavy.sh", ".venv/bin/python",
+                                                               "bench/entropylong_truth.py", *sys.argv[1:]])})
+    return result
+
+
+def finetune_analysis(args: argparse.Namespace) -> dict[str, Any]:
+    """Per data variant, task and length: the adapter's mean score minus the base model's on the same samples
+    (paired bootstrap 95% interval), with each adapter's training record."""
+    from longlab.eval.stats import paired_difference
+    from longlab.eval.store import ResultStore
+
+    work = Path(args.ft_dir)
+    store = ResultStore(str(work / "eval"))
+    try:
+        rows = [r for r in store.rows() if r.get("score") is not None and r.get("recipe") == "full"]
+    finally:
+        store.close()
+    by_model: dict[str, dict[tuple[Any, ...], float]] = {}
+    for r in rows:
+        by_model.setdefault(r["model"], {})[(r["task"], r["length"], str(r["sample_id"]))] = float(r["score"])
+    base = by_model.get(args.model, {})
+    cells: list[dict[str, Any]] = []
+    for v in VARIANTS:
+        mine = by_model.get(str(work / f"lora-{v}"), {})
+        for task, length in sorted({k[:2] for k in mine}):
+            keys = sorted(k for k in mine if k[:2] == (task, length) and k in base)
+            a, b = [mine[k] for k in keys], [base[k] for k in keys]
+            if not keys:
+                continue
+            d = paired_difference(a, b)
+            cells.append({"variant": v, "task": task, "length": length, "n": len(keys),
+                          "adapter": sum(a) / len(a), "base": sum(b) / len(b),
+                          "diff": d.mean, "low": d.low, "high": d.high})
+    training = {}
+    for v in VARIANTS:
+        manifest = work / f"lora-{v}" / "adapter.json"
+        if manifest.is_file():
+            t = json.loads(manifest.read_text())["training"]
+            keep = ("steps_done", "seq_len", "lr", "seconds", "seconds_per_step", "loss_first_10pct",
+                    "loss_last_10pct", "heldout_loss_before", "heldout_loss_after")
+            training[v] = {k: t.get(k) for k in keep}
+    return {"what": "LoRA fine-tunes on EntropyLong data variants vs the base model (issue 34 item 4)",
+            "model": args.model,
+            "size": {"docs": args.ft_docs, "cards": args.ft_cards, "steps": args.ft_steps,
+                     "seq_len": args.ft_seq_len, "samples": args.ft_samples},
+            "cells": cells, "training": training}
+
+
+def time_lora_steps(args: argparse.Namespace) -> dict[str, Any]:
+    """Seconds per LoRA step of ``--model`` at ``--ft-seq-len`` tokens on one thread (random token ids: a
+    step's cost does not depend on them): N steps, the first one's allocations included; the estimate for
+    ``--ft-steps`` steps uses the median of the later steps (all of them when N = 1)."""
+    import random as _random
+    import resource
+    import statistics
+
+    import torch
+
+    from longlab.adapter_train import train_lora
+    from longlab.models import load_model
+
+    torch.set_num_threads(1)
+    model, _ = load_model(args.model, attn_implementation="sdpa")
+    vocab = model.get_input_embeddings().weight.shape[0]
+    rng = _random.Random(0)
+    seqs = [[rng.randrange(vocab) for _ in range(args.ft_seq_len)] for _ in range(2)]
+    _, stats = train_lora(model, seqs, steps=args.time_lora_steps, heldout=0, progress=False,
+                          grad_checkpointing=args.grad_checkpointing)
+    steps = stats["step_seconds"]
+    per_step = statistics.median(steps[1:] or steps)
+    return {"what": "seconds per LoRA step (rank 8, q/k/v/o, batch 1, sdpa, fp32, one thread)",
+            "model": args.model, "seq_len": args.ft_seq_len, "step_seconds": steps,
+            "grad_checkpointing": args.grad_checkpointing,
+            "seconds_per_step": round(per_step, 2), "steps_estimated": args.ft_steps,
+            "estimate_hours": round(per_step * args.ft_steps / 3600, 2),
+            "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+            "hardware": hardware(),
+            "command": " ".join(["bench/heavy.sh", ".venv/bin/python", "bench/entropylong_truth.py",
+                                 *sys.argv[1:]])}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--docs", type=int, default=40)
@@ -256,7 +412,38 @@ def main() -> None:
     p.add_argument("--report", action="store_true", help="only rewrite the page from the stored JSON")
     p.add_argument("--result", default=str(RESULT))
     p.add_argument("--page", default=str(PAGE))
+    f = p.add_argument_group("item 4: the fine-tune comparison")
+    f.add_argument("--finetune", action="store_true", help="data variants -> LoRA -> eval vs the base model")
+    f.add_argument("--dry-run", action="store_true", help="with --finetune: print the commands only")
+    f.add_argument("--time-lora-steps", type=int, default=0, metavar="N",
+                   help="time N LoRA steps at --ft-seq-len (one thread) and store the estimate")
+    f.add_argument("--grad-checkpointing", action="store_true", help="with --time-lora-steps")
+    f.add_argument("--ft-dir", default="runs/entropylong_ft", help="work folder (relative: to the repo root)")
+    f.add_argument("--ft-result", default=str(FINETUNE_RESULT))
+    f.add_argument("--ft-docs", type=int, default=200)
+    f.add_argument("--ft-cards", type=int, default=2000)
+    f.add_argument("--ft-steps", type=int, default=300)
+    f.add_argument("--ft-seq-len", type=int, default=2048)
+    f.add_argument("--ft-samples", type=int, default=24)
+    f.add_argument("--ft-tasks", default="vt,niah_single_1")
+    f.add_argument("--ft-lengths", default="2048,4096")
     args = p.parse_args()
+    if args.time_lora_steps:
+        timing = time_lora_steps(args)
+        write_json(TIMING_RESULT, timing)
+        print(f"{timing['seconds_per_step']} s per step at {timing['seq_len']} tokens: "
+              f"{timing['steps_estimated']} steps ~ {timing['estimate_hours']} h (peak RSS "
+              f"{timing['peak_rss_gib']} GiB); wrote {TIMING_RESULT}")
+        return
+    if args.finetune:
+        result = finetune(args)
+        if result:
+            write_json(args.ft_result, result)
+            for c in result["cells"]:
+                print(f"{c['variant']:12s} {c['task']:14s} {c['length']:5d} n={c['n']:3d} adapter "
+                      f"{c['adapter']:.3f} base {c['base']:.3f} diff {c['diff']:+.3f} "
+                      f"[{c['low']:+.3f}, {c['high']:+.3f}]")
+        return
     if not args.report:
         write_json(args.result, run(args))
     result = json.loads(Path(args.result).read_text())

@@ -181,6 +181,7 @@ def train_lora(
         warm = min(10, steps // 10)
         model.train()
         losses: list[float] = []
+        step_seconds: list[float] = []
         tokens = 0
         start = time.perf_counter()
         bar = None
@@ -194,6 +195,7 @@ def train_lora(
                 if minutes is not None and time.perf_counter() - start > 60 * minutes:
                     stopped = "minutes"
                     break
+                t0 = time.perf_counter()
                 for group in opt.param_groups:
                     group["lr"] = lr * min(1.0, (step + 1) / warm) if warm else lr
                 ids = torch.tensor([list(train[step % len(train)])], device=device)  # [1, T]
@@ -206,6 +208,7 @@ def train_lora(
                 torch.nn.utils.clip_grad_norm_(params, 1.0)
                 opt.step()
                 losses.append(round(value, 5))
+                step_seconds.append(round(time.perf_counter() - t0, 3))
                 tokens += ids.shape[1]
                 if bar is not None:
                     bar.update(1)
@@ -238,6 +241,7 @@ def train_lora(
         "loss_first_10pct": sum(losses[:tenth]) / tenth if losses else None,
         "loss_last_10pct": sum(losses[-tenth:]) / tenth if losses else None,
         "heldout_loss_before": before, "heldout_loss_after": after, "losses": losses,
+        "step_seconds": step_seconds,
         "grad_checkpointing": grad_checkpointing, "peft": getattr(peft, "__version__", "?"),
     }
     return tensors, stats

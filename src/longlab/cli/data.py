@@ -143,5 +143,6 @@ def entropylong_main(args: argparse.Namespace) -> int:
         print(f"{summary['out']} is complete already ({summary['documents']} documents, same settings)")
     else:
         print(f"wrote {summary['out']}: {summary['documents']} documents ({summary['skipped']} resumed, "
-              f"{summary['written']} new; {summary['verified_chunks_new']} verified chunks in the new ones)")
+              f"{summary['written']} new; {summary['selected_chunks_new']} {summary['selected_kind']} chunks "
+              "in the new ones)")
     return 0

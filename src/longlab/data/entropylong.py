@@ -767,11 +767,11 @@ def build_dataset(
                 rec = process_document(doc, model, tokenizer, chunks, index, cfg)
                 fh.write(json.dumps(rec) + "\n")
                 fh.flush()
-                kept_total += rec["verified"]
+                kept_total += rec["selected"]
                 summary["written"] += 1
                 if bar is not None:
                     bar.update(1)
-                    bar.set_postfix(verified=kept_total)
+                    bar.set_postfix({SEGMENT_KIND[cfg.selection]: kept_total})
         if _is_parquet(out):
             _write_parquet(partial, out, header, flag)
         else:
@@ -781,7 +781,8 @@ def build_dataset(
     finally:
         if bar is not None:
             bar.close()
-    summary["verified_chunks_new"] = kept_total
+    summary["selected_chunks_new"] = kept_total
+    summary["selected_kind"] = SEGMENT_KIND[cfg.selection]
     return summary
 
 
