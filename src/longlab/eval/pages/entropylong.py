@@ -4,7 +4,11 @@ Reads ``bench/results/entropylong_truth.json`` (``bench/entropylong_truth.py``: 
 selection keeps and the cards it truly depends on). Precision and recall are pooled over documents, each with
 a 95% percentile-bootstrap interval over documents (2,000 resamples, seed 0); verification vs
 retrieval-only is a paired bootstrap on the same resampled documents. Moved from
-``bench/entropylong_truth.py --report``.
+``bench/entropylong_truth.py --report``. The fine-tune comparison (issue 34 item 4) comes from
+``bench/results/entropylong_finetune.json`` (``--finetune``: per data variant, task and length, the adapter's
+score minus the base model's on the same samples, with a 95% paired-bootstrap interval) when it exists;
+until then the page states what was not run, with the LoRA step time measured by ``--time-lora-steps``
+(``bench/results/entropylong_lora_timing.json``).
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["analyse", "page", "render"]
+__all__ = ["analyse", "finetune_text", "page", "render"]
 
 METHODS = ("verification", "retrieval-only", "random")
 SWEEP = (0.5, 1.0, 2.0)  # other deltas, from the stored dH of the same candidates (no rerun)
@@ -67,7 +71,8 @@ def _fmt(t: tuple[float, ...]) -> str:
     return f"{t[0]:.3f} [{t[1]:.3f}, {t[2]:.3f}]"
 
 
-def page(result: dict[str, Any]) -> str:
+def page(result: dict[str, Any], timing: dict[str, Any] | None = None,
+         finetune: dict[str, Any] | None = None) -> str:
     a = analyse(result)
     cfg, size = result["config"], result["size"]
     lines = [
@@ -136,14 +141,76 @@ def page(result: dict[str, Any]) -> str:
         ".venv/bin/python bench/entropylong_truth.py --report   # this page from the stored JSON",
         "```",
         "",
-        "Not done here: the issue's full size (500 documents, 5k cards) and its fine-tune comparison "
-        "(item 4: ~300 LoRA steps of SmolLM2 at 2k tokens on each data variant, evaluated on vt / niah).",
-        "",
+        *finetune_text(result, timing, finetune),
     ]
     return "\n".join(lines)
 
 
+def finetune_text(result: dict[str, Any], timing: dict[str, Any] | None,
+                  finetune: dict[str, Any] | None) -> list[str]:
+    """The page's lines on item 4 (does the data help?): the stored comparison, or what was not run and
+    the measured time it would take."""
+    run = ".venv/bin/python bench/entropylong_truth.py --finetune"
+    if finetune:
+        size = finetune["size"]
+        lines = [
+            "## Does the data help? (LoRA fine-tunes)",
+            "",
+            f"`{finetune['model']}` + a LoRA adapter (rank 8, q/k/v/o) trained {size['steps']} steps at "
+            f"{size['seq_len']} tokens on each data variant of a {size['docs']}-document ground-truth "
+            "corpus, minus the base model, on the same samples (`longlab eval`, recipe `full`); [95% paired "
+            f"bootstrap]; {size['samples']} samples per task and length.",
+            "",
+            "| data variant | task | length | n | adapter | base | adapter - base | |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for c in finetune["cells"]:
+            sig = "significant" if c["low"] > 0 or c["high"] < 0 else "not significant"
+            lines.append(f"| {c['variant']} | {c['task']} | {c['length']} | {c['n']} | {c['adapter']:.3f} | "
+                         f"{c['base']:.3f} | {c['diff']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] | {sig} |")
+        lines += ["", "```bash", finetune["command"], "```", "",
+                  "Not done here: the issue's full size (500 documents, 5k cards).", ""]
+        return lines
+    lines = ["Not done here: the issue's full size (500 documents, 5k cards), and its fine-tune comparison "
+             "(item 4: ~300 LoRA steps of SmolLM2 at 2k tokens on each of the three data variants, then "
+             "vt and niah at 2k and 4k against the base model)."]
+    if timing:
+        per, steps = timing["seconds_per_step"], timing["steps_estimated"]
+        hours = per * steps / 3600
+        build = result["seconds_per_doc"] * 200 / 3600
+        hw = timing["hardware"]
+        lines[0] += (
+            f" It was not run because of its cost on this machine: one LoRA step of `{timing['model']}` at "
+            f"{timing['seq_len']} tokens (rank 8, q/k/v/o, batch 1, fp32, one thread) took **{per:.1f} s** "
+            f"(median of the steps after the first; {', '.join(f'{x:.1f}' for x in timing['step_seconds'])} "
+            f"s; peak RSS {timing['peak_rss_gib']:.1f} GiB; {hw['cpu']}, load {hw['load_avg_1m']:.1f}), so "
+            f"{steps} steps take about **{hours:.1f} h per data variant, {3 * hours:.1f} h for the three**, "
+            f"before building the data (verification at {result['seconds_per_doc']} s per document: "
+            f"~{build:.1f} h for 200 documents; the baselines skip the dH prefill) and the evaluations "
+            "(not timed)."
+        )
+        lines += ["", "```bash", f"{timing['command']}   # the step time above", "```"]
+    lines += [
+        "",
+        "The comparison is one command (each step a `longlab` command that resumes; `--dry-run` lists them: "
+        "`longlab data entropylong --selection verification|retrieval|random`, `longlab train lora`, "
+        "`longlab eval --model DIR` with the adapter merged); its table appears here once "
+        "`bench/results/entropylong_finetune.json` exists:",
+        "",
+        "```bash",
+        f"bench/heavy.sh {run}",
+        "```",
+        "",
+    ]
+    return lines
+
+
 def render(root: Path, plots: bool) -> dict[str, str]:
     """The page's ``entropylong`` block."""
-    path = root / "bench" / "results" / "entropylong_truth.json"
-    return {"entropylong": page(json.loads(path.read_text(encoding="utf-8")))}
+    results = root / "bench" / "results"
+    extra = []
+    for name in ("entropylong_lora_timing.json", "entropylong_finetune.json"):
+        path = results / name
+        extra.append(json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None)
+    truth = json.loads((results / "entropylong_truth.json").read_text(encoding="utf-8"))
+    return {"entropylong": page(truth, *extra)}
