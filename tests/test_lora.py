@@ -171,6 +171,7 @@ def test_cli_trains_on_an_entropylong_dataset_and_never_overwrites_a_foreign_dir
     man = json.loads((out / "adapter.json").read_text())
     assert man["training"]["steps_done"] == 3 and man["data"]["records"] == 4
     assert man["data"]["cut_to_seq_len"] == 4  # 512-token sequences, their last 256 tokens
+    assert not (tmp_path / "adapter.checkpoint").exists()  # removed once every step is in the adapter
     assert main(argv) == 0  # its own adapter directory is replaced
     foreign = tmp_path / "mine"
     foreign.mkdir()
@@ -201,3 +202,39 @@ def test_train_lora_without_peft_names_the_extra(tmp_path, monkeypatch, capsys):
                  str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "pip install 'longlab[train]'" in err and "Traceback" not in err
+
+
+def test_an_interrupted_run_resumes_to_the_uninterrupted_adapter(tmp_path, monkeypatch):
+    from longlab.adapter_train import is_checkpoint_dir, train_lora
+
+    torch.set_num_threads(1)
+    seqs = [SEQ, SEQ[::-1], SEQ[5:], SEQ[:90]]
+    kw = dict(steps=6, lr=1e-2, heldout=1, progress=False, checkpoint_every=2)
+    _, full = train_lora(build_tiny_model("tiny-llama", attn="sdpa"), seqs, **kw)
+    ref, _ = train_lora(build_tiny_model("tiny-llama", attn="sdpa"), seqs, **kw)
+    ckpt = tmp_path / "ad.checkpoint"
+    real_step = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def failing_step(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise KeyboardInterrupt  # interrupted during step 4
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", failing_step)
+    with pytest.raises(KeyboardInterrupt):
+        train_lora(build_tiny_model("tiny-llama", attn="sdpa"), seqs, checkpoint=ckpt, **kw)
+    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    assert is_checkpoint_dir(ckpt)
+    assert len(json.loads((ckpt / "checkpoint.json").read_text())["losses"]) == 3  # saved at the interrupt
+    tensors, stats = train_lora(build_tiny_model("tiny-llama", attn="sdpa"), seqs, checkpoint=ckpt, **kw)
+    assert stats["resumed_at_step"] == 3 and stats["steps_done"] == 6
+    assert stats["losses"] == full["losses"]
+    assert all(torch.allclose(tensors[k], ref[k], atol=1e-6) for k in ref)
+    # another run's checkpoint is refused, not mixed in; restart ignores it
+    with pytest.raises(LonglabError, match="other settings or data; rerun with those, or with --restart"):
+        train_lora(build_tiny_model("tiny-llama", attn="sdpa"), seqs, checkpoint=ckpt, **{**kw, "lr": 5e-3})
+    _, again = train_lora(build_tiny_model("tiny-llama", attn="sdpa"), seqs, checkpoint=ckpt, restart=True,
+                          **{**kw, "lr": 5e-3})
+    assert again["resumed_at_step"] == 0 and again["steps_done"] == 6

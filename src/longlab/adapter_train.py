@@ -21,6 +21,13 @@ Training, stated exactly:
 
 Bounded before work: steps, sequence length, rank, the training tokens ``steps x seq_len``, the records
 read. ``--minutes`` stops early; the manifest records the steps done.
+
+Resumable: every ``checkpoint_every`` steps (and when ``--minutes`` stops the run, or a step fails) the
+LoRA tensors, AdamW's moments and step count, and the loss record go to ``OUT.checkpoint/`` (safetensors +
+a manifest with their record). A rerun with the same settings and sequences (their SHA-256 is in the
+manifest) continues from there: the data order and the lr schedule depend only on the step index, so a
+resumed run gives the uninterrupted run's adapter. A checkpoint of other settings is refused
+(``restart``: ignore it); it is removed once the adapter is written with every step done.
 """
 
 from __future__ import annotations
@@ -54,6 +61,7 @@ __all__ = [
     "MAX_RECORDS",
     "MAX_TRAIN_TOKENS",
     "check_lora_settings",
+    "is_checkpoint_dir",
     "load_sequences",
     "save_adapter",
     "sequence_loss",
@@ -147,10 +155,12 @@ def train_lora(
     model: Any, sequences: Sequence[Sequence[int]], *, steps: int, lr: float = 2e-4, rank: int = 8,
     alpha: float = 16.0, targets: str = "attn", seed: int = 0, heldout: int = 4, minutes: float | None = None,
     grad_checkpointing: bool = False, progress: bool = True, log: Callable[[str], None] | None = None,
+    checkpoint: str | os.PathLike[str] | None = None, checkpoint_every: int = 25, restart: bool = False,
 ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Train a LoRA adapter on ``sequences`` (see the module docstring); the model is left as it was (the
     LoRA layers are removed after). Returns ``(tensors, stats)``: ``<module>.lora_A [r, in]`` and
-    ``<module>.lora_B [out, r]`` by the base model's module names, and the loss record."""
+    ``<module>.lora_B [out, r]`` by the base model's module names, and the loss record. ``checkpoint``: a
+    directory to save to every ``checkpoint_every`` steps and resume from (module docstring)."""
     peft = _require_peft()
     check_choice("--targets", targets, tuple(LORA_TARGETS))
     if len(sequences) <= heldout:
@@ -179,19 +189,37 @@ def train_lora(
             "trained parameters")
         opt = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), weight_decay=0.0)
         warm = min(10, steps // 10)
-        model.train()
+        named = {n: p for n, p in wrapped.named_parameters() if p.requires_grad}
+        identity = {"base_fingerprint": base_fingerprint(model),
+                    "sequences_sha256": _sequences_digest(sequences), "steps": steps, "lr": lr, "rank": rank,
+                    "alpha": alpha, "targets": targets, "seed": seed, "heldout": heldout}
         losses: list[float] = []
         step_seconds: list[float] = []
-        tokens = 0
+        tokens, done_before, seconds_before = 0, 0, 0.0
+        if checkpoint is not None and not restart:
+            resumed = _load_checkpoint(Path(checkpoint), identity, named, opt)
+            if resumed is not None:
+                losses, step_seconds = resumed["losses"], resumed["step_seconds"]
+                tokens, seconds_before = resumed["tokens"], resumed["seconds"]
+                done_before = len(losses)
+                log(f"lora: resumed from {checkpoint} at step {done_before}")
+        model.train()
         start = time.perf_counter()
         bar = None
         if progress:
             from tqdm import tqdm
 
-            bar = tqdm(total=steps, desc="lora", unit="step")
+            bar = tqdm(total=steps, initial=done_before, desc="lora", unit="step")
         stopped = "steps"
+
+        def save() -> None:
+            if checkpoint is not None and len(losses) > done_before:
+                _save_checkpoint(Path(checkpoint), identity, named, opt, {
+                    "losses": losses, "step_seconds": step_seconds, "tokens": tokens,
+                    "seconds": seconds_before + time.perf_counter() - start})
+
         try:
-            for step in range(steps):
+            for step in range(done_before, steps):
                 if minutes is not None and time.perf_counter() - start > 60 * minutes:
                     stopped = "minutes"
                     break
@@ -213,10 +241,17 @@ def train_lora(
                 if bar is not None:
                     bar.update(1)
                     bar.set_postfix(loss=f"{losses[-1]:.3f}")
+                if (step + 1) % checkpoint_every == 0 and step + 1 < steps:
+                    save()
+        except BaseException:
+            save()  # the steps done so far survive an interrupt or a failing step
+            raise
         finally:
             if bar is not None:
                 bar.close()
-        seconds = time.perf_counter() - start
+        if stopped == "minutes":
+            save()
+        seconds = seconds_before + time.perf_counter() - start
         model.eval()
         after = sequence_loss(model, held) if held else None
         tensors: dict[str, torch.Tensor] = {}
@@ -243,8 +278,96 @@ def train_lora(
         "heldout_loss_before": before, "heldout_loss_after": after, "losses": losses,
         "step_seconds": step_seconds,
         "grad_checkpointing": grad_checkpointing, "peft": getattr(peft, "__version__", "?"),
+        "resumed_at_step": done_before,
     }
     return tensors, stats
+
+
+CHECKPOINT_MANIFEST = "checkpoint.json"
+CHECKPOINT_WEIGHTS = "checkpoint.safetensors"
+
+
+def is_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
+    """A ``longlab train lora`` checkpoint directory: only its two files, the manifest marked as ours."""
+    import json
+
+    p = Path(path)
+    try:
+        names = {c.name for c in p.iterdir()}
+        if not names <= {CHECKPOINT_MANIFEST, CHECKPOINT_WEIGHTS} or CHECKPOINT_MANIFEST not in names:
+            return False
+        manifest = json.loads((p / CHECKPOINT_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format") == "longlab-lora-checkpoint"
+
+
+def _sequences_digest(sequences: Sequence[Sequence[int]]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for s in sequences:
+        h.update(len(s).to_bytes(8, "little"))
+        h.update(torch.tensor(list(s), dtype=torch.int64).numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def _save_checkpoint(path: Path, identity: dict[str, Any], named: dict[str, torch.nn.Parameter],
+                     opt: torch.optim.Optimizer, record: dict[str, Any]) -> None:
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    steps: dict[str, float] = {}
+    for name, p in named.items():
+        tensors[f"param/{name}"] = p.detach().float().cpu().contiguous()
+        state = opt.state.get(p, {})
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in state:
+                tensors[f"{key}/{name}"] = state[key].detach().float().cpu().contiguous()
+        if "step" in state:
+            steps[name] = float(state["step"])
+
+    def write(tmp: Path) -> None:
+        save_file(tensors, str(tmp / CHECKPOINT_WEIGHTS))
+        manifest = {"format": "longlab-lora-checkpoint", "identity": identity, "adam_steps": steps,
+                    **record, "weights_file": file_record(tmp / CHECKPOINT_WEIGHTS, tensors)}
+        (tmp / CHECKPOINT_MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+
+    publish_dir(path, write, "--out", owned=is_checkpoint_dir, last=CHECKPOINT_MANIFEST,
+                what="LoRA training checkpoint")
+
+
+def _load_checkpoint(path: Path, identity: dict[str, Any], named: dict[str, torch.nn.Parameter],
+                     opt: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """Restore a checkpoint of the same run (None if there is none); another run's is a LonglabError."""
+    import json
+
+    from .safeio import read_checked_tensors
+
+    if not (path / CHECKPOINT_MANIFEST).is_file():
+        return None
+    shown = f"--out: the checkpoint {shorten(str(path))}"
+    if not is_checkpoint_dir(path):
+        raise LonglabError(f"{shown} is not a longlab LoRA checkpoint; remove it or give another --out")
+    manifest = json.loads((path / CHECKPOINT_MANIFEST).read_text(encoding="utf-8"))
+    if manifest.get("identity") != identity:
+        raise LonglabError(f"{shown} belongs to a run with other settings or data; rerun with those, or with "
+                           "--restart to train from the start")
+    tensors, _ = read_checked_tensors(path / CHECKPOINT_WEIGHTS, manifest.get("weights_file"), what=shown,
+                                      fix="rerun with --restart")
+    steps = manifest.get("adam_steps", {})
+    with torch.no_grad():
+        for name, p in named.items():
+            if f"param/{name}" not in tensors or tensors[f"param/{name}"].shape != p.shape:
+                raise LonglabError(f"{shown} does not hold {name} of this model; rerun with --restart")
+            p.copy_(tensors[f"param/{name}"])
+            if name in steps:
+                opt.state[p] = {"step": torch.tensor(float(steps[name])),
+                                "exp_avg": tensors[f"exp_avg/{name}"].to(p.device, p.dtype).clone(),
+                                "exp_avg_sq": tensors[f"exp_avg_sq/{name}"].to(p.device, p.dtype).clone()}
+    return {k: manifest[k] for k in ("losses", "step_seconds", "tokens", "seconds")}
 
 
 def save_adapter(

@@ -21,7 +21,7 @@ POSITION_ONLY = {
     "heldout_windows": "--heldout-windows", "data": "--data",
 }
 LORA_ONLY = {"rank": "--rank", "lora_alpha": "--lora-alpha", "targets": "--targets",
-             "grad_checkpointing": "--grad-checkpointing"}
+             "grad_checkpointing": "--grad-checkpointing", "restart": "--restart"}
 # dest -> (flag, the methods that take it)
 OPTION_METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     **{d: (f, ("indexmem",)) for d, f in INDEXMEM_ONLY.items()},
@@ -93,6 +93,8 @@ def add_train_parser(sub: Any) -> None:
                    help="projections adapted: attn (q/k/v/o) or all (and the MLP's); default attn")
     g.add_argument("--grad-checkpointing", action="store_const", const=True, default=None,
                    help="recompute activations in the backward pass (less memory at long --seq-len, slower)")
+    g.add_argument("--restart", action="store_const", const=True, default=None,
+                   help="ignore OUT.checkpoint (saved every 25 steps; a rerun resumes from it), start over")
     t.set_defaults(func=_train_main)
 
 
@@ -239,13 +241,14 @@ def train_lora_main(args: argparse.Namespace) -> int:
         LORA_DEFAULTS,
         check_adapter_out,
         check_lora_settings,
+        is_checkpoint_dir,
         load_sequences,
         save_adapter,
         train_lora,
     )
     from ..paths import cache_dir
     from ..recipe import LonglabError
-    from ..safeio import file_sha256
+    from ..safeio import check_output_dir, file_sha256
 
     if args.data is None:
         raise LonglabError("--data: train lora needs an EntropyLong dataset (`longlab data entropylong --out "
@@ -270,6 +273,8 @@ def train_lora_main(args: argparse.Namespace) -> int:
     key = Path(str(args.model)).name.replace(".gguf", "")
     out = Path(args.out) if args.out else cache_dir() / "adapters" / f"{key}-lora-{Path(args.data).stem}"
     check_adapter_out(out)
+    checkpoint = out.with_name(out.name + ".checkpoint")
+    check_output_dir(checkpoint, "--out", owned=is_checkpoint_dir, what="LoRA training checkpoint")
     _threads(args)
     from ..models import load_model
 
@@ -288,7 +293,7 @@ def train_lora_main(args: argparse.Namespace) -> int:
     tensors, stats = train_lora(
         model, sequences, steps=steps, lr=lr, rank=rank, alpha=alpha, targets=targets, seed=args.seed,
         heldout=held, minutes=args.minutes, grad_checkpointing=bool(args.grad_checkpointing),
-        log=lambda m: print(m, flush=True),
+        log=lambda m: print(m, flush=True), checkpoint=checkpoint, restart=bool(args.restart),
     )
     data = {"path": str(args.data), "sha256": file_sha256(args.data), "records": len(sequences),
             "cut_to_seq_len": cut, "scorer": header.get("scorer"), "corpus": header.get("corpus"),
@@ -296,6 +301,10 @@ def train_lora_main(args: argparse.Namespace) -> int:
     stats["seq_len"] = args.seq_len
     path = save_adapter(out, tensors, model, base_model=str(args.model), rank=rank, alpha=alpha,
                         targets=targets, data=data, training=stats)
+    if stats["steps_done"] == steps and is_checkpoint_dir(checkpoint):
+        import shutil
+
+        shutil.rmtree(checkpoint)  # ours (checked), no longer needed: the adapter holds every step
     before, after = stats["heldout_loss_before"], stats["heldout_loss_after"]
     held_text = f"held-out loss {before:.4f} -> {after:.4f}; " if before is not None else ""
     print(f"{held_text}training loss {stats['loss_first_10pct']:.4f} (first 10%) -> "
