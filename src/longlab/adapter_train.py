@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .adapter import (
@@ -71,6 +72,7 @@ __all__ = [
 LORA_DEFAULTS = {"steps": 300, "lr": 2e-4, "rank": 8, "alpha": 16.0, "targets": "attn", "heldout": 4}
 MAX_RECORDS = 1_000_000
 MAX_TRAIN_TOKENS = 1 << 28  # steps x seq_len
+MAX_LOADED_TOKENS = 1 << 28  # the dataset's tokens held in memory (int32: 1 GiB)
 MAX_SEQ_LEN = 1 << 17
 
 
@@ -95,11 +97,11 @@ def check_lora_settings(*, steps: int, seq_len: int, lr: float, rank: int, alpha
 def load_sequences(
     path: str | os.PathLike[str], seq_len: int, *, model_name: str | None = None,
     vocab_size: int | None = None, flag: str = "--data",
-) -> tuple[dict[str, Any], list[list[int]], int]:
-    """``(header, sequences, cut)`` of an EntropyLong dataset: each record's ``input_ids``, the last
-    ``seq_len`` of a longer one (``cut`` counts them). Refused: a dataset tokenized by another model than
-    ``model_name`` (its header's scorer), token ids outside ``[0, vocab_size)``, sequences under 2 tokens,
-    more than ``MAX_RECORDS`` records, no records."""
+) -> tuple[dict[str, Any], list[np.ndarray], int]:
+    """``(header, sequences, cut)`` of an EntropyLong dataset: each record's ``input_ids`` (int32 ``[T]``),
+    the last ``seq_len`` of a longer one (``cut`` counts them). Refused: a dataset tokenized by another
+    model than ``model_name`` (its header's scorer), token ids outside ``[0, vocab_size)``, sequences under
+    2 tokens, more than ``MAX_RECORDS`` records or ``MAX_LOADED_TOKENS`` tokens, no records."""
     from .data.entropylong import read_dataset
 
     header, records = read_dataset(path, flag)
@@ -109,7 +111,7 @@ def load_sequences(
             f"{flag}: {shorten(str(path))} holds token ids of {scorer!r}'s tokenizer (its scorer), not of "
             f"--model {model_name!r}; build the data with `longlab data entropylong --model {model_name}`"
         )
-    sequences, cut = [], 0
+    sequences, cut, total = [], 0, 0
     for n, rec in enumerate(records, start=1):
         if n > MAX_RECORDS:
             raise LonglabError(f"{flag}: more than {MAX_RECORDS:,} records; give a smaller dataset")
@@ -123,10 +125,21 @@ def load_sequences(
                                f"[0, {vocab_size})")
         if len(ids) > seq_len:
             ids, cut = ids[-seq_len:], cut + 1
-        sequences.append(list(ids))
+        total += len(ids)
+        if total > MAX_LOADED_TOKENS:
+            raise LonglabError(f"{flag}: more than {MAX_LOADED_TOKENS:,} tokens (after --seq-len cuts); give "
+                               "a smaller dataset")
+        if max(ids) > 2**31 - 1 or min(ids) < 0:
+            raise LonglabError(f"{flag}: record {n} has token ids outside [0, 2**31)")
+        sequences.append(np.asarray(ids, dtype=np.int32))  # [T]: 4 bytes a token
     if not sequences:
         raise LonglabError(f"{flag}: {shorten(str(path))} holds no records")
     return header, sequences, cut
+
+
+def _row(ids: Sequence[int], device: Any) -> torch.Tensor:
+    """Token ids ``[T]`` -> a ``[1, T]`` int64 tensor on ``device``."""
+    return torch.as_tensor(np.asarray(ids, dtype=np.int64), device=device)[None]
 
 
 def sequence_loss(model: Any, seqs: Sequence[Sequence[int]]) -> float:
@@ -136,7 +149,7 @@ def sequence_loss(model: Any, seqs: Sequence[Sequence[int]]) -> float:
     device = next(model.parameters()).device
     with torch.no_grad():
         for ids in seqs:
-            x = torch.tensor([list(ids)], device=device)  # [1, T]
+            x = _row(ids, device)  # [1, T]
             loss = model(input_ids=x, labels=x, use_cache=False).loss
             total += float(loss) * (len(ids) - 1)
             count += len(ids) - 1
@@ -226,7 +239,7 @@ def train_lora(
                 t0 = time.perf_counter()
                 for group in opt.param_groups:
                     group["lr"] = lr * min(1.0, (step + 1) / warm) if warm else lr
-                ids = torch.tensor([list(train[step % len(train)])], device=device)  # [1, T]
+                ids = _row(train[step % len(train)], device)  # [1, T]
                 loss = model(input_ids=ids, labels=ids, use_cache=False).loss
                 value = loss.item()
                 if not math.isfinite(value):
@@ -308,7 +321,7 @@ def _sequences_digest(sequences: Sequence[Sequence[int]]) -> str:
     h = hashlib.sha256()
     for s in sequences:
         h.update(len(s).to_bytes(8, "little"))
-        h.update(torch.tensor(list(s), dtype=torch.int64).numpy().tobytes())
+        h.update(np.asarray(s, dtype=np.int64).tobytes())
     return h.hexdigest()[:32]
 
 

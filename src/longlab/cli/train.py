@@ -281,7 +281,7 @@ def train_lora_main(args: argparse.Namespace) -> int:
     model, _ = load_model(args.model, attn_implementation="sdpa")
     _check_model_positions(model, args.seq_len)
     vocab = model.get_input_embeddings().weight.shape[0]
-    bad = next((i for i, s in enumerate(sequences) if max(s) >= vocab or min(s) < 0), None)
+    bad = next((i for i, s in enumerate(sequences) if int(s.max()) >= vocab), None)
     if bad is not None:
         raise LonglabError(f"--data: sequence {bad + 1} has token ids outside {args.model}'s vocabulary "
                            f"[0, {vocab})")
