@@ -1,0 +1,68 @@
+"""Verdict rules of the kv-eviction / kv-quant / sparse-prefill page generators on hand-made rows (each
+check fails if the comparison were inverted)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from longlab.eval.pages.kv_eviction import claim_verdict, parse_report_table
+from longlab.eval.pages.paired import call, fmt_ci, log_ratio_interval, sign_test
+
+
+def test_sign_test_exact_values() -> None:
+    assert sign_test(0, 0) == 1.0
+    assert sign_test(0, 4) == pytest.approx(2 / 16)  # 2 · (1/2)^4
+    assert sign_test(6, 0) == pytest.approx(2 / 64)
+    assert sign_test(1, 7) == pytest.approx(2 * (1 + 8) / 256)
+    assert sign_test(3, 3) == 1.0
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        sign_test(-1, 2)
+
+
+def test_call_direction_and_sign_test() -> None:
+    assert call(0.5, 2.0) == "significantly better"
+    assert call(-2.0, -0.5) == "significantly worse"
+    assert call(-1.0, 1.0) == "not significant"
+    assert call(0.0, 0.0) == "not significant"  # identical scores: zero-width interval
+    assert call(-3.0, 0.0) == "not significant"  # an end at 0 does not exclude it
+    assert call(-25.8, -4.2, 0.125).startswith("a lean (worse)")
+    assert call(4.2, 25.8, 0.125).startswith("a lean (better)")
+    assert call(-25.8, -4.2, 0.031) == "significantly worse"
+    with pytest.raises(ValueError):
+        call(1.0, -1.0)
+
+
+def test_claim_verdict_over_ratios() -> None:
+    def row(lo: float, hi: float, p: float) -> dict:
+        return {"diff": [(lo + hi) / 2, lo, hi], "sign_test_p": p}
+
+    assert claim_verdict([row(-1, 1, 1.0), row(2, 9, 0.01)]) == "reproduces"
+    assert claim_verdict([row(2, 9, 0.01), row(-9, -2, 0.01)]) == "does not reproduce"
+    assert claim_verdict([row(-1, 1, 1.0), row(-9, -2, 0.2)]) == "not shown; leans against"
+    assert claim_verdict([row(-1, 1, 1.0), row(2, 9, 0.2)]) == "not shown; leans for"
+    assert claim_verdict([row(-1, 1, 1.0)]).startswith("not shown (not significant")
+
+
+def test_log_ratio_interval_and_fmt() -> None:
+    g, lo, hi = log_ratio_interval([0.8, 0.9, 0.85, 0.82])
+    assert lo < g < hi < 1  # every round faster: the interval lies below 1
+    g, lo, hi = log_ratio_interval([1.5, 1.6, 1.55])
+    assert 1 < lo < g < hi  # every round slower: the interval lies above 1
+    assert g == pytest.approx((1.5 * 1.6 * 1.55) ** (1 / 3))
+    _, lo, hi = log_ratio_interval([0.7, 1.4, 1.0])
+    assert lo < 1 < hi  # mixed rounds: not significant
+    assert math.isnan(log_ratio_interval([2.0])[1])
+    with pytest.raises(ValueError):
+        log_ratio_interval([1.0, 0.0])
+    assert fmt_ci(-0.01, -5.0, 2.0, sign=True) == "0.0 [−5.0, +2.0]"
+
+
+def test_parse_report_table() -> None:
+    text = "# r\n\n### model · length 2k · score ×100 [95% CI]\n\n| recipe | a | avg |\n|---|---:|---:|\n" \
+           "| full | 1.0 | 2.0 |\n| x | 3.0 | 4.0 |\n\nafter\n| other | table |\n"
+    rows = parse_report_table(text, "### model · length 2k")
+    assert rows == [{"recipe": "full", "a": "1.0", "avg": "2.0"}, {"recipe": "x", "a": "3.0", "avg": "4.0"}]
+    with pytest.raises(ValueError, match="no heading"):
+        parse_report_table(text, "### nope")
