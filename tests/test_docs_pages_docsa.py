@@ -66,3 +66,19 @@ def test_parse_report_table() -> None:
     assert rows == [{"recipe": "full", "a": "1.0", "avg": "2.0"}, {"recipe": "x", "a": "3.0", "avg": "4.0"}]
     with pytest.raises(ValueError, match="no heading"):
         parse_report_table(text, "### nope")
+
+
+def test_kv_quant_compare_is_method_minus_baseline() -> None:
+    from longlab.eval.pages.kv_quant import compare, short_recipe
+
+    def rows(scores: list[float]) -> dict:
+        return {f"s{i}": {"score": x} for i, x in enumerate(scores)}
+
+    data = {"base": rows([0, 0, 0, 1, 1, 1]), "meth": rows([1, 1, 1, 1, 1, 1])}
+    c = compare(data, "base", "meth")
+    assert c["diff"][0] == pytest.approx(50.0) and c["diff"][1] > 0  # method − baseline, ×100
+    assert (c["better"], c["worse"], c["n"]) == (3, 0, 6)
+    assert c["sign_test_p"] == pytest.approx(0.25)
+    assert compare(data, "meth", "base")["diff"][0] == pytest.approx(-50.0)
+    assert short_recipe("pmkvq:allocation=runs/x/a.json") == "pmkvq:allocation"
+    assert short_recipe("pmkvq:budget_mb=11.71") == "pmkvq:budget_mb=11.71"
