@@ -82,3 +82,22 @@ def test_kv_quant_compare_is_method_minus_baseline() -> None:
     assert compare(data, "meth", "base")["diff"][0] == pytest.approx(-50.0)
     assert short_recipe("pmkvq:allocation=runs/x/a.json") == "pmkvq:allocation"
     assert short_recipe("pmkvq:budget_mb=11.71") == "pmkvq:budget_mb=11.71"
+
+
+def test_sparse_prefill_parsers_and_goal() -> None:
+    from longlab.eval.pages.sparse_prefill import goal_rows, parse_diff, speed_call
+
+    assert parse_diff("+6.2 [+0.0, +18.8] (n=7) n.s.") == (6.2, 0.0, 18.8, 7)
+    assert parse_diff("-49.2 [-60.8, -39.2]") == (-49.2, -60.8, -39.2, None)
+    assert parse_diff("-") is None
+    assert speed_call(0.68, 0.77) == "faster" and speed_call(1.05, 1.2) == "slower"
+    assert speed_call(0.9, 1.1) == "not significant"
+    rows = [
+        {"T": 32768, "method": "dense-sdpa", "speedup": 1.0, "recall": 1.0},
+        {"T": 32768, "method": "a", "speedup": 3.6, "recall": 0.61},  # fast, low recall
+        {"T": 32768, "method": "b", "speedup": 1.1, "recall": 0.96},  # recall, not fast
+        {"T": 16384, "method": "c", "speedup": 2.5, "recall": 0.97},  # meets it, but not at the top length
+    ]
+    assert goal_rows(rows) == []
+    rows.append({"T": 32768, "method": "d", "speedup": 2.1, "recall": 0.95})
+    assert [r["method"] for r in goal_rows(rows)] == ["d"]

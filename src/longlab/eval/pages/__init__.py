@@ -7,7 +7,17 @@ page's parameter table from the registry). :data:`GENERATORS` lists them in page
 
 from __future__ import annotations
 
-from . import compression, decode_speed, entropylong, kv_eviction, kv_quant, modalities, position, vs_kvpress
+from . import (
+    compression,
+    decode_speed,
+    entropylong,
+    kv_eviction,
+    kv_quant,
+    modalities,
+    position,
+    sparse_prefill,
+    vs_kvpress,
+)
 from .generator import Generator
 from .methods import FAMILY_METHODS, render_family
 
@@ -22,5 +32,6 @@ GENERATORS: tuple[Generator, ...] = (
     Generator("docs/results/kv-quant.md", kv_quant.render),
     Generator("docs/results/modalities.md", modalities.render),
     Generator("docs/results/position.md", position.render),
+    Generator("docs/results/sparse-prefill.md", sparse_prefill.render),
     Generator("docs/results/vs-kvpress.md", vs_kvpress.render),
 )
