@@ -43,6 +43,9 @@ def test_claim_verdict_over_ratios() -> None:
     assert claim_verdict([row(-1, 1, 1.0), row(-9, -2, 0.2)]) == "not shown; leans against"
     assert claim_verdict([row(-1, 1, 1.0), row(2, 9, 0.2)]) == "not shown; leans for"
     assert claim_verdict([row(-1, 1, 1.0)]).startswith("not shown (not significant")
+    # a claimed gain above every interval: does not reproduce; inside one interval: not shown
+    assert claim_verdict([row(-5, 4, 1.0), row(-3, 12, 1.0)], claimed=15.2).startswith("does not reproduce")
+    assert claim_verdict([row(-5, 4, 1.0), row(-3, 20, 1.0)], claimed=15.2).startswith("not shown")
 
 
 def test_log_ratio_interval_and_fmt() -> None:

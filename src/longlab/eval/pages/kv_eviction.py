@@ -172,22 +172,25 @@ CLAIMS_2K = (
         "ReST-KV (arXiv:2605.08840): ReST-KV beats SnapKV at equal budget (+15.2 RULER in the paper)",
         "snapkv@",
         "restkv@",
+        15.2,
     ),
     ("OBCache improves TOVA", "tova@", "tova-obcvk@"),
     ("OBCache improves H2O", "h2o@", "h2o-obcvk@"),
 )
 
 
-def claim_verdict(diffs: list[dict[str, Any]]) -> str:
+def claim_verdict(diffs: list[dict[str, Any]], claimed: float | None = None) -> str:
     """One claim over its ratios (``method − baseline`` rows): *reproduces* when some ratio is
-    significantly better and none worse; *does not reproduce* when some ratio is significantly worse;
-    *leans against* / *leans for* when the only excluding intervals fail the sign test; else *not
-    significant at any ratio*."""
+    significantly better and none worse; *does not reproduce* when some ratio is significantly worse, or
+    when the paper's ``claimed`` gain (points ×100) lies above every ratio's interval; *leans against* /
+    *leans for* when the only excluding intervals fail the sign test; else *not significant at any ratio*."""
     calls = [_verdict(d) for d in diffs]
     if any(c == "significantly worse" for c in calls):
         return "does not reproduce"
     if any(c == "significantly better" for c in calls):
         return "reproduces"
+    if claimed is not None and all(d["diff"][2] < claimed for d in diffs):
+        return f"does not reproduce (the paper's +{claimed:g} lies above every interval)"
     if any("lean (worse)" in c for c in calls):
         return "not shown; leans against"
     if any("lean (better)" in c for c in calls):
@@ -198,7 +201,7 @@ def claim_verdict(diffs: list[dict[str, Any]]) -> str:
 def verdicts_2k() -> str:
     p = _pairs_2k()
     out = []
-    for name, base, meth in CLAIMS_2K:
+    for name, base, meth, *claimed in CLAIMS_2K:
         rows = [
             d for d in p["differences"] if d["baseline"].startswith(base) and d["method"].startswith(meth)
         ]
@@ -210,7 +213,7 @@ def verdicts_2k() -> str:
             f"{_verdict(d)}"
             for d in rows
         )
-        out.append(f"- **{name}: {claim_verdict(rows)}** at 2,048 tokens. {figs}.")
+        out.append(f"- **{name}: {claim_verdict(rows, *claimed)}** at 2,048 tokens. {figs}.")
     out += ["", f"Reproduce: `{COMMANDS['2k']}` (`pairs.py` is listed under Reproduce below)."]
     return "\n".join(out)
 
@@ -500,14 +503,7 @@ def verdict_indexmem() -> str:
 
     lengths = sorted({d["length"] for d in p["differences"]})
     aggressive = [diffs[(n, "snapkv@0.9", "indexmem@0.9")] for n in lengths]
-    calls = [_verdict(d) for d in aggressive]
-    v = (
-        "reproduces"
-        if any(c == "significantly better" for c in calls) and not any("worse" in c for c in calls)
-        else "does not reproduce"
-        if not any("better" in c for c in calls)
-        else "mixed"
-    )
+    v = claim_verdict(aggressive, claimed=25.0)
     mild = "; ".join(line(n, "snapkv@0.5", "indexmem@0.5") for n in lengths)
     memory = "; ".join(
         line(n, f"indexmem@{r}:memory=false", f"indexmem@{r}") for r in ("0.5", "0.9") for n in lengths
