@@ -18,11 +18,12 @@ case $PART in
       *) SYSTEMS="rag:k=4 context:full context:snapkv@0.5 context:kivi4 reuse"; DOCS="" ;;
     esac
     # 2 documents of 1024 tokens x 12 two-hop questions (n = 24); a 16-token answer budget for every system.
-    # HGMem: 2 rounds (official default 4), 2 chunks a round, JSON calls capped at 192 tokens (CPU budget).
+    # HGMem: 2 rounds (official default 4), 2 chunks a round, JSON calls capped at 128 tokens (CPU budget;
+    # a reply cut there keeps its complete items, memory.backend.repair_json).
     # shellcheck disable=SC2086
     exec bench/heavy.sh "$PY" -m longlab.cli memory eval --model qwen2.5-0.5b --threads 1 \
       --task longdoc_multihop --length 1024 --samples 24 --questions-per-doc 12 --distractors 4 --seed 0 $DOCS \
-      --systems $SYSTEMS --answer-tokens 16 --max-rounds 2 --top-chunks 2 --json-tokens 192 --retries 1 \
+      --systems $SYSTEMS --answer-tokens 16 --max-rounds 2 --top-chunks 2 --json-tokens 128 --retries 1 \
       --embedder minilm --out "$OUT" ;;
   cdic)
     OUT=${1:?OUTDIR}; shift

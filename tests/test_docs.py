@@ -113,9 +113,9 @@ def test_cli_docs_check(capsys: pytest.CaptureFixture[str]) -> None:
     assert "matches its data" in capsys.readouterr().out
 
 
-@pytest.mark.slow
 def test_every_page_matches_its_data() -> None:
-    """``longlab report --docs --check`` over every page (~30 s: bootstrap intervals of every table)."""
+    """``longlab report --docs --check`` over every page (~15 s: bootstrap intervals of every table), in the
+    default suite so that CI fails when a committed page drifts from its data."""
     diffs = check_docs(ROOT)
     assert diffs == [], "pages differ from their data (run `make results`): " + ", ".join(
         f"{d.page} ({', '.join(d.blocks)})" for d in diffs

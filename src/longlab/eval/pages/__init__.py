@@ -7,7 +7,17 @@ page's parameter table from the registry). :data:`GENERATORS` lists them in page
 
 from __future__ import annotations
 
-from . import compression, decode_speed, entropylong, modalities, position, vs_kvpress
+from . import (
+    compression,
+    decode_speed,
+    entropylong,
+    kv_eviction,
+    kv_quant,
+    modalities,
+    position,
+    sparse_prefill,
+    vs_kvpress,
+)
 from .generator import Generator
 from .methods import FAMILY_METHODS, render_family
 
@@ -18,7 +28,10 @@ GENERATORS: tuple[Generator, ...] = (
     Generator("docs/results/compression.md", compression.render),
     Generator("docs/results/decode-speed.md", decode_speed.render),
     Generator("docs/results/entropylong.md", entropylong.render),
+    Generator("docs/results/kv-eviction.md", kv_eviction.render),
+    Generator("docs/results/kv-quant.md", kv_quant.render),
     Generator("docs/results/modalities.md", modalities.render),
     Generator("docs/results/position.md", position.render),
+    Generator("docs/results/sparse-prefill.md", sparse_prefill.render),
     Generator("docs/results/vs-kvpress.md", vs_kvpress.render),
 )
