@@ -483,3 +483,27 @@ def test_selection_baselines_retrieval_and_random(llama, tokenizer, tmp_path, on
         assert {s["pool_index"] for s in v["segments"] if s["kind"] == "verified"} <= kept
         assert x["selected"] + x["dropped_for_length"] == len(retrieved) == t["retrieved"]
     assert sum(len(v["groups"]) for v in runs["verification"]) > 0
+
+
+def test_a_failed_parquet_conversion_leaves_no_half_written_file(llama, tokenizer, tmp_path, monkeypatch,
+                                                                 one_thread):
+    pytest.importorskip("pyarrow")
+    import errno
+
+    import pyarrow.parquet as pq
+
+    corpus = generate_corpus(2, 6, seed=6)
+    out = tmp_path / "d.parquet"
+
+    def full_disk(self, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", full_disk)
+    with pytest.raises(LonglabError, match="--out: cannot write .*the disk is full"):
+        build_dataset(corpus, llama, tokenizer, out, _small_cfg(), progress=False)
+    assert not out.exists() and not [p for p in tmp_path.iterdir() if p.name.endswith(".longlab-tmp")]
+    assert (tmp_path / "d.parquet.partial").exists()  # the records survive: a rerun converts them
+    monkeypatch.undo()
+    summary = build_dataset(corpus, llama, tokenizer, out, _small_cfg(), progress=False)
+    assert (summary["skipped"], summary["written"]) == (2, 0) and out.exists()
+    assert not (tmp_path / "d.parquet.partial").exists()
