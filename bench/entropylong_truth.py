@@ -244,6 +244,27 @@ def finetune_analysis(args: argparse.Namespace) -> dict[str, Any]:
             "cells": cells, "training": training}
 
 
+def _merge_check(model: Any, tensors: dict[str, Any], stats: dict[str, Any], args: argparse.Namespace,
+                 ids: list[int]) -> dict[str, Any]:
+    """The timed adapter saved and loaded back the way ``longlab eval --model DIR`` loads it: how many
+    projections merged, and how far the logits of the first tokens moved from the base model's."""
+    import tempfile
+
+    import torch
+
+    from longlab.adapter_train import save_adapter
+    from longlab.models import load_model
+
+    with tempfile.TemporaryDirectory(prefix="elft-") as tmp:
+        path = save_adapter(Path(tmp) / "adapter", tensors, model, base_model=args.model, rank=8, alpha=16.0,
+                            targets="attn", data={"path": "random token ids"}, training=stats)
+        merged, _ = load_model(path)
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            change = (merged(x).logits - load_model(args.model)[0](x).logits).abs().max().item()
+    return {"modules": merged.longlab_adapter["modules"], "max_logit_change": round(change, 5)}
+
+
 def time_lora_steps(args: argparse.Namespace) -> dict[str, Any]:
     """Seconds per LoRA step of ``--model`` at ``--ft-seq-len`` tokens on one thread (random token ids: a
     step's cost does not depend on them): N steps, the first one's allocations included; the estimate for
@@ -262,13 +283,14 @@ def time_lora_steps(args: argparse.Namespace) -> dict[str, Any]:
     vocab = model.get_input_embeddings().weight.shape[0]
     rng = _random.Random(0)
     seqs = [[rng.randrange(vocab) for _ in range(args.ft_seq_len)] for _ in range(2)]
-    _, stats = train_lora(model, seqs, steps=args.time_lora_steps, heldout=0, progress=False,
-                          grad_checkpointing=args.grad_checkpointing)
+    tensors, stats = train_lora(model, seqs, steps=args.time_lora_steps, heldout=0, progress=False,
+                                grad_checkpointing=args.grad_checkpointing)
     steps = stats["step_seconds"]
+    merge = _merge_check(model, tensors, stats, args, seqs[0][:256])
     per_step = statistics.median(steps[1:] or steps)
     return {"what": "seconds per LoRA step (rank 8, q/k/v/o, batch 1, sdpa, fp32, one thread)",
             "model": args.model, "seq_len": args.ft_seq_len, "step_seconds": steps,
-            "grad_checkpointing": args.grad_checkpointing,
+            "grad_checkpointing": args.grad_checkpointing, "merge_check": merge,
             "seconds_per_step": round(per_step, 2), "steps_estimated": args.ft_steps,
             "estimate_hours": round(per_step * args.ft_steps / 3600, 2),
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
