@@ -189,6 +189,11 @@ def finetune_text(result: dict[str, Any], timing: dict[str, Any] | None,
             f"~{build:.1f} h for 200 documents; the baselines skip the dH prefill) and the evaluations "
             "(not timed)."
         )
+        merge = timing.get("merge_check")
+        if merge:
+            lines[0] += (f" The timed adapter, saved and loaded back as `longlab eval --model DIR` loads it, "
+                         f"merged into {merge['modules']} projections (logits moved by up to "
+                         f"{merge['max_logit_change']:.2f} from the base model's).")
         lines += ["", "```bash", f"{timing['command']}   # the step time above", "```"]
     lines += [
         "",
