@@ -238,3 +238,11 @@ def test_an_interrupted_run_resumes_to_the_uninterrupted_adapter(tmp_path, monke
     _, again = train_lora(build_tiny_model("tiny-llama", attn="sdpa"), seqs, checkpoint=ckpt, restart=True,
                           **{**kw, "lr": 5e-3})
     assert again["resumed_at_step"] == 0 and again["steps_done"] == 6
+
+
+def test_gradient_checkpointing_trains_the_same_adapter():
+    torch.set_num_threads(1)
+    _, plain, stats = _train(steps=4)
+    _, ckpt, stats_ckpt = _train(steps=4, grad_checkpointing=True)
+    assert stats_ckpt["losses"] == stats["losses"]
+    assert all(torch.allclose(ckpt[k], plain[k], atol=1e-6) for k in plain)
