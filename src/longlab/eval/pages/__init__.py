@@ -7,7 +7,7 @@ page's parameter table from the registry). :data:`GENERATORS` lists them in page
 
 from __future__ import annotations
 
-from . import compression, decode_speed, entropylong, modalities, position, vs_kvpress
+from . import attention_bench, compression, decode_speed, entropylong, modalities, position, vs_kvpress
 from .generator import Generator
 from .methods import FAMILY_METHODS, render_family
 
@@ -15,6 +15,7 @@ __all__ = ["GENERATORS"]
 
 GENERATORS: tuple[Generator, ...] = (
     *(Generator(f"docs/families/{page}.md", render_family(page)) for page in FAMILY_METHODS),
+    Generator("docs/results/attention-bench.md", attention_bench.render),
     Generator("docs/results/compression.md", compression.render),
     Generator("docs/results/decode-speed.md", decode_speed.render),
     Generator("docs/results/entropylong.md", entropylong.render),
