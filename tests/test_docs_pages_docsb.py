@@ -9,6 +9,7 @@ import pytest
 
 from longlab.eval.docs_tables import check_docs
 from longlab.eval.pages import attention_bench as ab
+from longlab.eval.pages import layers_lab as ll
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,9 +29,38 @@ def test_sign_test_and_goal_status() -> None:
     assert ab.sign_test(3, 6) == 1.0
     assert ab.goal_status(0.95, 0.85, 1.0) == "firm"
     assert ab.goal_status(0.85, 0.79, 0.90) == "met"  # median above the goal, interval reaches below
-    assert ab.goal_status(0.75, 0.70, 0.85) == "missed"  # median below: not met even if the interval reaches 0.8
+    assert ab.goal_status(0.75, 0.70, 0.85) == "missed"  # median below 0.8: missed
+
+
+def _seeds(means: list[float], n: int = 8) -> dict[int, dict[str, float]]:
+    """Per seed, n test scores around the seed's mean (the same sample ids for every seed)."""
+    return {s: {str(i): m + (0.01 if i % 2 else -0.01) for i in range(n)} for s, m in enumerate(means)}
+
+
+def test_seed_difference_sign_and_verdict() -> None:
+    hi, lo = _seeds([0.9, 0.92, 0.88]), _seeds([0.3, 0.32, 0.28])
+    d = ll.seed_difference(hi, lo)
+    assert d.delta == pytest.approx(0.6) and d.welch is not None and d.welch[0] > 0 and d.paired[0] > 0
+    assert d.verdict == "significant"
+    inv = ll.seed_difference(lo, hi)  # A and B swapped: the difference flips sign, still significant
+    assert inv.delta == pytest.approx(-0.6) and inv.welch is not None and inv.welch[1] < 0
+    assert inv.verdict == "significant"
+    # seed means that straddle: the Welch interval over seeds contains 0, so not significant even though
+    # the paired bootstrap over test sequences (which ignores the seed spread) excludes it
+    wide = ll.seed_difference(_seeds([0.9, 0.2, 0.6]), _seeds([0.5, 0.45, 0.55]))
+    assert wide.welch is not None and wide.welch[0] < 0 < wide.welch[1] and wide.paired[0] > 0
+    assert wide.verdict == "not significant"
+    one = ll.seed_difference(_seeds([0.9]), _seeds([0.3]))
+    assert one.welch is None and one.verdict == "test sequences only (one seed a side): significant"
 
 
 @pytest.mark.parametrize("page", ["attention-bench"])
 def test_docsb_pages_match_their_data(page: str) -> None:
+    assert check_docs(ROOT, page=page) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("page", ["layers-lab"])
+def test_docsb_slow_pages_match_their_data(page: str) -> None:
+    """Pages whose generators load the lab stores and bootstrap every difference (~15-40 s)."""
     assert check_docs(ROOT, page=page) == []

@@ -7,7 +7,16 @@ page's parameter table from the registry). :data:`GENERATORS` lists them in page
 
 from __future__ import annotations
 
-from . import attention_bench, compression, decode_speed, entropylong, modalities, position, vs_kvpress
+from . import (
+    attention_bench,
+    compression,
+    decode_speed,
+    entropylong,
+    layers_lab,
+    modalities,
+    position,
+    vs_kvpress,
+)
 from .generator import Generator
 from .methods import FAMILY_METHODS, render_family
 
@@ -19,6 +28,7 @@ GENERATORS: tuple[Generator, ...] = (
     Generator("docs/results/compression.md", compression.render),
     Generator("docs/results/decode-speed.md", decode_speed.render),
     Generator("docs/results/entropylong.md", entropylong.render),
+    Generator("docs/results/layers-lab.md", layers_lab.render),
     Generator("docs/results/modalities.md", modalities.render),
     Generator("docs/results/position.md", position.render),
     Generator("docs/results/vs-kvpress.md", vs_kvpress.render),
