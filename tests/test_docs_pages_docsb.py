@@ -64,3 +64,18 @@ def test_docsb_pages_match_their_data(page: str) -> None:
 def test_docsb_slow_pages_match_their_data(page: str) -> None:
     """Pages whose generators load the lab stores and bootstrap every difference (~15-40 s)."""
     assert check_docs(ROOT, page=page) == []
+
+
+def test_unpaired_difference_fisher_and_bootstrap() -> None:
+    from longlab.eval.pages import models
+
+    d = models.unpaired_difference([1.0] * 6, [0.0] * 6)  # 6/6 against 0/6: Fisher p = 2/924
+    assert d.mean == 1.0 and d.p == pytest.approx(2 / 924) and d.significant
+    inv = models.unpaired_difference([0.0] * 6, [1.0] * 6)
+    assert inv.mean == -1.0 and inv.significant and inv.high <= 0
+    half = models.unpaired_difference([1.0] * 6, [1.0, 1.0, 1.0, 0.0, 0.0, 0.0])  # 6/6 against 3/6
+    assert half.p == pytest.approx(0.1818, abs=1e-3) and not half.significant
+    graded = models.unpaired_difference([0.8, 0.9, 0.7, 0.8, 0.9, 0.8], [0.2, 0.3, 0.4, 0.3, 0.2, 0.4])
+    assert graded.p is None and graded.low > 0 and graded.significant
+    flat = models.unpaired_difference([0.5, 0.7, 0.3, 0.6], [0.6, 0.4, 0.5, 0.7])
+    assert flat.low < 0 < flat.high and not flat.significant

@@ -14,6 +14,7 @@ from . import (
     entropylong,
     layers_lab,
     modalities,
+    models,
     position,
     vs_kvpress,
 )
@@ -30,6 +31,7 @@ GENERATORS: tuple[Generator, ...] = (
     Generator("docs/results/entropylong.md", entropylong.render),
     Generator("docs/results/layers-lab.md", layers_lab.render),
     Generator("docs/results/modalities.md", modalities.render),
+    Generator("docs/results/models.md", models.render),
     Generator("docs/results/position.md", position.render),
     Generator("docs/results/vs-kvpress.md", vs_kvpress.render),
 )
