@@ -54,7 +54,7 @@ def test_seed_difference_sign_and_verdict() -> None:
     assert one.welch is None and one.verdict == "test sequences only (one seed a side): significant"
 
 
-@pytest.mark.parametrize("page", ["attention-bench"])
+@pytest.mark.parametrize("page", ["attention-bench", "models"])
 def test_docsb_pages_match_their_data(page: str) -> None:
     assert check_docs(ROOT, page=page) == []
 

@@ -82,6 +82,10 @@ def _scores(root: Path) -> dict[str, dict[tuple[str, int], list[float]]]:
     return out
 
 
+def _range(ns: list[int]) -> str:
+    return str(ns[0]) if ns[0] == ns[-1] else f"{ns[0]}–{ns[-1]}"
+
+
 def _cell(xs: list[float]) -> str:
     from ..stats import score_estimate
 
@@ -125,6 +129,7 @@ def render(root: Path, plots: bool) -> dict[str, str]:
                 f"| {t} | {100 * d.mean:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}] | {test} | "
                 f"{'**significant**' if d.significant else 'not significant'} |"
             )
+        ns = sorted({len(v) for m in MODELS for k, v in data[m].items() if k[1] == length})
         sig = [t for t, d in diffs.items() if d.significant]
         rest = [t for t in tasks if t not in sig]
         better = {t: MODELS[0] if diffs[t].mean > 0 else MODELS[1] for t in sig}
@@ -142,10 +147,9 @@ def render(root: Path, plots: bool) -> dict[str, str]:
                 if rest
                 else ""
             )
-            + f" (n = {min(len(v) for m in MODELS for k, v in data[m].items() if k[1] == length)}–"
-            f"{max(len(v) for m in MODELS for k, v in data[m].items() if k[1] == length)} per cell).",
+            + f" (n = {_range(ns)} per cell).",
         ]
-        out += ["", "Reproduce:", "", "```bash"]
+        out += ["", "Reproduce (then `gzip -9` each `results.sqlite`, the committed form):", "", "```bash"]
         for m in MODELS:
             n = max(len(data[m][(t, length)]) for t in tasks)
             out.append(COMMAND.format(model=m, tasks=",".join(tasks), length=length, n=n))
