@@ -8,12 +8,15 @@ page's parameter table from the registry). :data:`GENERATORS` lists them in page
 from __future__ import annotations
 
 from . import (
+    attention_bench,
     compression,
     decode_speed,
     entropylong,
     kv_eviction,
     kv_quant,
+    layers_lab,
     modalities,
+    models,
     position,
     sparse_prefill,
     vs_kvpress,
@@ -25,12 +28,15 @@ __all__ = ["GENERATORS"]
 
 GENERATORS: tuple[Generator, ...] = (
     *(Generator(f"docs/families/{page}.md", render_family(page)) for page in FAMILY_METHODS),
+    Generator("docs/results/attention-bench.md", attention_bench.render),
     Generator("docs/results/compression.md", compression.render),
     Generator("docs/results/decode-speed.md", decode_speed.render),
     Generator("docs/results/entropylong.md", entropylong.render),
     Generator("docs/results/kv-eviction.md", kv_eviction.render),
     Generator("docs/results/kv-quant.md", kv_quant.render),
+    Generator("docs/results/layers-lab.md", layers_lab.render),
     Generator("docs/results/modalities.md", modalities.render),
+    Generator("docs/results/models.md", models.render),
     Generator("docs/results/position.md", position.render),
     Generator("docs/results/sparse-prefill.md", sparse_prefill.render),
     Generator("docs/results/vs-kvpress.md", vs_kvpress.render),
