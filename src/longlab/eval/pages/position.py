@@ -481,7 +481,7 @@ def _ppl_blocks_section(args, plt) -> list[str]:
                                                r["method"]))
     blocks = {r["method"]: {h: _half_blocks(r, lo, hi) for lo, hi, h in HALVES} for r in recs}
     lines = [
-        f"Perplexity with intervals (wave 5; `bench/results/position/ppl_blocks.json`): the same text and "
+        f"Perplexity with intervals (`bench/results/position/ppl_blocks.json`): the same text and "
         f"pass as above, with the NLL kept per 64-token block. Interval: 95% percentile bootstrap over the "
         f"32 {BLOCK}-token blocks of each half (resampling positions of this one text: it says how stable "
         "the number is along the text, not across texts).",
