@@ -722,7 +722,7 @@ models at long lengths, then tabulate ``exp(−excess NLL per token)``.
     python bench/lab.py pcfg-long reference --out bench/results/lab_results/round4/pcfg_long_reference.json
     python bench/lab.py pcfg-long report runs/lab15/results \\
         --reference bench/results/lab_results/round4/pcfg_long_reference.json \\
-        --md bench/results/lab_results/round4/pcfg_long.md
+        --md runs/lab15/pcfg_long.md
 
 ``run``: for each mixer and training seed, :func:`longlab.lab.evaluate.evaluate` (what ``longlab lab eval
 CKPT --task SPEC --lengths ... --samples 24 --batch 8 --out ROOT/results`` runs) on the variant
