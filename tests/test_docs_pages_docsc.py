@@ -86,3 +86,51 @@ def test_summarize_pairs_on_the_same_samples() -> None:
     assert beats.verdict == rag_reuse.REPRODUCES
     keep = next(c for c in cl if "96–101%" in c.claim)
     assert keep.verdict == rag_reuse.FAILS  # 70% of full, significantly below 96%
+
+
+def test_spec_decode_verdict_rules() -> None:
+    from longlab.eval.pages import spec_decode as sd
+
+    assert sd.lossless_verdict(86, 86) == sd.REPRODUCES
+    assert sd.lossless_verdict(85, 86) == sd.FAILS
+    assert sd.speed_verdict((1.46, 1.16, 1.85)) == sd.REPRODUCES
+    assert sd.speed_verdict((0.41, 0.34, 0.47)) == sd.FAILS  # slower than plain
+    assert sd.speed_verdict((1.02, 0.83, 1.27)) == sd.NOT_SIG
+    fewer, more = _d(-0.29, -0.37, -0.22), _d(0.29, 0.22, 0.37)
+    assert sd.sparse_verify_verdict(fewer, _d(0.12, 0.05, 0.19)) == sd.REPRODUCES
+    assert sd.sparse_verify_verdict(fewer, _d(-0.02, -0.05, 0.01)) == sd.REPRODUCES  # acceptance n.s.
+    assert sd.sparse_verify_verdict(more, _d(0.12, 0.05, 0.19)) == sd.FAILS  # reads more bytes
+    assert sd.sparse_verify_verdict(fewer, _d(-0.12, -0.19, -0.05)) == sd.FAILS  # acceptance drops
+    assert sd.ddiff_verdict(_d(-0.1, -0.2, -0.01)) == sd.FAILS
+    assert sd.ddiff_verdict(_d(0.0, -0.1, 0.1)) == sd.NOT_SIG
+    pages, agree, acc = _d(-17.5, -18.6, -16.5), _d(-0.15, -0.23, -0.04), _d(-0.33, -0.67, 0.0)
+    assert (
+        sd.losa_verdict({"pages_per_layer_step": pages, "token_agreement": agree, "score": acc}) == sd.FAILS
+    )
+    fine = _d(0.0, -0.05, 0.05)
+    assert sd.losa_verdict({"pages_per_layer_step": pages, "token_agreement": fine, "score": fine}) == (
+        sd.REPRODUCES
+    )
+    more_pages = _d(17.5, 16.5, 18.6)
+    assert sd.losa_verdict({"pages_per_layer_step": more_pages, "token_agreement": fine, "score": fine}) == (
+        sd.FAILS
+    )
+
+
+def test_spec_decode_grid_commands_and_dustin_budget() -> None:
+    from longlab.eval.pages import spec_decode as sd
+
+    def row(task: str, length: int, i: int, spec: str = "plain") -> dict:
+        return {"task": task, "length": length, "sample_id": f"{task}-{i}", "extra": {"spec": spec}}
+
+    rows = [row("passkey", 1024, i) for i in range(8)] + [row("vt", 1024, i) for i in range(8)]
+    rows += [row("passkey", 4096, i) for i in range(6)] + [row("summ_events", 4096, i) for i in range(4)]
+    rows.append(row("passkey", 4096, 0, "lookup;full;gamma=10"))  # not a plain row: not counted
+    cmds = sd.grid_commands(rows)
+    assert cmds[1024] == [
+        "bench/heavy.sh longlab eval --config bench/configs/spec-eval.toml --lengths 1024 --samples 8 "
+        "--tasks passkey,vt"
+    ]
+    assert [c.split("--samples ")[1] for c in cmds[4096]] == ["6 --tasks passkey", "4 --tasks summ_events"]
+    assert sd.dustin_budget({"recipe_repr": "SpecConfig(verifier=Dustin(budget=1024, page_size=32))"}) == 1024
+    assert sd.dustin_budget({"recipe_repr": "SpecConfig(verifier=FullVerifier())"}) is None

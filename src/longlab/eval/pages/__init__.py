@@ -7,7 +7,7 @@ page's parameter table from the registry). :data:`GENERATORS` lists them in page
 
 from __future__ import annotations
 
-from . import compression, decode_speed, entropylong, modalities, position, rag_reuse, vs_kvpress
+from . import compression, decode_speed, entropylong, modalities, position, rag_reuse, spec_decode, vs_kvpress
 from .generator import Generator
 from .methods import FAMILY_METHODS, render_family
 
@@ -21,5 +21,6 @@ GENERATORS: tuple[Generator, ...] = (
     Generator("docs/results/modalities.md", modalities.render),
     Generator("docs/results/position.md", position.render),
     Generator("docs/results/rag-reuse.md", rag_reuse.render),
+    Generator("docs/results/spec-decode.md", spec_decode.render),
     Generator("docs/results/vs-kvpress.md", vs_kvpress.render),
 )
