@@ -23,7 +23,6 @@ import argparse
 import json
 import random
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,7 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from common import ROOT, hardware, write_json  # noqa: E402
+from common import ROOT, hardware, timed, write_json  # noqa: E402
 
 RESULT = ROOT / "bench" / "results" / "entropylong_truth.json"
 PAGE = ROOT / "docs" / "results" / "entropylong.md"
@@ -86,9 +85,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     name = f"{args.retriever}-d{args.docs}-c{args.cards}-s{args.seed}.jsonl"
     raw = ROOT / "runs" / "entropylong_truth" / name
     raw.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    summary = build_dataset(corpus, model, tokenizer, raw, cfg, scorer=args.model, progress=True)
-    seconds = time.perf_counter() - start
+    seconds, _cpu, summary = timed(
+        lambda: build_dataset(corpus, model, tokenizer, raw, cfg, scorer=args.model, progress=True)
+    )
     lines = raw.read_text().splitlines()
     records = {r["doc_id"]: r for r in map(json.loads, lines[1:])}
     pool_ids = [c.id for c in corpus.pool]

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from common import ROOT, hardware, write_json
+from common import ROOT, hardware, interleaved, write_json
 
 from longlab import load_model
 from longlab.tasks import generate_samples as make_samples
@@ -122,31 +122,29 @@ def cmd_ttft(args: argparse.Namespace) -> int:
             doc_tokens=args.doc_tokens,
         )
         docs, q, prefix = sample.metadata["documents"], sample.question, sample.answer_prefix
-        for spec in specs:  # warm-up, and puts every document (and APE's prefixed entries) in the store
-            reuse_prefill(model, tokenizer, docs, q, spec, store=store, answer_prefix=prefix)
         times: dict[str, list[dict]] = {s: [] for s in specs}
-        for rnd in range(args.rounds):
-            order = specs[rnd % len(specs) :] + specs[: rnd % len(specs)]
-            for spec in order:
-                start = time.perf_counter()
-                pre = reuse_prefill(model, tokenizer, docs, q, spec, store=store, answer_prefix=prefix)
-                wall = time.perf_counter() - start
-                times[spec].append(
-                    {
-                        "wall": wall,
-                        "ttft": pre.ttft_s,
-                        "fetch": pre.fetch_s,
-                        "assemble": pre.assemble_s,
-                        "compute": pre.compute_s,
-                        "recompute_fraction": pre.recompute_fraction,
-                        "tokens": pre.prompt_tokens,
-                    }
-                )
-            print(
-                f"m={m} round {rnd + 1}/{args.rounds}: "
-                + " ".join(f"{s}={times[s][-1]['wall']:.2f}s" for s in specs),
-                flush=True,
+
+        def run(spec: str, docs=docs, q=q, prefix=prefix, times=times) -> None:
+            pre = reuse_prefill(model, tokenizer, docs, q, spec, store=store, answer_prefix=prefix)
+            times[spec].append(
+                {
+                    "ttft": pre.ttft_s,
+                    "fetch": pre.fetch_s,
+                    "assemble": pre.assemble_s,
+                    "compute": pre.compute_s,
+                    "recompute_fraction": pre.recompute_fraction,
+                    "tokens": pre.prompt_tokens,
+                }
             )
+
+        # one untimed warm-up round (it also puts every document, and APE's prefixed entries, in the
+        # store), then the rounds, the method order rotated each round (common.interleaved)
+        timing = interleaved({s: (lambda s=s: run(s)) for s in specs}, repeats=args.rounds, warmup=1)
+        for spec in specs:
+            times[spec] = times[spec][1:]  # drop the warm-up call's record
+            for rec, wall in zip(times[spec], timing["variants"][spec]["wall_s"]):
+                rec["wall"] = wall
+        print(f"m={m}: load {timing['load_before']} before, {timing['load_after']} after", flush=True)
         _print_ratios(m, specs, times)
         for spec in specs:
             med = {

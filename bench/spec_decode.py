@@ -25,12 +25,12 @@ import json
 import os
 import subprocess
 import sys
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from common import ROOT, hardware, write_json
+from common import ROOT, hardware, timed, write_json
 
 from longlab import load_model
 from longlab.cache import LonglabCache
@@ -108,10 +108,12 @@ def prefill(model: Any, tokenizer: Any, sample: Sample) -> tuple[Stream, torch.T
     ctx_ids, q_ids = encode_prompts(tokenizer, [sample.context], [sample.question], [sample.answer_prefix])
     stream = Stream(model, LonglabCache("full"), 1)
     stream.pad_id = tokenizer.pad_token_id or 0
-    t0 = time.perf_counter()
-    logits = stream.feed(ctx_ids, 1024)
-    logits = stream.feed(q_ids, 1024, compress="none")
-    return stream, logits, ctx_ids[0] + q_ids[0], time.perf_counter() - t0
+    def feed() -> torch.Tensor:
+        stream.feed(ctx_ids, 1024)
+        return stream.feed(q_ids, 1024, compress="none")
+
+    wall, _cpu, logits = timed(feed)
+    return stream, logits, ctx_ids[0] + q_ids[0], wall
 
 
 def plain_bytes(cache: Any, n_tokens: int) -> float:
@@ -159,25 +161,27 @@ def run_spec(args: argparse.Namespace) -> None:
             for name, draft, verify, gamma in order:
                 stream = base.fork()
                 load = os.getloadavg()[0]
-                c0, t0 = time.process_time(), time.perf_counter()
                 if draft is None:
-                    tokens = stream.decode(logits, max_new, eos)
+                    wall, cpu, tokens = timed(partial(stream.decode, logits, max_new, eos))
                     stats = None
                 else:
                     v = verify.format(B=budget, H=heads)
-                    tokens, stats = speculative_decode(
-                        model,
-                        tokenizer,
-                        stream,
-                        logits,
-                        [prompt],
-                        max_new,
-                        eos,
-                        parse_draft(draft),
-                        parse_verifier(v),
-                        gamma,
+                    draft_, verifier = parse_draft(draft), parse_verifier(v)
+                    wall, cpu, (tokens, stats) = timed(
+                        partial(
+                            speculative_decode,
+                            model,
+                            tokenizer,
+                            stream,
+                            logits,
+                            [prompt],
+                            max_new,
+                            eos,
+                            draft_,
+                            verifier,
+                            gamma,
+                        )
                     )
-                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 toks = tokens[0]
                 pred = tokenizer.decode(toks, skip_special_tokens=True).strip()
                 row = {
@@ -303,19 +307,21 @@ def run_losa(args: argparse.Namespace) -> None:
             max_new = min(sample.max_new_tokens, args.max_new_tokens)
             for attention in ("dense", "quest", "losa"):
                 stream = base.fork()
-                t0 = time.perf_counter()
-                tokens, stats = jacobi_decode(
-                    model,
-                    stream,
-                    logits,
-                    max_new,
-                    block=16,
-                    max_steps=8,
-                    attention=attention,
-                    budget=32 * 16,
-                    page_size=16,
-                    rho=0.25,
-                    compare_dense=attention != "dense",
+                wall, _cpu, (tokens, stats) = timed(
+                    partial(
+                        jacobi_decode,
+                        model,
+                        stream,
+                        logits,
+                        max_new,
+                        block=16,
+                        max_steps=8,
+                        attention=attention,
+                        budget=32 * 16,
+                        page_size=16,
+                        rho=0.25,
+                        compare_dense=attention != "dense",
+                    )
                 )
                 pred = tokenizer.decode(tokens[0], skip_special_tokens=True).strip()
                 row = {
@@ -323,7 +329,7 @@ def run_losa(args: argparse.Namespace) -> None:
                     "task": sample.task,
                     "length": length,
                     "sample": sample.sample_id,
-                    "wall_s": time.perf_counter() - t0,
+                    "wall_s": wall,
                     "load_1m": os.getloadavg()[0],
                     "prediction": pred,
                     "score": score(sample.task, pred, sample.answers),
