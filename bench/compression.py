@@ -21,10 +21,11 @@ import random
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
-from common import hardware, write_json
+from common import hardware, interleaved, timed, write_json
 
 # ---- comi-soft (was bench/compression.py comi-soft) ----------------------------------------
 
@@ -289,11 +290,10 @@ def run(args: argparse.Namespace) -> None:
                 if args.seconds and time.time() - t_start > args.seconds:
                     print("time budget reached; rerun to resume", flush=True)
                     return
-                t0 = time.perf_counter()
-                res = longlab.generate(model, tokenizer, sample.context, sample.question, _recipe(recipe),
-                                       max_new_tokens=sample.max_new_tokens,
-                                       answer_prefix=sample.answer_prefix, compress="end")
-                seconds = time.perf_counter() - t0
+                seconds, _cpu, res = timed(partial(
+                    longlab.generate, model, tokenizer, sample.context, sample.question, _recipe(recipe),
+                    max_new_tokens=sample.max_new_tokens, answer_prefix=sample.answer_prefix,
+                    compress="end"))
                 rec = (res.context or [{}])[0]
                 prompt_tokens = res.context_tokens[0] + _question_tokens(tokenizer, sample)
                 if "iterations" in rec:  # InftyThink's own counters
@@ -347,24 +347,28 @@ def speed(args: argparse.Namespace) -> None:
     for item in args.speed.split(","):
         length, index = (int(x) for x in item.split(":"))
         sample = make_samples("lookup_chain", tokenizer, length, index + 1, args.seed, reason=True)[index]
-        times: dict[str, list[float]] = {"once": [], "refill": []}
         tokens: dict[str, list[int]] = {}
-        for rep in range(args.repeats):
-            for path in ("once", "refill") if rep % 2 == 0 else ("refill", "once"):
-                recipe = _recipe(spec)
-                if path == "refill":
-                    recipe.context = _Refill(**{f: getattr(recipe.context, f) for f in _FIELDS})
-                t0 = time.perf_counter()
-                res = longlab.generate(model, tokenizer, sample.context, sample.question, recipe,
-                                       max_new_tokens=sample.max_new_tokens,
-                                       answer_prefix=sample.answer_prefix, compress="end")
-                times[path].append(time.perf_counter() - t0)
-                tokens.setdefault(path, res.token_ids[0])
-                assert res.token_ids[0] == tokens[path], "greedy decoding is not deterministic"
-                rec = res.context[0]
-                print(f"{sample.sample_id} {path:6s} {times[path][-1]:.1f}s it={rec['iterations']} "
-                      f"reason={rec['reasoning_tokens']} summ={rec['summary_tokens_used']} "
-                      f"load={os.getloadavg()[0]:.2f}", flush=True)
+
+        def run(path: str, sample=sample, tokens=tokens):  # noqa: ANN202
+            recipe = _recipe(spec)
+            if path == "refill":
+                recipe.context = _Refill(**{f: getattr(recipe.context, f) for f in _FIELDS})
+            res = longlab.generate(model, tokenizer, sample.context, sample.question, recipe,
+                                   max_new_tokens=sample.max_new_tokens,
+                                   answer_prefix=sample.answer_prefix, compress="end")
+            tokens.setdefault(path, res.token_ids[0])
+            assert res.token_ids[0] == tokens[path], "greedy decoding is not deterministic"
+            rec = res.context[0]
+            print(f"{sample.sample_id} {path:6s} it={rec['iterations']} reason={rec['reasoning_tokens']} "
+                  f"summ={rec['summary_tokens_used']} load={os.getloadavg()[0]:.2f}", flush=True)
+            return res
+
+        # A B, B A, ... per repeat (common.interleaved rotates the order each round)
+        timing = interleaved({"once": lambda: run("once"), "refill": lambda: run("refill")},
+                             repeats=args.repeats, warmup=0)
+        times = {path: timing["variants"][path]["wall_s"] for path in ("once", "refill")}
+        res = timing["results"]["refill" if args.repeats % 2 else "once"]  # the last call, as before
+        rec = res.context[0]
         once, refill = statistics.median(times["once"]), statistics.median(times["refill"])
         row = {"model": args.model, "recipe": spec, "sample_id": sample.sample_id, "length": length,
                "iterations": rec["iterations"], "prompt_tokens": res.context_tokens[0]
@@ -613,13 +617,13 @@ def hico_forward_main() -> None:
             stream.pad_id = tok.pad_token_id or 0
             ratio = float(name.split("@")[1]) if name != "plain" else 0.0
             method = None if name == "plain" else HiCoForward(ratio, stages, protect=len(q))
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                if method is None:
-                    logits = stream.feed([ids], chunk_size=len(ids), compress="end")
-                else:
-                    logits = method.prefill(stream, [ids])
-            prefill_s = time.perf_counter() - t0
+            def prefill(stream=stream, method=method, ids=ids):  # noqa: ANN202
+                with torch.inference_mode():
+                    if method is None:
+                        return stream.feed([ids], chunk_size=len(ids), compress="end")
+                    return method.prefill(stream, [ids])
+
+            prefill_s, _cpu, logits = timed(prefill)
             kv = stream.cache.nbytes()
             tokens = stream.decode(logits, min(args.max_new_tokens, s.max_new_tokens), eos)[0]
             text = tok.decode(tokens, skip_special_tokens=True).strip()

@@ -37,13 +37,12 @@ import argparse
 import json
 import random
 import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-from common import ROOT, hardware, write_json  # noqa: E402
+from common import ROOT, hardware, timed, write_json  # noqa: E402
 
 from longlab.eval.pages.entropylong import analyse  # noqa: E402  (the page's analysis, one copy)
 
@@ -101,9 +100,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     name = f"{args.retriever}-d{args.docs}-c{args.cards}-s{args.seed}.jsonl"
     raw = ROOT / "runs" / "entropylong_truth" / name
     raw.parent.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
-    summary = build_dataset(corpus, model, tokenizer, raw, cfg, scorer=args.model, progress=True)
-    seconds = time.perf_counter() - start
+    seconds, _cpu, summary = timed(
+        lambda: build_dataset(corpus, model, tokenizer, raw, cfg, scorer=args.model, progress=True)
+    )
     lines = raw.read_text().splitlines()
     records = {r["doc_id"]: r for r in map(json.loads, lines[1:])}
     pool_ids = [c.id for c in corpus.pool]

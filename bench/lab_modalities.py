@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from common import ROOT, hardware, write_json
+from common import ROOT, hardware, interleaved, write_json
 
 from longlab.cli import main as cli_main
 from longlab.lab.train import load_checkpoint
@@ -200,14 +200,9 @@ def run_conv_time(a: argparse.Namespace) -> None:
         x = torch.randn(b, t, 3 * d)
         xm = torch.randn(b, t, d)
         for name, fns in _conv_cases(conv, mixer, x, xm).items():
-            times = {"merged": [], "separate": []}
-            for fn in fns:
-                fn()  # warm-up
-            for _ in range(a.repeats):  # interleaved: merged, separate, merged, ...
-                for label, fn in zip(("merged", "separate"), fns):
-                    t0 = time.perf_counter()
-                    fn()
-                    times[label].append(time.perf_counter() - t0)
+            # a warm-up call each, then interleaved repeats, the order rotated per round (common.interleaved)
+            timing = interleaved(dict(zip(("merged", "separate"), fns)), repeats=a.repeats, warmup=1)
+            times = {label: timing["variants"][label]["wall_s"] for label in ("merged", "separate")}
             med = {k: statistics.median(v) for k, v in times.items()}
             ratios = [s / m for m, s in zip(times["merged"], times["separate"])]
             rows.append(

@@ -23,21 +23,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
-from common import ROOT, hardware, write_json
+from common import ROOT, hardware, timed, write_json
 
 from longlab import load_model
 from longlab.cache import LonglabCache
 from longlab.engine.stream import Stream, eos_token_ids
-from longlab.eval.spec_tables import mean_ci_cell, median_cell, paired_cell, score_ci_cell, spec_markdown
-from longlab.eval.stats import paired_difference
+from longlab.eval.spec_tables import spec_markdown
 from longlab.prompt import encode_prompts
 from longlab.spec import parse_draft, parse_verifier, speculative_decode
 from longlab.spec.dustin import save_heads, select_heads
@@ -110,10 +108,12 @@ def prefill(model: Any, tokenizer: Any, sample: Sample) -> tuple[Stream, torch.T
     ctx_ids, q_ids = encode_prompts(tokenizer, [sample.context], [sample.question], [sample.answer_prefix])
     stream = Stream(model, LonglabCache("full"), 1)
     stream.pad_id = tokenizer.pad_token_id or 0
-    t0 = time.perf_counter()
-    logits = stream.feed(ctx_ids, 1024)
-    logits = stream.feed(q_ids, 1024, compress="none")
-    return stream, logits, ctx_ids[0] + q_ids[0], time.perf_counter() - t0
+    def feed() -> torch.Tensor:
+        stream.feed(ctx_ids, 1024)
+        return stream.feed(q_ids, 1024, compress="none")
+
+    wall, _cpu, logits = timed(feed)
+    return stream, logits, ctx_ids[0] + q_ids[0], wall
 
 
 def plain_bytes(cache: Any, n_tokens: int) -> float:
@@ -161,25 +161,27 @@ def run_spec(args: argparse.Namespace) -> None:
             for name, draft, verify, gamma in order:
                 stream = base.fork()
                 load = os.getloadavg()[0]
-                c0, t0 = time.process_time(), time.perf_counter()
                 if draft is None:
-                    tokens = stream.decode(logits, max_new, eos)
+                    wall, cpu, tokens = timed(partial(stream.decode, logits, max_new, eos))
                     stats = None
                 else:
                     v = verify.format(B=budget, H=heads)
-                    tokens, stats = speculative_decode(
-                        model,
-                        tokenizer,
-                        stream,
-                        logits,
-                        [prompt],
-                        max_new,
-                        eos,
-                        parse_draft(draft),
-                        parse_verifier(v),
-                        gamma,
+                    draft_, verifier = parse_draft(draft), parse_verifier(v)
+                    wall, cpu, (tokens, stats) = timed(
+                        partial(
+                            speculative_decode,
+                            model,
+                            tokenizer,
+                            stream,
+                            logits,
+                            [prompt],
+                            max_new,
+                            eos,
+                            draft_,
+                            verifier,
+                            gamma,
+                        )
                     )
-                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 toks = tokens[0]
                 pred = tokenizer.decode(toks, skip_special_tokens=True).strip()
                 row = {
@@ -262,191 +264,31 @@ def run_spec(args: argparse.Namespace) -> None:
         "rows": rows,
     }
     write_json(args.out, result)
-    plot(result, Path(args.out).with_suffix(".png"))
-
-
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [r for r in result["rows"] if r["acceptance_rate"] is not None]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for name in dict.fromkeys(r["config"] for r in rows):
-        lengths = sorted({r["length"] for r in rows if r["config"] == name})
-        acc = [
-            statistics.mean(r["acceptance_rate"] for r in rows if r["config"] == name and r["length"] == n)
-            for n in lengths
-        ]
-        byt = [
-            statistics.median(r["bytes_ratio"] for r in rows if r["config"] == name and r["length"] == n)
-            for n in lengths
-        ]
-        axes[0].plot(lengths, acc, marker="o", label=name)
-        axes[1].plot(lengths, byt, marker="o", label=name)
-    for ax, title in zip(axes, ("acceptance rate", "K/V bytes read per token / plain")):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context tokens")
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-    axes[1].axhline(1.0, color="gray", lw=0.8)
-    axes[0].legend(fontsize=7)
-    fig.suptitle("SmolLM2-135M, greedy, full cache (longlab.spec)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
-def _mean(xs: list) -> float | None:
-    xs = [x for x in xs if x is not None]
-    return statistics.mean(xs) if xs else None
-
-
-def _fmt(x: float | None, spec: str = ".2f", scale: float = 1.0, suffix: str = "") -> str:
-    return "—" if x is None else f"{x * scale:{spec}}{suffix}"
+    print(f"wrote {args.out}; tables: --table; the page: longlab report --docs --page results/spec-decode")
 
 
 def table(path: Path, path_losa: Path) -> None:
+    """The bench and LoSA tables of ``path`` / ``path_losa`` (:mod:`longlab.eval.pages.spec_decode`)."""
+    from longlab.eval.pages.spec_decode import bench_table, losa_table
+
     if path.exists():
-        data = json.loads(path.read_text())
-        rows = data["rows"]
-        print(
-            "| context | config | n | acceptance [95% CI] | tokens / target forward [95% CI] | tok/s / plain "
-            "(median, quartiles; CPU-time median) | KV bytes read per token / plain (median) | "
-            "weights + KV bytes per token / plain (median) | accuracy, passkey + vt [95% CI] | "
-            "accuracy - plain [paired 95% CI] | tokens = plain | load (1 min) |"
-        )
-        print("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-        plain = {(r["length"], r["sample"]): r for r in rows if r["config"] == "plain"}
-        for r in rows:  # process-CPU-time speed ratio: steadier than wall time on a shared machine
-            p = plain.get((r["length"], r["sample"]))
-            r["cpu_ratio"] = (
-                (r["n_tokens"] / r["decode_cpu_s"]) / (p["n_tokens"] / p["decode_cpu_s"]) if p else None
-            )
-        names = [c[0] for c in CONFIGS]
-        keys = sorted(
-            dict.fromkeys((r["length"], r["config"]) for r in rows), key=lambda x: (x[0], names.index(x[1]))
-        )
-        for length, name in keys:
-            sel = [r for r in rows if r["length"] == length and r["config"] == name]
-            scored = [r for r in sel if r["score"] is not None]  # the summary prompt has no reference
-            pairs = [(r, plain[(r["length"], r["sample"])]) for r in scored]
-            is_plain = name == "plain"
-            diff = "—" if is_plain else paired_cell(
-                [r["score"] for r, _ in pairs],
-                [p["score"] for _, p in pairs],
-                sum(bool(r["same_as_plain"]) for r, _ in pairs),
-            )
-            acc = [r["acceptance_rate"] for r in sel if r["acceptance_rate"] is not None]
-            loads = [r["load_1m"] for r in sel]
-            print(
-                f"| {length} | {name} | {len(sel)} | {mean_ci_cell(acc)} | "
-                f"{'1.00' if is_plain else mean_ci_cell([r['tokens_per_forward'] for r in sel])} | "
-                f"{median_cell([r['speed_ratio'] for r in sel])}; "
-                f"{_fmt(statistics.median(r['cpu_ratio'] for r in sel))} | "
-                f"{_fmt(statistics.median(r['bytes_ratio'] for r in sel))} | "
-                f"{_fmt(statistics.median(r['total_bytes_ratio'] for r in sel))} | "
-                f"{score_ci_cell([r['score'] for r in scored])} | {diff} | "
-                f"{sum(bool(r['same_as_plain']) for r in sel)}/{len(sel)} | "
-                f"{min(loads):.1f}-{max(loads):.1f} |"
-            )
-        loads = [r["load_1m"] for r in rows]
-        print(
-            f"\nload average (1 min) while decoding: {min(loads):.1f}–{max(loads):.1f}; "
-            f"threads {data['hardware']['threads']}; {data['hardware']['cpu']}; end: {data['uptime_end']}\n"
-        )
+        print(bench_table(json.loads(path.read_text())) + "\n")
     if path_losa.exists():
-        data = json.loads(path_losa.read_text())
-        rows = data["rows"]
-        print(
-            "| context | task | attention | n | prefix pages loaded / layer-step [95% CI] | active fraction "
-            "| logit L∞ vs dense (mean / max) | greedy tokens = dense (per step) [95% CI] | tokens / forward "
-            "| accuracy [95% CI] |"
-        )
-        print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
-        keys = dict.fromkeys((r["length"], r["task"], r["attention"]) for r in rows)
-        for length, task, att in keys:
-            sel = [r for r in rows if (r["length"], r["task"], r["attention"]) == (length, task, att)]
-            pages = mean_ci_cell([r["pages_per_layer_step"] for r in sel], 1)
-            worst = max(r["logit_linf_max"] for r in sel)
-            linf = f"{_fmt(_mean([r['logit_linf'] for r in sel]))} / {_fmt(worst)}"
-            print(
-                f"| {length} | {task} | {att} | {len(sel)} | {pages} | "
-                f"{_fmt(_mean([r['active_fraction'] for r in sel]))} | {linf} | "
-                f"{mean_ci_cell([r['token_agreement'] for r in sel], 3)} | "
-                f"{_fmt(_mean([r['tokens_per_forward'] for r in sel]))} | "
-                f"{score_ci_cell([r['score'] for r in sel])} |"
-            )
-        # LoSA vs per-query Quest on the same samples (paired bootstrap over samples, all tasks)
-        by = {(r["sample"], r["attention"]): r for r in rows}
-        pairs = [(by[(s_, "losa")], by[(s_, "quest")]) for s_, a in by if a == "losa" and (s_, "quest") in by]
-        if pairs:
-            print(f"\nLoSA - per-query Quest, paired over {len(pairs)} samples (95% CI):")
-            for key, what in (
-                ("pages_per_layer_step", "prefix pages loaded / layer-step"),
-                ("token_agreement", "greedy-token agreement with dense"),
-                ("score", "accuracy"),
-            ):
-                d = paired_difference([x[key] for x, _ in pairs], [y[key] for _, y in pairs])
-                ns = "" if d.significant else ", n.s."
-                print(f"- {what}: {d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}]{ns}")
-        loads = [r["load_1m"] for r in rows]
-        print(f"\nload average (1 min): {min(loads):.1f}–{max(loads):.1f}; end: {data['uptime_end']}")
+        print(losa_table(json.loads(path_losa.read_text())))
 
 
 def eval_grid(out: str) -> None:
     """Tables (longlab.eval.spec_tables.spec_markdown, 95% CIs) and the acceptance-vs-length plot of a
-    ``longlab eval --speculative`` results directory."""
-    import matplotlib
+    ``longlab eval --speculative`` results directory (the page's own: ``longlab report --docs``)."""
+    from longlab.eval.pages.spec_decode import eval_grid_plot
+    from longlab.eval.rows import load_rows
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from longlab.eval.stats import bootstrap_ci
-    from longlab.eval.store import ResultStore
-
-    store = ResultStore(out, readonly=True)
-    try:
-        rows = [r for r in store.rows() if "spec" in (r.get("extra") or {})]
-    finally:
-        store.close()
-    print(spec_markdown(rows))
-    spec = [r for r in rows if r["extra"]["spec"] != "plain"]
-    tasks = sorted({r["task"] for r in spec})
-    fig, axes = plt.subplots(1, len(tasks) + 1, figsize=(4.2 * (len(tasks) + 1), 3.8), squeeze=False)
-    for col, (title, sel_task) in enumerate([(t, t) for t in tasks] + [("K/V bytes read / plain", None)]):
-        ax = axes[0][col]
-        for k, label in enumerate(sorted({r["recipe"] for r in spec})):
-            mine = [r for r in spec if r["recipe"] == label and (sel_task is None or r["task"] == sel_task)]
-            lengths = sorted({r["length"] for r in mine})
-            mean, low, high = [], [], []
-            for n in lengths:
-                key = "bytes_vs_plain" if sel_task is None else "acceptance_rate"
-                vals = [r["extra"][key] for r in mine if r["length"] == n]
-                m, lo, hi = bootstrap_ci([vals])
-                mean.append(m)
-                low.append(m - lo)
-                high.append(hi - m)
-            short = label.split("~", 1)[-1].replace(";gamma=", " g")
-            shift = [n * 1.04**k for n in lengths]  # configs side by side at each length
-            style = "--" if ";dustin" in label else "-"
-            ax.errorbar(shift, mean, yerr=[low, high], marker="o", ls=style, capsize=3, label=short)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context tokens")
-        ax.set_title(f"acceptance: {title}" if sel_task else title, fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0][-1].axhline(1.0, color="gray", lw=0.8)
-    axes[0][-1].set_title("K/V bytes read per token / plain (mean)", fontsize=9)
-    axes[0][0].legend(fontsize=6)
-    fig.suptitle(
-        "SmolLM2-135M, greedy, full cache: longlab eval --speculative "
-        "(means, 95% bootstrap CIs over samples)",
-        fontsize=9,
-    )
-    fig.tight_layout()
-    path = Path(out) / "acceptance_vs_length.png"
-    fig.savefig(path, dpi=120)
-    print(f"\nplot: {path}")
+    rows = [r for r in load_rows(out) if "spec" in (r.get("extra") or {})]
+    print(spec_markdown(rows) or f"{out}: no `longlab eval --speculative` rows")
+    if rows:
+        path = Path(out) / "acceptance_vs_length.png"
+        eval_grid_plot(rows, path)
+        print(f"\nplot: {path}")
 
 
 def run_losa(args: argparse.Namespace) -> None:
@@ -465,19 +307,21 @@ def run_losa(args: argparse.Namespace) -> None:
             max_new = min(sample.max_new_tokens, args.max_new_tokens)
             for attention in ("dense", "quest", "losa"):
                 stream = base.fork()
-                t0 = time.perf_counter()
-                tokens, stats = jacobi_decode(
-                    model,
-                    stream,
-                    logits,
-                    max_new,
-                    block=16,
-                    max_steps=8,
-                    attention=attention,
-                    budget=32 * 16,
-                    page_size=16,
-                    rho=0.25,
-                    compare_dense=attention != "dense",
+                wall, _cpu, (tokens, stats) = timed(
+                    partial(
+                        jacobi_decode,
+                        model,
+                        stream,
+                        logits,
+                        max_new,
+                        block=16,
+                        max_steps=8,
+                        attention=attention,
+                        budget=32 * 16,
+                        page_size=16,
+                        rho=0.25,
+                        compare_dense=attention != "dense",
+                    )
                 )
                 pred = tokenizer.decode(tokens[0], skip_special_tokens=True).strip()
                 row = {
@@ -485,7 +329,7 @@ def run_losa(args: argparse.Namespace) -> None:
                     "task": sample.task,
                     "length": length,
                     "sample": sample.sample_id,
-                    "wall_s": time.perf_counter() - t0,
+                    "wall_s": wall,
                     "load_1m": os.getloadavg()[0],
                     "prediction": pred,
                     "score": score(sample.task, pred, sample.answers),

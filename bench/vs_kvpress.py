@@ -26,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from common import hardware, write_json
+from common import hardware, interleaved, write_json
 
 # ---- run (was bench/vs_kvpress.py run) ----------------------------------------
 
@@ -1318,37 +1318,47 @@ def batched_branches_main() -> int:
     shared.feed([ctx], 4096, compress="end")
     shared.cache.recipe = Recipe()
     hw = hardware()
-    times: dict[str, dict[str, list[float]]] = {}
-    for r in range(args.rounds):
-        for new in ((False, True) if r % 2 == 0 else (True, False)):
-            name = "shared+ragged" if new else "copy+padded"
-            t = times.setdefault(name, {"fork+replay": [], "stack": [], "question": [], "decode5": []})
-            t0 = time.perf_counter()
-            forks = []
-            for recipe in RECIPES:
-                f = shared.fork(recipe, share=new)
-                replay_compression(f.cache, rec.records)
-                forks.append(f)
-            t1 = time.perf_counter()
-            st = stack_streams(forks, len(q) + 6 if new else 0)
-            if not new:
-                for layer in st.cache.layers:
-                    layer.lead_pad = None
-            t2 = time.perf_counter()
-            logits = st.feed([q] * len(forks), 4096, compress="none")
-            t3 = time.perf_counter()
-            for _ in range(5):
-                logits = st.feed([[int(x)] for x in logits.argmax(-1)], 4096, compress="none")
-            t4 = time.perf_counter()
-            for key, v in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
-                t[key].append(v)
+    times: dict[str, dict[str, list[float]]] = {
+        name: {"fork+replay": [], "stack": [], "question": [], "decode5": []}
+        for name in ("copy+padded", "shared+ragged")
+    }
+
+    def one_round(new: bool) -> None:  # the four steps of one variant, each timed
+        t = times["shared+ragged" if new else "copy+padded"]
+        t0 = time.perf_counter()
+        forks = []
+        for recipe in RECIPES:
+            f = shared.fork(recipe, share=new)
+            replay_compression(f.cache, rec.records)
+            forks.append(f)
+        t1 = time.perf_counter()
+        st = stack_streams(forks, len(q) + 6 if new else 0)
+        if not new:
+            for layer in st.cache.layers:
+                layer.lead_pad = None
+        t2 = time.perf_counter()
+        logits = st.feed([q] * len(forks), 4096, compress="none")
+        t3 = time.perf_counter()
+        for _ in range(5):
+            logits = st.feed([[int(x)] for x in logits.argmax(-1)], 4096, compress="none")
+        t4 = time.perf_counter()
+        for key, v in zip(t, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            t[key].append(v)
+
+    # rounds interleaved, the order rotated per round (copy, shared; shared, copy; ...): common.interleaved
+    timing = interleaved(
+        {"copy+padded": lambda: one_round(False), "shared+ragged": lambda: one_round(True)},
+        repeats=args.rounds,
+        warmup=0,
+    )
     med = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
     print(f"{args.task} at {args.length} tokens, {len(RECIPES)} branches, {args.rounds} rounds; "
           f"load average at the end {os.getloadavg()[0]:.2f}")
     for name, m in med.items():
         print(f"{name:<14} " + "  ".join(f"{k} {v:.3f}s" for k, v in m.items()))
     write_json(args.out, {"hardware": hw, "setup": vars(args), "recipes": RECIPES, "median_s": med,
-                          "all_s": times, "load_after": os.getloadavg()})
+                          "all_s": times, "load_before": timing["load_before"],
+                          "load_after": os.getloadavg()})
     return 0
 
 

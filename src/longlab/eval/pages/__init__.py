@@ -18,7 +18,9 @@ from . import (
     modalities,
     models,
     position,
+    rag_reuse,
     sparse_prefill,
+    spec_decode,
     vs_kvpress,
 )
 from .generator import Generator
@@ -38,6 +40,8 @@ GENERATORS: tuple[Generator, ...] = (
     Generator("docs/results/modalities.md", modalities.render),
     Generator("docs/results/models.md", models.render),
     Generator("docs/results/position.md", position.render),
+    Generator("docs/results/rag-reuse.md", rag_reuse.render),
     Generator("docs/results/sparse-prefill.md", sparse_prefill.render),
+    Generator("docs/results/spec-decode.md", spec_decode.render),
     Generator("docs/results/vs-kvpress.md", vs_kvpress.render),
 )
