@@ -37,6 +37,7 @@ import argparse
 import json
 import random
 import sys
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
