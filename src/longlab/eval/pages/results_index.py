@@ -1,6 +1,6 @@
-"""The generated table of ``docs/results/index.md``: every results page with a generator, its title, its
-generated blocks and the command that regenerates it (read from the pages and :data:`GENERATORS`, so a
-page added to the site shows up here without an edit)."""
+"""The generated table of ``docs/results/index.md``: every results page with generated blocks, its title,
+those blocks and the command that regenerates them (read from the pages themselves, so a page added to
+the site shows up here without an edit; ``longlab report --docs`` refuses a marker no generator fills)."""
 
 from __future__ import annotations
 
