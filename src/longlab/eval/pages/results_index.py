@@ -18,18 +18,17 @@ def _title(text: str, fallback: str) -> str:
 
 
 def render(root: Path, plots: bool) -> dict[str, str]:
-    """``{"results-index": table}``: one row per ``docs/results/*.md`` page that a generator fills."""
-    from . import GENERATORS  # this module is one of them: imported when rendering, not at import
-
+    """``{"results-index": table}``: a row per ``docs/results/*.md`` page with generated blocks."""
     rows = ["| page | generated blocks | regenerate with |", "|---|---|---|"]
-    for gen in sorted(GENERATORS, key=lambda g: g.page):
-        if not gen.page.startswith("docs/results/") or gen.page == INDEX:
+    for path in sorted((root / "docs/results").glob("*.md")):
+        if path == root / INDEX:
             continue
-        path = root / gen.page
-        text = path.read_text(encoding="utf-8") if path.is_file() else ""
-        name = Path(gen.page).stem
+        text = path.read_text(encoding="utf-8")
         blocks = _BEGIN.findall(text)
-        shown = ", ".join(f"`{b}`" for b in blocks) if blocks else "—"
+        if not blocks:
+            continue
+        name = path.stem
+        shown = ", ".join(f"`{b}`" for b in blocks)
         rows.append(f"| [{_title(text, name)}]({name}.md) | {len(blocks)}: {shown} | "
                     f"`longlab report --docs --page results/{name}` |")
     return {"results-index": "\n".join(rows)}
