@@ -15,8 +15,9 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-__all__ = ["ALPHA", "call", "fmt_ci", "fmt_p", "log_ratio_interval", "sign_test"]
+__all__ = ["ALPHA", "Claim", "call", "fmt_ci", "fmt_p", "log_ratio_interval", "sign_test"]
 
 ALPHA = 0.05
 
@@ -72,3 +73,14 @@ def log_ratio_interval(ratios: Sequence[float]) -> tuple[float, float, float]:
         return math.exp(m), float("nan"), float("nan")
     half = float(stats.t.ppf(0.975, len(logs) - 1)) * statistics.stdev(logs) / math.sqrt(len(logs))
     return math.exp(m), math.exp(m - half), math.exp(m + half)
+
+
+@dataclass
+class Claim:
+    """One row of a page's verdict table: the paper's claim, what was measured here, the verdict, and the
+    command that reproduces the measurement."""
+
+    claim: str
+    here: str
+    verdict: str
+    command: str

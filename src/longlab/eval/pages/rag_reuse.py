@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .paired import Claim
+from .paired import log_ratio_interval as ratio_interval
+
 __all__ = [
     "Claim",
     "RunSummary",
@@ -233,19 +236,6 @@ def accuracy_block(s: RunSummary) -> str:
     return "\n".join(out)
 
 
-def ratio_interval(ratios: list[float]) -> tuple[float, float, float]:
-    """Geometric mean of per-round ratios and its two-sided 95% Student-t interval over rounds (on the log
-    ratios, paired by round); (g, nan, nan) with fewer than two rounds."""
-    from scipy import stats
-
-    logs = [math.log(r) for r in ratios]
-    m = statistics.mean(logs)
-    if len(logs) < 2:
-        return math.exp(m), float("nan"), float("nan")
-    half = float(stats.t.ppf(0.975, len(logs) - 1)) * statistics.stdev(logs) / math.sqrt(len(logs))
-    return math.exp(m), math.exp(m - half), math.exp(m + half)
-
-
 def _per_round(data: dict, m: int, num: str, den: str) -> list[float]:
     """Each round's TTFT of ``num`` over the same round's TTFT of ``den`` at ``m`` documents."""
     runs = {r["method"]: r for r in data["runs"] if r["num_docs"] == m}
@@ -309,13 +299,6 @@ def bytes_block(data: dict) -> str:
 
 # -- verdicts: computed from the rows by the rules below ----------------------------------------------------
 
-
-@dataclass
-class Claim:
-    claim: str
-    here: str
-    verdict: str
-    command: str
 
 
 def ttft_verdict(intervals: list[tuple[float, float, float]], lo: float, hi: float) -> str:

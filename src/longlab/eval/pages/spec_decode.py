@@ -16,9 +16,10 @@ import json
 import math
 import re
 import statistics
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from .paired import Claim
 
 __all__ = [
     "BENCH_CONFIGS",
@@ -340,13 +341,6 @@ def losa_table(data: dict) -> str:
 
 # -- verdicts --------------------------------------------------------------------------------------------
 
-
-@dataclass
-class Claim:
-    claim: str
-    here: str
-    verdict: str
-    command: str
 
 
 def lossless_verdict(identical: int, total: int) -> str:
