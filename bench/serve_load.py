@@ -13,6 +13,29 @@ admitted and the bytes it held under each.
 
     bench/heavy.sh .venv/bin/python bench/serve_load.py --clients 1,4,16 --requests 2 \
         --out bench/results/serve_load.json
+
+Other modes (one at a time):
+
+- ``--profile``: engine only (no HTTP), where the time of continuous batching goes: ``max(--clients)``
+  requests of the same load, first a few one at a time, then all as the server's scheduler drives them
+  (one admission, then one decode step, alternating); the prefill seconds of each admission and the
+  decode step time by batch rows (``--out``, default ``bench/results/serve_profile.json``).
+- ``--router POLICY``: N ``longlab serve`` processes behind a router on loopback (the recipe of
+  docs/serving.md, end to end): ``prefix-hash`` (``python -m longlab.serve.router``) or one of
+  sglang-router's policies (``cache_aware``, ``round_robin``, ...; ``--router-python``: a Python with
+  ``sglang-router`` installed, not a longlab dependency). ``--prompts`` distinct long prompts are sent
+  ``--repeats`` times each through the router (recipes alternating full / snapkv@0.5); recorded: which
+  worker served each request (from each worker's ``/metrics``), the share of repeats that reached the
+  worker their prompt first went to, whether the recipe reached the worker, and whether every answer
+  equals the same request sent straight to a worker.
+- ``--replicas N``: the same load on Ray Serve with 1 replica and with N.
+- ``--budget-only``: only the budget phase (snapkv@0.5 vs full under one ``kv_budget``).
+
+    bench/heavy.sh .venv/bin/python bench/serve_load.py --profile --clients 16
+    python bench/serve_load.py --router prefix-hash --model tiny-llama \
+        --out bench/results/serve_router_prefix-hash.json
+    python bench/serve_load.py --router cache_aware --router-python /tmp/sglvenv/bin/python \
+        --model tiny-llama --out bench/results/serve_router_cache_aware.json
 """
 
 from __future__ import annotations
@@ -204,6 +227,191 @@ def replicas_main(args: Any, clients: list[int]) -> int:
     return 0
 
 
+def profile_main(args: Any, n: int) -> int:
+    """``--profile``: the engine alone (no HTTP, no scheduler thread) on ``n`` requests of the load; the
+    time inside ``Stream.feed`` (the model's forwards) is split from the rest of each step."""
+    from collections import defaultdict
+
+    from longlab import Engine, Request, load_model
+    from longlab.engine.stream import Stream
+
+    model, tok = load_model(args.model)
+    contexts = [_context(tok, args.tokens, i) for i in range(n)]
+    recipes = ("full", "snapkv@0.5")
+    forward = {"s": 0.0}
+    feed = Stream.feed
+
+    def timed_feed(self: Any, *a: Any, **k: Any) -> Any:
+        t = time.perf_counter()
+        try:
+            return feed(self, *a, **k)
+        finally:
+            forward["s"] += time.perf_counter() - t
+
+    Stream.feed = timed_feed  # type: ignore[method-assign]
+
+    def req(i: int) -> Any:
+        return Request(messages=[{"role": "user", "content": contexts[i]}], recipe=recipes[i % 2],
+                       max_new_tokens=args.max_tokens)
+
+    serial_n = min(n, 4)
+    engine, t0, pre, dec, tokens = Engine(model, tok), time.perf_counter(), 0.0, 0.0, 0
+    for i in range(serial_n):
+        engine.submit(req(i))
+        while engine.busy:
+            admitting, s = engine.progress() == {} and engine.busy, time.perf_counter()
+            done = engine.step()
+            tokens += sum(len(r.token_ids) for r in done)
+            if admitting:
+                pre += time.perf_counter() - s
+            else:
+                dec += time.perf_counter() - s
+    serial = {"requests": serial_n, "wall_s": time.perf_counter() - t0, "prefill_s": pre, "decode_s": dec,
+              "generated_tokens": tokens}
+    print(f"one at a time, {serial_n} requests: {serial['wall_s']:.1f} s, prefill {pre:.1f} s, "
+          f"decode {dec:.1f} s, {tokens} tokens", flush=True)
+    engine, queue, log, last, tokens = Engine(model, tok), list(range(n)), [], False, 0
+    t0 = time.perf_counter()
+    while queue or engine.busy:
+        rows = len(engine.progress())
+        kind = "decode"
+        if queue and not (last and rows):
+            engine.submit(req(queue.pop(0)))
+            kind, last = "admit", True
+        else:
+            last = False
+        forward["s"] = 0.0
+        s = time.perf_counter()
+        done = engine.step()
+        log.append((kind, rows, time.perf_counter() - s, forward["s"]))
+        tokens += sum(len(r.token_ids) for r in done)
+    wall = time.perf_counter() - t0
+    Stream.feed = feed  # type: ignore[method-assign]
+    admits = [d for k, _, d, _ in log if k == "admit"]
+    steps = [(r, d, f) for k, r, d, f in log if k == "decode" and r]
+    print(f"batched, {n} requests: {wall:.1f} s, admissions {sum(admits):.1f} s, "
+          f"decode {sum(d for _, d, _ in steps):.1f} s over {len(steps)} steps, {tokens} tokens")
+    by: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    for r, d, f in steps:
+        by[r].append((d, f))
+    by_rows = {}
+    for r in sorted(by):
+        med = statistics.median(d for d, _ in by[r])
+        fwd = statistics.median(f for _, f in by[r])
+        by_rows[str(r)] = {"steps": len(by[r]), "step_median_s": med, "forward_median_s": fwd,
+                           "per_row_s": med / r}
+        print(f"  {r:2d} rows: {len(by[r]):3d} steps, median {med * 1000:.0f} ms "
+              f"(forward {fwd * 1000:.0f} ms), {med / r * 1000:.0f} ms per row", flush=True)
+    print("admission (prefill) seconds:", " ".join(f"{d:.2f}" for d in admits))
+    batched = {"requests": n, "wall_s": wall, "admissions_s": admits, "decode_s": sum(d for _, d, _ in steps),
+               "decode_steps": len(steps), "decode_by_rows": by_rows, "generated_tokens": tokens}
+    path = write_json(args.out or "bench/results/serve_profile.json",
+                      {"hardware": hardware(), "args": vars(args), "one_at_a_time": serial,
+                       "batched": batched})
+    print(f"wrote {path}")
+    return 0
+
+
+def _requests_per_worker(url: str) -> float:
+    try:  # openai's HTTP library: httpx or httpx2
+        import httpx
+    except ImportError:
+        import httpx2 as httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "longlab_requests"
+               for s in f.samples if s.name.endswith("_total"))
+
+
+def _wait(url: str, timeout: float = 120) -> None:
+    try:  # openai's HTTP library: httpx or httpx2
+        import httpx
+    except ImportError:
+        import httpx2 as httpx
+
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise SystemExit(f"{url} did not come up in {timeout:.0f} s")
+
+
+def router_main(args: Any, p: argparse.ArgumentParser) -> int:
+    """``--router POLICY``: ``--workers`` servers behind a router; see the module docstring."""
+    import subprocess
+
+    import openai
+
+    repeats = args.repeats or 3
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    ports = [args.base_port + 1 + i for i in range(args.workers)]
+    procs = [subprocess.Popen([sys.executable, "-m", "longlab.cli", "serve", "--model", args.model, "--port",
+                               str(port), "--log-level", "warning"], env=env) for port in ports]
+    workers = [f"http://127.0.0.1:{port}" for port in ports]
+    router = f"http://127.0.0.1:{args.base_port}"
+    try:
+        for w in workers:
+            _wait(w + "/health")
+        if args.router == "prefix-hash":
+            cmd = [sys.executable, "-m", "longlab.serve.router", "--port", str(args.base_port), "--workers",
+                   *workers]
+        else:
+            if not args.router_python:
+                p.error("--router-python is needed for sglang-router's policies")
+            cmd = [args.router_python, "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port",
+                   str(args.base_port), "--policy", args.router, "--worker-urls", *workers]
+        procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        _wait(router + "/health")
+        time.sleep(3)
+        prompts = [" ".join(f"Record {j}: crate {(j * 7 + i) % 97} sits on shelf {(j * 13 + i) % 89}."
+                            for j in range(60)) + f"\nWhich shelf holds crate {i}?"
+                   for i in range(args.prompts)]
+        via = openai.OpenAI(base_url=router + "/v1", api_key="none", max_retries=0, timeout=120)
+        direct = openai.OpenAI(base_url=workers[0] + "/v1", api_key="none", max_retries=0, timeout=120)
+        rows, counts = [], [_requests_per_worker(w) for w in workers]
+        for rep in range(repeats):
+            for i, prompt in enumerate(prompts):
+                recipe = ("full", "snapkv@0.5")[i % 2]
+                body = dict(model=args.model, messages=[{"role": "user", "content": prompt}], max_tokens=8,
+                            temperature=0, extra_body={"recipe": recipe})
+                out = via.chat.completions.create(**body)
+                text = out.choices[0].message.content
+                now = [_requests_per_worker(w) for w in workers]
+                worker = next(k for k in range(args.workers) if now[k] > counts[k])
+                counts = now
+                served_as = out.model_extra.get("longlab", {}).get("recipe")  # what the worker ran
+                rows.append({"repeat": rep, "prompt": i, "recipe": recipe, "worker": worker, "text": text,
+                             "worker_recipe": served_as})
+        for r in rows:  # the same request straight to worker 0 (after routing, so it does not skew it)
+            body = dict(model=args.model, messages=[{"role": "user", "content": prompts[r["prompt"]]}],
+                        max_tokens=8, temperature=0, extra_body={"recipe": r["recipe"]})
+            answer = direct.chat.completions.create(**body).choices[0].message.content
+            r["same_as_direct"] = answer == r["text"]
+        first = {r["prompt"]: r["worker"] for r in rows if r["repeat"] == 0}
+        again = [r for r in rows if r["repeat"] > 0]
+        sticky = sum(r["worker"] == first[r["prompt"]] for r in again) / max(len(again), 1)
+        spread = sorted({w for w in first.values()})
+        summary = {"policy": args.router, "workers": args.workers, "requests": len(rows),
+                   "repeats_on_first_worker": sticky, "workers_used_by_first_requests": spread,
+                   "answers_equal_direct": sum(r["same_as_direct"] for r in rows),
+                   "recipe_reached_worker": sum(r["worker_recipe"] == r["recipe"] for r in rows)}
+        print(summary)
+        path = write_json(args.out or f"bench/results/serve_router_{args.router}.json",
+                          {"hardware": hardware(), "args": vars(args), "rows": rows, "summary": summary})
+        print(f"wrote {path}")
+    finally:
+        for proc in procs[::-1]:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+    return 0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -220,19 +428,48 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=2, help="requests per client")
     p.add_argument("--tokens", type=int, default=1000, help="context tokens per request")
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=None,
+                   help="repeats of the load (default 1) or, with --router, of each prompt (default 3)")
     p.add_argument("--budget-rows", type=int, default=4, help="budget phase: the budget in full requests")
     p.add_argument("--budget-clients", type=int, default=12, help="budget phase: requests sent at once")
+    p.add_argument("--budget-only", action="store_true", help="only the budget phase")
+    p.add_argument("--profile", action="store_true",
+                   help="engine only: prefill per admission and decode step time by rows, max(--clients) "
+                   "requests")
     p.add_argument("--replicas", type=int, default=0,
-                   help="N >= 2: compare Ray Serve with 1 and N replicas instead (one thread each; not "
-                   "through bench/heavy.sh, which gives one process one slot)")
-    p.add_argument("--out", default="bench/results/serve_load.json")
+                   help="N >= 2: compare Ray Serve with 1 and N replicas instead (one thread each)")
+    p.add_argument("--router", metavar="POLICY",
+                   help="prefix-hash (longlab.serve.router) or an sglang-router policy (cache_aware, "
+                   "round_robin, ...): --workers servers behind the router")
+    p.add_argument("--router-python", help="--router: a Python with sglang-router installed")
+    p.add_argument("--workers", type=int, default=2, help="--router: servers behind it")
+    p.add_argument("--prompts", type=int, default=6, help="--router: distinct prompts")
+    p.add_argument("--base-port", type=int, default=18200, help="--router: its port (workers above it)")
+    p.add_argument("--out", default=None,
+                   help="the JSON written (default bench/results/serve_load.json, serve_profile.json with "
+                   "--profile, serve_router_POLICY.json with --router)")
     args = p.parse_args()
-    clients = [int(c) for c in args.clients.split(",")]
-    if not (1 <= args.requests <= 20 and 1 <= max(clients) <= 64 and 64 <= args.tokens <= 8192
-            and 1 <= args.max_tokens <= 512 and 1 <= args.repeats <= 5 and 1 <= args.budget_rows <= 64
+    if sum(map(bool, (args.profile, args.replicas, args.router, args.budget_only))) > 1:
+        p.error("one of --profile, --replicas, --router, --budget-only at a time")
+    if args.router:
+        if not (2 <= args.workers <= 8 and 1 <= args.prompts <= 64 and 1 <= (args.repeats or 3) <= 10):
+            p.error("--router: workers 2-8, prompts 1-64, repeats 1-10")
+        return router_main(args, p)
+    try:
+        clients = [int(c) for c in args.clients.split(",")]
+    except ValueError:
+        p.error("--clients: comma-separated integers, e.g. 1,4,16")
+    args.repeats = args.repeats or 1
+    if not (1 <= args.requests <= 20 and 1 <= min(clients) and max(clients) <= 64
+            and 64 <= args.tokens <= 8192 and 1 <= args.max_tokens <= 512
+            and 1 <= args.repeats <= 5 and 1 <= args.budget_rows <= 64
             and 1 <= args.budget_clients <= 16):
-        p.error("sizes out of range (requests 1-20, clients 1-64, tokens 64-8192, max-tokens 1-512)")
+        p.error("sizes out of range (requests 1-20, clients 1-64, tokens 64-8192, max-tokens 1-512, "
+                "repeats 1-5, budget-rows 1-64, budget-clients 1-16)")
+    if args.profile:
+        return profile_main(args, max(clients))
+    args.out = args.out or ("bench/results/serve_budget.json" if args.budget_only
+                            else "bench/results/serve_load.json")
     if args.replicas:
         if not 2 <= args.replicas <= 8:
             p.error("--replicas: 2-8")
@@ -243,8 +480,9 @@ def main() -> int:
     from longlab.serve import create_app
 
     model, tok = load_model(args.model)
-    apps = {"batched": create_app(Engine(model, tok), model_name=args.model, max_batch=16),
-            "serial": create_app(Engine(model, tok), model_name=args.model, max_batch=1)}
+    apps = {} if args.budget_only else {
+        "batched": create_app(Engine(model, tok), model_name=args.model, max_batch=16),
+        "serial": create_app(Engine(model, tok), model_name=args.model, max_batch=1)}
     full_bytes = (args.tokens + 40 + args.max_tokens) * kv_bytes_per_token(model)
     apps["budget"] = create_app(Engine(model, tok), model_name=args.model, max_batch=16,
                                 kv_budget_bytes=args.budget_rows * full_bytes)
@@ -252,7 +490,7 @@ def main() -> int:
     contexts = [_context(tok, args.tokens, i) for i in range(max(max(clients) * args.requests, 16))]
     recipes = ("full", "snapkv@0.5")
     runs: list[dict] = []
-    for rep in range(args.repeats):
+    for rep in range(0 if args.budget_only else args.repeats):
         for n in clients:
             per_client = [
                 [(contexts[c * args.requests + k], recipes[(c + k) % 2]) for k in range(args.requests)]
@@ -292,6 +530,8 @@ def main() -> int:
     for n in clients:
         b = [r["tokens_per_s"] for r in runs if r["clients"] == n and r["mode"] == "batched"]
         s = [r["tokens_per_s"] for r in runs if r["clients"] == n and r["mode"] == "serial"]
+        if not b:
+            continue
         ratios[str(n)] = statistics.median(x / y for x, y in zip(b, s))
         print(f"throughput batched / serial at {n} clients: {ratios[str(n)]:.2f}x "
               f"(median of {len(b)} repeats)")
