@@ -324,7 +324,7 @@ def _requests_per_worker(url: str) -> float:
                for s in f.samples if s.name.endswith("_total"))
 
 
-def _wait(url: str, timeout: float = 120) -> None:
+def _wait(url: str, timeout: float = 300) -> None:
     try:  # openai's HTTP library: httpx or httpx2
         import httpx
     except ImportError:
@@ -433,6 +433,7 @@ def main() -> int:
     p.add_argument("--budget-rows", type=int, default=4, help="budget phase: the budget in full requests")
     p.add_argument("--budget-clients", type=int, default=12, help="budget phase: requests sent at once")
     p.add_argument("--budget-only", action="store_true", help="only the budget phase")
+    p.add_argument("--no-budget", action="store_true", help="skip the budget phase")
     p.add_argument("--profile", action="store_true",
                    help="engine only: prefill per admission and decode step time by rows, max(--clients) "
                    "requests")
@@ -446,8 +447,8 @@ def main() -> int:
     p.add_argument("--prompts", type=int, default=6, help="--router: distinct prompts")
     p.add_argument("--base-port", type=int, default=18200, help="--router: its port (workers above it)")
     p.add_argument("--out", default=None,
-                   help="the JSON written (default bench/results/serve_load.json, serve_profile.json with "
-                   "--profile, serve_router_POLICY.json with --router)")
+                   help="the JSON written (default bench/results/serve_load.json; serve_profile.json, "
+                   "serve_router_POLICY.json, serve_replicas.json, serve_budget.json in the other modes)")
     args = p.parse_args()
     if sum(map(bool, (args.profile, args.replicas, args.router, args.budget_only))) > 1:
         p.error("one of --profile, --replicas, --router, --budget-only at a time")
@@ -469,6 +470,7 @@ def main() -> int:
     if args.profile:
         return profile_main(args, max(clients))
     args.out = args.out or ("bench/results/serve_budget.json" if args.budget_only
+                            else "bench/results/serve_replicas.json" if args.replicas
                             else "bench/results/serve_load.json")
     if args.replicas:
         if not 2 <= args.replicas <= 8:
@@ -484,8 +486,9 @@ def main() -> int:
         "batched": create_app(Engine(model, tok), model_name=args.model, max_batch=16),
         "serial": create_app(Engine(model, tok), model_name=args.model, max_batch=1)}
     full_bytes = (args.tokens + 40 + args.max_tokens) * kv_bytes_per_token(model)
-    apps["budget"] = create_app(Engine(model, tok), model_name=args.model, max_batch=16,
-                                kv_budget_bytes=args.budget_rows * full_bytes)
+    if not args.no_budget:
+        apps["budget"] = create_app(Engine(model, tok), model_name=args.model, max_batch=16,
+                                    kv_budget_bytes=args.budget_rows * full_bytes)
     servers = {name: _server(app) for name, app in apps.items()}
     contexts = [_context(tok, args.tokens, i) for i in range(max(max(clients) * args.requests, 16))]
     recipes = ("full", "snapkv@0.5")
@@ -516,7 +519,7 @@ def main() -> int:
             write_json(args.out, {"hardware": hardware(), "args": vars(args), "runs": runs, "partial": True})
     budget = []
     n = args.budget_clients
-    for recipe in recipes:
+    for recipe in () if args.no_budget else recipes:
         sched = apps["budget"].state.scheduler
         _reset(sched)
         per_client = [[(contexts[c], recipe)] for c in range(n)]  # n: --budget-clients
@@ -535,9 +538,11 @@ def main() -> int:
         ratios[str(n)] = statistics.median(x / y for x, y in zip(b, s))
         print(f"throughput batched / serial at {n} clients: {ratios[str(n)]:.2f}x "
               f"(median of {len(b)} repeats)")
-    snap, full = budget[1], budget[0]
-    print(f"under the budget, snapkv@0.5 / full: peak rows {snap['peak_running']}/{full['peak_running']}, "
-          f"peak KV {snap['peak_kv_bytes'] / max(full['peak_kv_bytes'], 1):.2f}x")
+    if budget:
+        snap, full = budget[1], budget[0]
+        print(f"under the budget, snapkv@0.5 / full: peak rows {snap['peak_running']}/"
+              f"{full['peak_running']}, "
+              f"peak KV {snap['peak_kv_bytes'] / max(full['peak_kv_bytes'], 1):.2f}x")
     for server, _ in servers.values():
         server.should_exit = True
     path = write_json(args.out, {"hardware": hardware(), "args": vars(args), "runs": runs, "budget": budget,
