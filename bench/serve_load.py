@@ -7,7 +7,8 @@ asyncio clients, each sending ``--requests`` streaming chat requests one after a
 answer the same requests, the order alternating by repeat. Contexts are ~``--tokens`` tokens, recipes
 alternate ``full`` / ``snapkv@0.5``, greedy, ``--max-tokens`` each. Recorded per run: generated tokens
 per second of wall time, p50/p95 TTFT (first content chunk) and latency, the scheduler's peak KV bytes
-and peak running requests. A budget phase then sends the same requests all-``full`` and
+and peak running requests (docs/results/serve-load.md shows the stored results: ``longlab report
+--docs``). A budget phase then sends the same requests all-``full`` and
 all-``snapkv@0.5`` to a server whose ``kv_budget`` is ``--budget-rows`` full requests: the peak rows it
 admitted and the bytes it held under each.
 
@@ -85,7 +86,7 @@ async def _client(client: Any, model: str, jobs: list[tuple[str, str]], max_toke
     out = []
     for ctx, recipe in jobs:
         t0 = time.perf_counter()
-        ttft, text, usage, last, gap = None, "", None, None, 0.0
+        ttft, text, usage, last, gap, info = None, "", None, None, 0.0, {}
         stream = await client.chat.completions.create(
             model=model, messages=[{"role": "user", "content": ctx}], max_tokens=max_tokens, temperature=0,
             stream=True, stream_options={"include_usage": True}, extra_body={"recipe": recipe})
@@ -98,8 +99,11 @@ async def _client(client: Any, model: str, jobs: list[tuple[str, str]], max_toke
                 text += chunk.choices[0].delta.content or ""
             if chunk.usage is not None:
                 usage = chunk.usage
+            info = (chunk.model_extra or {}).get("longlab") or info  # the final chunk: recipe, KV bytes
         out.append({"recipe": recipe, "ttft_s": ttft, "latency_s": time.perf_counter() - t0, "text": text,
-                    "max_gap_s": gap, "tokens": usage.completion_tokens if usage else 0})
+                    "max_gap_s": gap, "tokens": usage.completion_tokens if usage else 0,
+                    "kv_bytes_before": info.get("kv_bytes_before"),
+                    "kv_bytes_after": info.get("kv_bytes_after"), "served_recipe": info.get("recipe")})
     return out
 
 
@@ -135,6 +139,9 @@ def _summary(run: dict, sched: Any = None) -> dict:
         "max_gap_p95_s": _pct([r["max_gap_s"] for r in reqs], 0.95),
         "load_before": run.get("load"), "load_after": os.getloadavg(),
         "peak_kv_bytes": 0, "peak_running": 0,
+        "kv_bytes_after_median": {  # per recipe: what a request's cache held after its prefill (compressed)
+            rec: statistics.median(r["kv_bytes_after"] for r in reqs if r["recipe"] == rec)
+            for rec in sorted({r["recipe"] for r in reqs if r.get("kv_bytes_after") is not None})},
     }
     if sched is not None:  # an in-process server: what its scheduler thread did
         out.update(peak_kv_bytes=sched.peak_held, peak_running=sched.peak_running,
@@ -145,39 +152,6 @@ def _summary(run: dict, sched: Any = None) -> dict:
 def _reset(sched: Any) -> None:
     sched.peak_held = sched.peak_running = 0
     sched.stats = {k: 0 for k in sched.stats}
-
-
-def _cells(r: dict) -> str:
-    sched = r.get("scheduler")
-    split = (f"{sched['prefill_s']:.0f} / {sched['decode_s']:.0f} / {sched['other_s']:.1f}"
-             if sched else "-")
-    load = r.get("load_before")
-    gap = f"{r['max_gap_p50_s']:.1f} / {r['max_gap_p95_s']:.1f}" if "max_gap_p50_s" in r else "-"
-    return (f"{r['tokens_per_s']:.2f} | {r['ttft_p50_s']:.1f} / {r['ttft_p95_s']:.1f} | "
-            f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | {r['peak_kv_bytes'] / 2**20:.1f} | "
-            f"{r['peak_running']} | {gap} | {split} | {load[0]:.1f} |" if load else "- |")
-
-
-def table(path: str) -> str:
-    """A Markdown table of a stored run (``--table JSON``): one row per repeat, concurrency and mode, then
-    the medians of the ratios. Scheduler split: seconds the scheduler thread spent in prefill steps /
-    decode steps / the rest of its loop; load: the 1-minute load average when the run started."""
-    import json
-
-    data = json.loads(Path(path).read_text())
-    lines = ["| repeat | clients | mode | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) "
-             "| peak KV (MiB) | peak rows | longest stall p50 / p95 (s) | prefill / decode / other (s) "
-             "| load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in data["runs"]:
-        lines.append(f"| {r.get('repeat', 0)} | {r['clients']} | {r['mode']} | {_cells(r)}")
-    for r in data.get("budget", []):
-        mib = r["budget_bytes"] / 2**20
-        lines.append(f"| - | {r['clients']} | budget {mib:.0f} MiB, all {r['recipe']} | {_cells(r)}")
-    for name, label in (("throughput_ratio", "batched / serial"), ("replica_ratio", "N replicas / 1")):
-        for n, x in data.get(name, {}).items():
-            lines.append(f"\n{label} throughput at {n} clients: **{x:.2f}x** (median over repeats)")
-    return "\n".join(lines)
 
 
 def replicas_main(args: Any, clients: list[int]) -> int:
@@ -286,7 +260,6 @@ def profile_main(args: Any, n: int) -> int:
         log.append((kind, rows, time.perf_counter() - s, forward["s"]))
         tokens += sum(len(r.token_ids) for r in done)
     wall = time.perf_counter() - t0
-    Stream.feed = feed  # type: ignore[method-assign]
     admits = [d for k, _, d, _ in log if k == "admit"]
     steps = [(r, d, f) for k, r, d, f in log if k == "decode" and r]
     print(f"batched, {n} requests: {wall:.1f} s, admissions {sum(admits):.1f} s, "
@@ -305,9 +278,33 @@ def profile_main(args: Any, n: int) -> int:
     print("admission (prefill) seconds:", " ".join(f"{d:.2f}" for d in admits))
     batched = {"requests": n, "wall_s": wall, "admissions_s": admits, "decode_s": sum(d for _, d, _ in steps),
                "decode_steps": len(steps), "decode_by_rows": by_rows, "generated_tokens": tokens}
+    # all n admitted first, then decoded to the end: the decode step time from n rows down to 1 (rows leave
+    # as they finish), the most a step can batch
+    engine, t0, sweep, tokens, admit_s = Engine(model, tok), time.perf_counter(), defaultdict(list), 0, []
+    for i in range(n):
+        engine.submit(req(i))
+        s = time.perf_counter()
+        engine.step()
+        admit_s.append(time.perf_counter() - s)
+    while engine.busy:
+        rows, s = len(engine.progress()), time.perf_counter()
+        forward["s"] = 0.0
+        done = engine.step()
+        sweep[rows].append((time.perf_counter() - s, forward["s"]))
+        tokens += sum(len(r.token_ids) for r in done)
+    Stream.feed = feed  # type: ignore[method-assign]
+    admit_all = {"requests": n, "wall_s": time.perf_counter() - t0, "admissions_s": admit_s,
+                 "generated_tokens": tokens, "decode_by_rows": {}}
+    for r in sorted(sweep):
+        med = statistics.median(d for d, _ in sweep[r])
+        admit_all["decode_by_rows"][str(r)] = {
+            "steps": len(sweep[r]), "step_median_s": med, "per_row_s": med / r,
+            "forward_median_s": statistics.median(f for _, f in sweep[r])}
+        print(f"  admit all, then decode: {r:2d} rows: {len(sweep[r]):3d} steps, median {med * 1000:.0f} ms, "
+              f"{med / r * 1000:.0f} ms per row", flush=True)
     path = write_json(args.out or "bench/results/serve_profile.json",
                       {"hardware": hardware(), "args": vars(args), "one_at_a_time": serial,
-                       "batched": batched})
+                       "batched": batched, "admit_all_then_decode": admit_all})
     print(f"wrote {path}")
     return 0
 
@@ -419,9 +416,6 @@ def _free_port() -> int:
 
 
 def main() -> int:
-    if len(sys.argv) == 3 and sys.argv[1] == "--table":
-        print(table(sys.argv[2]))
-        return 0
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--clients", default="1,4,16")

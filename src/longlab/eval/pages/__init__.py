@@ -7,7 +7,7 @@ page's parameter table from the registry). :data:`GENERATORS` lists them in page
 
 from __future__ import annotations
 
-from . import compression, decode_speed, entropylong, modalities, position, vs_kvpress
+from . import compression, decode_speed, entropylong, modalities, position, serve_load, vs_kvpress
 from .generator import Generator
 from .methods import FAMILY_METHODS, render_family
 
@@ -20,5 +20,6 @@ GENERATORS: tuple[Generator, ...] = (
     Generator("docs/results/entropylong.md", entropylong.render),
     Generator("docs/results/modalities.md", modalities.render),
     Generator("docs/results/position.md", position.render),
+    Generator("docs/results/serve-load.md", serve_load.render),
     Generator("docs/results/vs-kvpress.md", vs_kvpress.render),
 )
