@@ -426,6 +426,13 @@ def main() -> int:
                    help="repeats of the load (default 1) or, with --router, of each prompt (default 3)")
     p.add_argument("--budget-rows", type=int, default=4, help="budget phase: the budget in full requests")
     p.add_argument("--budget-clients", type=int, default=12, help="budget phase: requests sent at once")
+    p.add_argument("--modes", default="batched,serial",
+                   help="servers compared, side by side: batched (prefills sliced every --slice-s), whole "
+                   "(batched, prefills not sliced), serial (one request at a time)")
+    p.add_argument("--slice-s", type=float, default=0.5, help="the batched server's prefill_slice_s")
+    p.add_argument("--budget-slice-s", type=float, default=0.0,
+                   help="the budget server's prefill_slice_s (default 0: rows stay long enough for the "
+                   "budget, not their lifetime, to bound how many run at once)")
     p.add_argument("--budget-only", action="store_true", help="only the budget phase")
     p.add_argument("--no-budget", action="store_true", help="skip the budget phase")
     p.add_argument("--profile", action="store_true",
@@ -461,6 +468,9 @@ def main() -> int:
             and 1 <= args.budget_clients <= 16):
         p.error("sizes out of range (requests 1-20, clients 1-64, tokens 64-8192, max-tokens 1-512, "
                 "repeats 1-5, budget-rows 1-64, budget-clients 1-16)")
+    if set(args.modes.split(",")) - {"batched", "whole", "serial"} or not 0 <= args.slice_s <= 60 \
+            or not 0 <= args.budget_slice_s <= 60:
+        p.error("--modes: batched, whole, serial; --slice-s and --budget-slice-s: 0-60")
     if args.profile:
         return profile_main(args, max(clients))
     args.out = args.out or ("bench/results/serve_budget.json" if args.budget_only
@@ -476,40 +486,48 @@ def main() -> int:
     from longlab.serve import create_app
 
     model, tok = load_model(args.model)
-    apps = {} if args.budget_only else {
-        "batched": create_app(Engine(model, tok), model_name=args.model, max_batch=16),
-        "serial": create_app(Engine(model, tok), model_name=args.model, max_batch=1)}
+    modes = [] if args.budget_only else args.modes.split(",")
+    # whole: prefills not sliced; serial: its slices never wait for a decode step (no other row runs)
+    slices = {"batched": args.slice_s, "whole": 0.0, "serial": args.slice_s}
+    apps = {mode: create_app(Engine(model, tok), model_name=args.model, prefill_slice_s=slices[mode],
+                             max_batch=1 if mode == "serial" else 16) for mode in modes}
     full_bytes = (args.tokens + 40 + args.max_tokens) * kv_bytes_per_token(model)
     if not args.no_budget:
         apps["budget"] = create_app(Engine(model, tok), model_name=args.model, max_batch=16,
-                                    kv_budget_bytes=args.budget_rows * full_bytes)
+                                    kv_budget_bytes=args.budget_rows * full_bytes,
+                                    prefill_slice_s=args.budget_slice_s)
     servers = {name: _server(app) for name, app in apps.items()}
     contexts = [_context(tok, args.tokens, i) for i in range(max(max(clients) * args.requests, 16))]
     recipes = ("full", "snapkv@0.5")
     runs: list[dict] = []
-    for rep in range(0 if args.budget_only else args.repeats):
+    for rep in range(args.repeats if modes else 0):
         for n in clients:
             per_client = [
                 [(contexts[c * args.requests + k], recipes[(c + k) % 2]) for k in range(args.requests)]
                 for c in range(n)
             ]
-            order = ("batched", "serial") if (rep + n) % 2 == 0 else ("serial", "batched")
+            shift = (rep + clients.index(n)) % len(modes)
+            order = modes[shift:] + modes[:shift]  # the order rotates with the concurrency and the repeat
             answers = {}
             for mode in order:
                 sched = apps[mode].state.scheduler
                 _reset(sched)
                 run = asyncio.run(_load(servers[mode][1], args.model, per_client, args.max_tokens))
                 answers[mode] = [r["text"] for r in run["requests"]]
-                row = {"repeat": rep, "clients": n, "mode": mode, **_summary(run, sched)}
+                row = {"repeat": rep, "clients": n, "mode": mode, "prefill_slice_s": slices[mode],
+                       **_summary(run, sched)}
                 runs.append(row)
                 print(f"{mode:8s} clients={n:3d} {row['tokens_per_s']:.2f} tok/s  "
                       f"ttft p50 {row['ttft_p50_s']:.2f}s "
                       f"p95 {row['ttft_p95_s']:.2f}s  latency p50 {row['latency_p50_s']:.2f}s "
                       f"p95 {row['latency_p95_s']:.2f}s  peak KV {row['peak_kv_bytes'] / 2**20:.1f} MiB "
                       f"peak rows {row['peak_running']}", flush=True)
-            same = sum(a == b for a, b in zip(answers["batched"], answers["serial"]))
-            runs[-1]["same_answers_as_other_mode"] = runs[-2]["same_answers_as_other_mode"] = same
-            print(f"  answers equal between modes: {same}/{len(answers['batched'])}", flush=True)
+            if "serial" in answers:
+                for row in runs[-len(modes):]:
+                    same = sum(a == b for a, b in zip(answers[row["mode"]], answers["serial"]))
+                    row["same_answers_as_serial"] = same
+                    print(f"  {row['mode']}: answers equal to serial {same}/{len(answers['serial'])}",
+                          flush=True)
             write_json(args.out, {"hardware": hardware(), "args": vars(args), "runs": runs, "partial": True})
     budget = []
     n = args.budget_clients
@@ -523,15 +541,16 @@ def main() -> int:
         budget.append(row)
         print(f"budget {args.budget_rows} full rows, all {recipe}: peak rows {row['peak_running']}, peak KV "
               f"{row['peak_kv_bytes'] / 2**20:.1f} MiB, {row['tokens_per_s']:.2f} tok/s", flush=True)
-    ratios = {}
-    for n in clients:
-        b = [r["tokens_per_s"] for r in runs if r["clients"] == n and r["mode"] == "batched"]
-        s = [r["tokens_per_s"] for r in runs if r["clients"] == n and r["mode"] == "serial"]
-        if not b:
-            continue
-        ratios[str(n)] = statistics.median(x / y for x, y in zip(b, s))
-        print(f"throughput batched / serial at {n} clients: {ratios[str(n)]:.2f}x "
-              f"(median of {len(b)} repeats)")
+    ratios: dict[str, dict[str, float]] = {}
+    for mode in (m for m in modes if m != "serial"):
+        for n in clients:
+            b = [r["tokens_per_s"] for r in runs if r["clients"] == n and r["mode"] == mode]
+            s = [r["tokens_per_s"] for r in runs if r["clients"] == n and r["mode"] == "serial"]
+            if not b or not s:
+                continue
+            ratios.setdefault(mode, {})[str(n)] = statistics.median(x / y for x, y in zip(b, s))
+            print(f"throughput {mode} / serial at {n} clients: {ratios[mode][str(n)]:.2f}x "
+                  f"(median of {len(b)} repeats)")
     if budget:
         snap, full = budget[1], budget[0]
         print(f"under the budget, snapkv@0.5 / full: peak rows {snap['peak_running']}/"
@@ -540,7 +559,7 @@ def main() -> int:
     for server, _ in servers.values():
         server.should_exit = True
     path = write_json(args.out, {"hardware": hardware(), "args": vars(args), "runs": runs, "budget": budget,
-                                 "throughput_ratio": ratios})
+                                 "throughput_ratio": ratios.get("batched", {}), "throughput_ratios": ratios})
     print(f"wrote {path}")
     return 0
 

@@ -255,6 +255,7 @@ def test_budget_queue_503_and_a_disconnect_frees_bytes(model_and_tokenizer):
     (["--recipe", "nosuch@0.5"], "--recipe"),
     (["--kv-budget-mib", "-1"], "--kv-budget-mib"),
     (["--max-batch", "0"], "--max-batch"),
+    (["--prefill-slice-s", "-1"], "--prefill-slice-s"),
 ])
 def test_the_command_refuses_bad_flags_before_loading(capsys, flags, message):
     from longlab.cli import main

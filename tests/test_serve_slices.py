@@ -111,3 +111,18 @@ def test_only_model_neutral_prefills_are_sliced():
         req = Request(**fields)
         req.check()
         assert not sliceable(req), fields
+
+
+def test_prefill_slice_s_zero_turns_slicing_off_and_a_bad_value_is_refused(model_and_tokenizer):
+    from longlab.errors import LonglabError
+
+    model, tok = model_and_tokenizer
+    app = create_app(model, tok, model_name=MODEL, prefill_slice_s=0)
+    assert app.state.scheduler.slicer is None  # prefills run whole
+    assert not any(layer._forward_pre_hooks for layer in model.model.layers)
+    slicer = create_app(model, tok, model_name=MODEL, prefill_slice_s=2).state.scheduler.slicer
+    assert slicer.slice_s == 2 and slicer.active
+    slicer.close()  # never started: its hooks are removed by hand
+    for bad in (-1, float("nan"), "0.5", True):
+        with pytest.raises(LonglabError, match="prefill_slice_s"):
+            create_app(model, tok, model_name=MODEL, prefill_slice_s=bad)

@@ -83,18 +83,22 @@ def load_table(data: dict[str, Any]) -> str:
     ]
     for r in data["runs"]:
         lines.append(f"| {r.get('repeat', 0)} | {r['clients']} | {r['mode']} | {_row_cells(r)}")
+    keys = ("same_answers_as_serial", "same_answers_as_other_mode")  # the second: runs before --modes
+    key = next((k for k in keys if any(k in r for r in data["runs"])), None)
     same = [
-        (r["clients"], r.get("same_answers_as_other_mode"), r["requests"])
+        (r["mode"], r["clients"], r[key], r["requests"])
         for r in data["runs"]
-        if r["mode"] == "batched" and "same_answers_as_other_mode" in r
+        if key and r["mode"] != "serial" and key in r
     ]
     lines.append("")
-    for n, x in data.get("throughput_ratio", {}).items():
-        lines.append(f"- batched / serial throughput at {n} clients: **{x:.2f}x**")
+    ratios = data.get("throughput_ratios") or {"batched": data.get("throughput_ratio", {})}
+    for mode, by_clients in ratios.items():
+        for n, x in by_clients.items():
+            lines.append(f"- {mode} / serial throughput at {n} clients: **{x:.2f}x**")
     if same:
         lines.append(
-            "- batched answers equal to the serial ones (greedy): "
-            + ", ".join(f"{s}/{t} at {n} clients" for n, s, t in same)
+            "- answers equal to the serial server's (greedy): "
+            + ", ".join(f"{mode} {s}/{t} at {n} clients" for mode, n, s, t in same)
         )
     return "\n".join(lines)
 
