@@ -32,6 +32,7 @@ __all__ = [
 ]
 
 MIB = 2**20
+LOAD_ARGS = ("model", "tokens", "max_tokens", "requests", "repeats", "modes", "slice_s")
 
 
 def _read(root: Path, name: str) -> dict[str, Any] | None:
@@ -75,7 +76,7 @@ def _row_cells(r: dict[str, Any]) -> str:
 def load_table(data: dict[str, Any]) -> str:
     """One row per repeat, concurrency and mode, then the batched/serial ratios (median over repeats)."""
     lines = [
-        f"Run: {_args(data, ('model', 'tokens', 'max_tokens', 'requests', 'repeats'))}; {_header(data)}.",
+        f"Run: {_args(data, LOAD_ARGS)}; {_header(data)}.",
         "",
         "| repeat | clients | mode | tokens | tokens/s | TTFT p50 / p95 (s) | latency p50 / p95 (s) "
         "| peak KV (MiB) | peak rows | longest stall p50 / p95 (s) | prefill / decode / other (s) | load |",
