@@ -481,8 +481,8 @@ def main() -> int:
             p.error("--replicas: 2-8")
         return replicas_main(args, clients)
 
-    from longlab import Engine, load_model
-    from longlab.engine.limits import kv_bytes_per_token
+    from longlab import Engine, Request, load_model
+    from longlab.engine.limits import cache_bytes_per_token
     from longlab.serve import create_app
 
     model, tok = load_model(args.model)
@@ -491,13 +491,16 @@ def main() -> int:
     slices = {"batched": args.slice_s, "whole": 0.0, "serial": args.slice_s}
     apps = {mode: create_app(Engine(model, tok), model_name=args.model, prefill_slice_s=slices[mode],
                              max_batch=1 if mode == "serial" else 16) for mode in modes}
-    full_bytes = (args.tokens + 40 + args.max_tokens) * kv_bytes_per_token(model)
+    contexts = [_context(tok, args.tokens, i) for i in range(max(max(clients) * args.requests, 16))]
+    # a full request's KV bytes: the longest prompt of the budget phase (chat template included) + max_tokens
+    longest = max(Engine(model, tok).check(Request(messages=[{"role": "user", "content": c}]))
+                  for c in contexts[:args.budget_clients])
+    full_bytes = (longest + args.max_tokens) * cache_bytes_per_token(model)
     if not args.no_budget:
         apps["budget"] = create_app(Engine(model, tok), model_name=args.model, max_batch=16,
                                     kv_budget_bytes=args.budget_rows * full_bytes,
                                     prefill_slice_s=args.budget_slice_s)
     servers = {name: _server(app) for name, app in apps.items()}
-    contexts = [_context(tok, args.tokens, i) for i in range(max(max(clients) * args.requests, 16))]
     recipes = ("full", "snapkv@0.5")
     runs: list[dict] = []
     for rep in range(args.repeats if modes else 0):

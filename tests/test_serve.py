@@ -297,3 +297,25 @@ def test_longlab_serve_command_answers_the_openai_client():
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert "Traceback" not in err, err
+
+
+def test_admission_estimate_counts_the_bytes_a_full_row_holds(one_thread):
+    """The scheduler's estimate of an uncompressed request, ``(prompt + max_tokens) x
+    cache_bytes_per_token``, is exactly what its row holds once admitted (keys, values and the slots'
+    position index), so a budget of N such requests admits N of them."""
+    from longlab import Engine, Request
+    from longlab.engine.limits import cache_bytes_per_token, kv_bytes_per_token
+    from longlab.models import build_tiny_model, tiny_tokenizer
+
+    model = build_tiny_model(MODEL)
+    engine = Engine(model, tiny_tokenizer())
+    # tiny-llama: 2 layers x 2 KV heads x 16 dims x (K, V) x 4 bytes, plus an int32 index per head and layer
+    assert kv_bytes_per_token(model) == 512 and cache_bytes_per_token(model) == 512 + 16
+    req = Request(messages=[{"role": "user", "content": CTX}], max_new_tokens=8)
+    n = engine.check(req)
+    key = engine.submit(req)
+    engine.step()  # the admission: prefill, then the row joins the batch with room for its 8 tokens
+    assert engine.held_bytes() == {key: (n + 8) * cache_bytes_per_token(model)}
+    sched = create_app(engine, model_name=MODEL).state.scheduler  # the estimate the scheduler uses
+    assert sched.per_token == cache_bytes_per_token(model)
+    sched.slicer.close()  # never started: its hooks are removed by hand

@@ -6,9 +6,9 @@ memory: :meth:`Engine.check`), queues it, and admits the queue's head into the e
 - fewer than ``max_batch`` requests run, and
 - the KV bytes the running requests hold (:meth:`Engine.held_bytes`, spare slots and batch padding
   included) plus the head's estimate fit ``kv_budget_bytes``. The estimate is ``(prompt + max_tokens) x
-  kv_bytes_per_token x r``, ``r`` what the last admitted request of the head's recipe held on its first
-  step over that same product (1 until one has run). A request always runs when nothing else does, so
-  one larger than the budget is not refused forever.
+  cache_bytes_per_token x r`` (keys, values and the slots' position index), ``r`` what the last admitted
+  request of the head's recipe held on its first step over that same product (1 until one has run). A
+  request always runs when nothing else does, so one larger than the budget is not refused forever.
 
 One request is admitted at a time (its prefill is that admission), so a failure while admitting belongs
 to it alone, and while rows are running admissions alternate with decode steps: a queue of long prompts does
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import Engine
-from ..engine.limits import kv_bytes_per_token
+from ..engine.limits import cache_bytes_per_token
 from ..errors import LonglabError
 from .protocol import ApiError, Parsed, bad_request
 
@@ -52,7 +52,7 @@ class Ticket:
     arrived: float = field(default_factory=time.perf_counter)
     key: int | None = None
     estimate: int = 0
-    size: int = 0  # (prompt + max_tokens) x kv_bytes_per_token: an uncompressed cache's bytes
+    size: int = 0  # (prompt + max_tokens) x cache_bytes_per_token: an uncompressed cache's bytes
     observed: bool = False
     sent: str = ""  # the text streamed so far
     first_token_s: float | None = None
@@ -156,7 +156,7 @@ class Scheduler:
         self.budget = kv_budget_bytes
         self.max_batch, self.max_queue = max_batch, max_queue
         self.metrics = metrics
-        self.per_token = kv_bytes_per_token(engine.model)
+        self.per_token = cache_bytes_per_token(engine.model)
         self._cv = threading.Condition()
         self._inbox: deque[Ticket] = deque()  # arrived, not yet checked
         self._queue: deque[Ticket] = deque()  # checked, waiting for admission
