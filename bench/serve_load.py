@@ -309,6 +309,55 @@ def profile_main(args: Any, n: int) -> int:
     return 0
 
 
+def decode_sweep_main(args: Any) -> int:
+    """``--decode-sweep``: the decode step time by batch rows on ~``--tokens``-token caches, without the
+    scheduler: one ``full`` and one ``snapkv@0.5`` prefill of the load's first prompt, copied into R rows
+    (all ``full``, or alternating ``full`` / ``snapkv@0.5``: rows of unequal length) and stacked as the
+    engine's shared batch stacks them; median of 5 steps after one warm-up, a lone stream (a request
+    decoding alone) beside them."""
+    from longlab import load_model
+    from longlab.cache import LonglabCache
+    from longlab.engine.decode import stack_streams
+    from longlab.engine.stream import Stream
+    from longlab.prompt import encode_messages
+
+    model, tok = load_model(args.model)
+    ctx, q = encode_messages(tok, [{"role": "user", "content": _context(tok, args.tokens, 0)}], "", True)
+    caches = {}
+    for recipe in ("full", "snapkv@0.5"):
+        stream = Stream(model, LonglabCache(recipe), 1)
+        t0 = time.perf_counter()
+        stream.feed([ctx + q], 4096, compress="end")
+        caches[recipe] = (stream, time.perf_counter() - t0, stream.cache.nbytes())
+
+    def median_step(stream: Any) -> float:
+        times = []
+        for _ in range(6):
+            t0 = time.perf_counter()
+            stream.feed([[100]] * stream.batch_size, compress="none")
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times[1:])
+
+    lone = median_step(caches["full"][0].fork())
+    rows: dict[str, dict[str, float]] = {}
+    for r in (1, 2, 4, 8, 16):
+        for kind in ("full", "mixed"):
+            streams = [caches["full" if kind == "full" or i % 2 == 0 else "snapkv@0.5"][0].fork()
+                       for i in range(r)]
+            rows.setdefault(str(r), {})[kind] = median_step(stack_streams(streams, 8))
+            del streams
+        step = rows[str(r)]
+        print(f"{r:2d} rows: full {step['full'] * 1000:.0f} ms, mixed {step['mixed'] * 1000:.0f} ms per step",
+              flush=True)
+    path = write_json(args.out or "bench/results/serve_decode_sweep.json", {
+        "hardware": hardware(), "args": vars(args), "prompt_tokens": len(ctx) + len(q),
+        "prefill_s": {k: v[1] for k, v in caches.items()},
+        "cache_bytes": {k: v[2] for k, v in caches.items()},
+        "lone_step_s": lone, "step_s_by_rows": rows})
+    print(f"lone stream {lone * 1000:.0f} ms per step; wrote {path}")
+    return 0
+
+
 def _requests_per_worker(url: str) -> float:
     try:  # openai's HTTP library: httpx or httpx2
         import httpx
@@ -438,6 +487,8 @@ def main() -> int:
     p.add_argument("--profile", action="store_true",
                    help="engine only: prefill per admission and decode step time by rows, max(--clients) "
                    "requests")
+    p.add_argument("--decode-sweep", action="store_true",
+                   help="the decode step time by batch rows (1-16) on --tokens caches, full and mixed rows")
     p.add_argument("--replicas", type=int, default=0,
                    help="N >= 2: compare Ray Serve with 1 and N replicas instead (one thread each)")
     p.add_argument("--router", metavar="POLICY",
@@ -451,8 +502,8 @@ def main() -> int:
                    help="the JSON written (default bench/results/serve_load.json; serve_profile.json, "
                    "serve_router_POLICY.json, serve_replicas.json, serve_budget.json in the other modes)")
     args = p.parse_args()
-    if sum(map(bool, (args.profile, args.replicas, args.router, args.budget_only))) > 1:
-        p.error("one of --profile, --replicas, --router, --budget-only at a time")
+    if sum(map(bool, (args.profile, args.replicas, args.router, args.budget_only, args.decode_sweep))) > 1:
+        p.error("one of --profile, --decode-sweep, --replicas, --router, --budget-only at a time")
     if args.router:
         if not (2 <= args.workers <= 8 and 1 <= args.prompts <= 64 and 1 <= (args.repeats or 3) <= 10):
             p.error("--router: workers 2-8, prompts 1-64, repeats 1-10")
@@ -473,6 +524,8 @@ def main() -> int:
         p.error("--modes: batched, whole, serial; --slice-s and --budget-slice-s: 0-60")
     if args.profile:
         return profile_main(args, max(clients))
+    if args.decode_sweep:
+        return decode_sweep_main(args)
     args.out = args.out or ("bench/results/serve_budget.json" if args.budget_only
                             else "bench/results/serve_replicas.json" if args.replicas
                             else "bench/results/serve_load.json")

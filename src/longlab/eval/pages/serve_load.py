@@ -2,6 +2,7 @@
 
 Reads what ``bench/serve_load.py`` stored: ``serve_load.json`` (batched vs one request at a time, side by
 side), ``serve_profile.json`` (``--profile``: prefill per admission, decode step time by rows),
+``serve_decode_sweep.json`` (``--decode-sweep``: the decode step time by batch rows),
 ``serve_budget.json`` (``--budget-only``; or the ``budget`` rows of ``serve_load.json``),
 ``serve_replicas.json`` (``--replicas``), ``serve_router_*.json`` (``--router``), and
 ``structured_output.json`` (``bench/structured_output.py``: xgrammar vs llguidance). A file that is absent
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "sweep_table",
     "render",
     "load_table",
     "budget_table",
@@ -200,6 +202,31 @@ def profile_table(profile: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def sweep_table(data: dict[str, Any]) -> str:
+    """The decode step time by batch rows (``--decode-sweep``) and the decode throughput gain over a lone
+    stream, ``R d_lone / d_R``."""
+    lone = data["lone_step_s"]
+    cache = data["cache_bytes"]
+    lines = [
+        f"Run: {_args(data, ('model', 'tokens'))}, prompt {data['prompt_tokens']} tokens, cache "
+        f"{cache['full'] / MIB:.1f} MiB full / {cache['snapkv@0.5'] / MIB:.1f} MiB snapkv@0.5; "
+        f"{_header(data)}. "
+        f"A lone stream (one request decoding alone): **{lone * 1000:.0f} ms** per step.",
+        "",
+        "| rows | step, all full (ms) | per row (ms) | gain "
+        "| step, full + snapkv@0.5 (ms) | per row (ms) | gain |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r, step in sorted(data["step_s_by_rows"].items(), key=lambda kv: int(kv[0])):
+        n = int(r)
+        cells = " | ".join(
+            f"{step[k] * 1000:.0f} | {step[k] / n * 1000:.1f} | {n * lone / step[k]:.1f}x"
+            for k in ("full", "mixed")
+        )
+        lines.append(f"| {r} | {cells} |")
+    return "\n".join(lines)
+
+
 def replicas_table(data: dict[str, Any]) -> str:
     lines = [
         f"Run: {_args(data, ('model', 'tokens', 'max_tokens', 'requests', 'repeats', 'replicas'))}; "
@@ -286,12 +313,13 @@ def structured_table(data: dict[str, Any]) -> str:
 
 
 def render(root: Path, plots: bool) -> dict[str, str]:
-    """The page's blocks: ``serve-load``, ``serve-profile``, ``serve-budget``, ``serve-replicas``,
-    ``serve-routers``, ``structured-output``."""
+    """The page's blocks: ``serve-load``, ``serve-profile``, ``serve-decode-sweep``, ``serve-budget``,
+    ``serve-replicas``, ``serve-routers``, ``structured-output``."""
     load = _read(root, "serve_load.json")
     profile = _read(root, "serve_profile.json")
     budget = _read(root, "serve_budget.json")
     replicas = _read(root, "serve_replicas.json")
+    sweep = _read(root, "serve_decode_sweep.json")
     structured = _read(root, "structured_output.json")
     routers = sorted((root / "bench" / "results").glob("serve_router_*.json"))
     budget_rows = (budget or {}).get("budget") or (load or {}).get("budget")
@@ -300,6 +328,9 @@ def render(root: Path, plots: bool) -> dict[str, str]:
         "serve-profile": profile_table(profile)
         if profile
         else _missing("serve_profile.json", "bench/serve_load.py --profile"),
+        "serve-decode-sweep": sweep_table(sweep)
+        if sweep
+        else _missing("serve_decode_sweep.json", "bench/serve_load.py --decode-sweep"),
         "serve-budget": budget_table(budget_rows)
         if budget_rows
         else _missing("serve_budget.json", "bench/serve_load.py --budget-only"),
