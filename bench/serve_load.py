@@ -473,7 +473,9 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--repeats", type=int, default=None,
                    help="repeats of the load (default 1) or, with --router, of each prompt (default 3)")
-    p.add_argument("--budget-rows", type=int, default=4, help="budget phase: the budget in full requests")
+    p.add_argument("--budget-rows", type=float, default=4.5,
+                   help="budget phase: the budget in full requests (prompt + max_tokens bytes; default 4.5: "
+                   "a half keeps the row counts off the edge where batch padding decides)")
     p.add_argument("--budget-clients", type=int, default=12, help="budget phase: requests sent at once")
     p.add_argument("--modes", default="batched,serial",
                    help="servers compared, side by side: batched (prefills sliced every --slice-s), whole "
@@ -483,6 +485,8 @@ def main() -> int:
                    help="the budget server's prefill_slice_s (default 0: rows stay long enough for the "
                    "budget, not their lifetime, to bound how many run at once)")
     p.add_argument("--budget-only", action="store_true", help="only the budget phase")
+    p.add_argument("--budget-question", default="Copy the first ten records above, one per line.",
+                   help="the budget phase's question (a long answer keeps the rows running)")
     p.add_argument("--no-budget", action="store_true", help="skip the budget phase")
     p.add_argument("--profile", action="store_true",
                    help="engine only: prefill per admission and decode step time by rows, max(--clients) "
@@ -546,12 +550,15 @@ def main() -> int:
                              max_batch=1 if mode == "serial" else 16) for mode in modes}
     contexts = [_context(tok, args.tokens, i) for i in range(max(max(clients) * args.requests, 16))]
     # a full request's KV bytes: the longest prompt of the budget phase (chat template included) + max_tokens
+    # the budget phase asks for a long answer, so rows stay until the budget, not their answer, bounds them
+    budget_prompts = [c.rsplit("\n\n", 1)[0] + "\n\n" + args.budget_question
+                      for c in contexts[:args.budget_clients]]
     longest = max(Engine(model, tok).check(Request(messages=[{"role": "user", "content": c}]))
-                  for c in contexts[:args.budget_clients])
+                  for c in budget_prompts)
     full_bytes = (longest + args.max_tokens) * cache_bytes_per_token(model)
     if not args.no_budget:
         apps["budget"] = create_app(Engine(model, tok), model_name=args.model, max_batch=16,
-                                    kv_budget_bytes=args.budget_rows * full_bytes,
+                                    kv_budget_bytes=int(args.budget_rows * full_bytes),
                                     prefill_slice_s=args.budget_slice_s)
     servers = {name: _server(app) for name, app in apps.items()}
     recipes = ("full", "snapkv@0.5")
@@ -590,12 +597,13 @@ def main() -> int:
     for recipe in () if args.no_budget else recipes:
         sched = apps["budget"].state.scheduler
         _reset(sched)
-        per_client = [[(contexts[c], recipe)] for c in range(n)]  # n: --budget-clients
+        per_client = [[(budget_prompts[c], recipe)] for c in range(n)]  # n: --budget-clients
         run = asyncio.run(_load(servers["budget"][1], args.model, per_client, args.max_tokens))
-        row = {"recipe": recipe, "clients": n, "budget_bytes": args.budget_rows * full_bytes,
+        row = {"recipe": recipe, "clients": n, "budget_bytes": int(args.budget_rows * full_bytes),
                **_summary(run, sched)}
         budget.append(row)
-        print(f"budget {args.budget_rows} full rows, all {recipe}: peak rows {row['peak_running']}, peak KV "
+        print(f"budget {args.budget_rows:g} full rows, all {recipe}: peak rows {row['peak_running']} (rows "
+              f"when the budget refused one: {row['scheduler']['rows_when_budget_full']}), peak KV "
               f"{row['peak_kv_bytes'] / 2**20:.1f} MiB, {row['tokens_per_s']:.2f} tok/s", flush=True)
     ratios: dict[str, dict[str, float]] = {}
     for mode in (m for m in modes if m != "serial"):

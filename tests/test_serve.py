@@ -319,3 +319,34 @@ def test_admission_estimate_counts_the_bytes_a_full_row_holds(one_thread):
     sched = create_app(engine, model_name=MODEL).state.scheduler  # the estimate the scheduler uses
     assert sched.per_token == cache_bytes_per_token(model)
     sched.slicer.close()  # never started: its hooks are removed by hand
+
+
+def test_a_queued_request_is_estimated_with_what_its_recipe_is_known_to_hold(one_thread):
+    """Requests that queued before the first of their recipe ran are estimated, when considered for
+    admission, with the ratio learnt since (snapkv@0.5 holds about half): a budget with room for half a
+    request more admits a snapkv@0.5 request that a stale full-size estimate would have kept waiting."""
+    import asyncio
+
+    from longlab.engine.limits import cache_bytes_per_token
+    from longlab.models import build_tiny_model, tiny_tokenizer
+    from longlab.serve.protocol import parse_chat
+    from longlab.serve.scheduler import Scheduler, Ticket
+
+    model = build_tiny_model(MODEL)
+    per = cache_bytes_per_token(model)
+    sched = Scheduler(Engine(model, tiny_tokenizer()), kv_budget_bytes=1000 * per, prefill_slice_s=None)
+    loop = asyncio.new_event_loop()
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": CTX}], "max_tokens": 4,
+                "recipe": "snapkv@0.5"}
+        ticket = Ticket(parse_chat(body, MODEL, "full"), loop)
+        ticket.size, ticket.estimate = 600 * per, 600 * per  # queued before any snapkv@0.5 row was seen
+        sched._queue.append(ticket)
+        sched._running[0] = ticket  # one row runs, holding 600 slots' bytes
+        sched.held = 600 * per
+        assert not sched._can_admit()  # nothing learnt yet: 600 + 600 > 1000
+        sched._ratio["snapkv@0.5"] = 0.5  # a snapkv@0.5 row has since been seen holding half its size
+        assert sched._can_admit() and ticket.estimate == 300 * per  # 600 + 300 <= 1000
+        assert sched.stats["rows_when_budget_full"] == 1  # the refusal came with one row running
+    finally:
+        loop.close()

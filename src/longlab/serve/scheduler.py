@@ -7,8 +7,10 @@ memory: :meth:`Engine.check`), queues it, and admits the queue's head into the e
 - the KV bytes the running requests hold (:meth:`Engine.held_bytes`, spare slots and batch padding
   included) plus the head's estimate fit ``kv_budget_bytes``. The estimate is ``(prompt + max_tokens) x
   cache_bytes_per_token x r`` (keys, values and the slots' position index), ``r`` what the last admitted
-  request of the head's recipe held on its first step over that same product (1 until one has run). A
-  request always runs when nothing else does, so one larger than the budget is not refused forever.
+  request of the head's recipe held on its first step over that same product (1 until one has run),
+  taken when the head is considered (requests that queued before the first of their recipe ran are
+  estimated with what it held). A request always runs when nothing else does, so one larger than the
+  budget is not refused forever.
 
 One request is admitted at a time (its prefill is that admission), so a failure while admitting belongs
 to it alone, and while rows are running admissions alternate with decode steps: a queue of long prompts does
@@ -174,10 +176,11 @@ class Scheduler:
         self._admitting: Ticket | None = None  # the ticket whose sliced admission is in flight
         self._cancel_admitting = False
         # where the scheduler thread's time goes (bench/serve_load.py records it): seconds and counts of
-        # admission steps (a prefill), decode steps, and the rest of the loop (streaming, bookkeeping)
+        # admission steps (a prefill), decode steps, and the rest of the loop (streaming, bookkeeping);
+        # rows_when_budget_full: the most rows running when the KV budget refused the queue's head
         self.stats: dict[str, float] = {"prefill_s": 0.0, "prefills": 0, "decode_s": 0.0, "decodes": 0,
                                         "decode_rows": 0, "other_s": 0.0, "prefill_slices": 0,
-                                        "decodes_during_prefill": 0}
+                                        "decodes_during_prefill": 0, "rows_when_budget_full": 0}
 
     # ----------------------------------------------------------------------------- handler side
     def submit(self, ticket: Ticket) -> None:
@@ -287,7 +290,12 @@ class Scheduler:
             return False
         if self.budget is None or not self._running:
             return True
-        return self.held + self._queue[0].estimate <= self.budget
+        head = self._queue[0]  # estimated with what its recipe is known to hold now (learnt as it waited)
+        head.estimate = int(head.size * self._ratio.get(head.parsed.recipe, 1.0))
+        fits = self.held + head.estimate <= self.budget
+        if not fits:  # the budget, not max_batch, holds the queue back: how many rows it let in
+            self.stats["rows_when_budget_full"] = max(self.stats["rows_when_budget_full"], len(self._running))
+        return fits
 
     def _admit_one(self) -> Ticket | None:
         with self._cv:
