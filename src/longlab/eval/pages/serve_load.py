@@ -109,15 +109,18 @@ def load_table(data: dict[str, Any]) -> str:
 def budget_table(rows: list[dict[str, Any]]) -> str:
     """The budget phase: the same requests all-full, then all-snapkv@0.5, under one kv_budget."""
     lines = [
-        "| recipe | budget (MiB) | requests | peak rows | peak KV held (MiB) | held per row (MiB) "
-        "| cache after prefill, median (MiB) | tokens/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| recipe | budget (MiB) | requests | peak rows | rows when the budget refused one "
+        "| peak KV held (MiB) | held per row (MiB) | cache after prefill, median (MiB) | tokens/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         after = r.get("kv_bytes_after_median", {}).get(r["recipe"])
         after_cell = f"{after / MIB:.1f}" if after else "-"
+        refused = r.get("scheduler", {}).get("rows_when_budget_full")
+        refused_cell = "-" if refused is None else (str(refused) if refused else "never refused")
         lines.append(
-            f"| {r['recipe']} | {r['budget_bytes'] / MIB:.0f} | {r['requests']} | {r['peak_running']} | "
+            f"| {r['recipe']} | {r['budget_bytes'] / MIB:.0f} | {r['requests']} | {r['peak_running']} "
+            f"| {refused_cell} | "
             f"{r['peak_kv_bytes'] / MIB:.1f} | {r['peak_kv_bytes'] / max(r['peak_running'], 1) / MIB:.1f} "
             f"| {after_cell} | {r['tokens_per_s']:.2f} |"
         )
