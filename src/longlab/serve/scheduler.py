@@ -17,9 +17,10 @@ to it alone, and while rows are running admissions alternate with decode steps: 
 not hold back the tokens of the rows already decoding. A long prompt's prefill is itself cut into slices of
 about ``prefill_slice_s`` seconds with one decode step of the running rows between slices (chunked prefill
 interleaved with decode, :class:`PrefillSlicer`), so one 1k-token prompt (~4 s on one CPU thread) no longer
-stalls every running row for its whole prefill. Finished rows leave, their results go back to their tickets; a
-cancelled ticket's row leaves the engine at once (:meth:`Engine.cancel`) and its bytes with it. Past
-``max_queue`` waiting requests a new one is refused (503 with ``Retry-After``).
+stalls every running row for its whole prefill; an admission with no other row running is not sliced (there
+is nothing to make room for, and slicing costs: bench/results/serve_load.json). Finished rows leave, their
+results go back to their tickets; a cancelled ticket's row leaves the engine at once (:meth:`Engine.cancel`)
+and its bytes with it. Past ``max_queue`` waiting requests a new one is refused (503 with ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -93,6 +94,7 @@ class PrefillSlicer:
         self._slice_start = 0.0
         self.done, self.result, self.error = True, None, None
         self.slices = 0
+        self.always = False  # slice every admission, even one with no other row running (tests)
         layers = getattr(getattr(model, "model", None), "layers", None)
         self._handles = [layer.register_forward_pre_hook(self._pre) for layer in layers or ()]
 
@@ -374,8 +376,14 @@ class Scheduler:
         return engine_s
 
     def _sliced(self, t: Ticket) -> bool:
+        """Whether ``t``'s admission runs sliced: decided when it starts (a sliced one stays sliced), and
+        only while other rows run, whose decode steps the slices make room for (alone, slicing would only
+        cost: a helper thread and a pause every ``slice_s``; ``slicer.always`` slices every admission)."""
+        if t is self._admitting:
+            return True
+        others = any(k != t.key for k in self._running)
         return (self.slicer is not None and self.slicer.active and self.slicer.slice_s > 0
-                and sliceable(t.parsed.request))
+                and (others or self.slicer.always) and sliceable(t.parsed.request))
 
     def _step_failed(self, exc: Exception, admitting: Ticket | None) -> None:
         if admitting is not None and admitting.key in self._running:  # the admission (prefill) failed
