@@ -1,7 +1,8 @@
 """The generated blocks of ``docs/results/serve-load.md``: ``longlab serve`` under load.
 
 Reads what ``bench/serve_load.py`` stored: ``serve_load.json`` (batched vs one request at a time, side by
-side), ``serve_profile.json`` (``--profile``: prefill per admission, decode step time by rows),
+side; ``serve_load_before.json``: the same before an admission with no other row running stopped being
+sliced), ``serve_profile.json`` (``--profile``: prefill per admission, decode step time by rows),
 ``serve_decode_sweep.json`` (``--decode-sweep``: the decode step time by batch rows),
 ``serve_budget.json`` (``--budget-only``; or the ``budget`` rows of ``serve_load.json``),
 ``serve_replicas.json`` (``--replicas``), ``serve_router_*.json`` (``--router``), and
@@ -316,9 +317,10 @@ def structured_table(data: dict[str, Any]) -> str:
 
 
 def render(root: Path, plots: bool) -> dict[str, str]:
-    """The page's blocks: ``serve-load``, ``serve-profile``, ``serve-decode-sweep``, ``serve-budget``,
-    ``serve-replicas``, ``serve-routers``, ``structured-output``."""
+    """The page's blocks: ``serve-load``, ``serve-load-before``, ``serve-profile``, ``serve-decode-sweep``,
+    ``serve-budget``, ``serve-replicas``, ``serve-routers``, ``structured-output``."""
     load = _read(root, "serve_load.json")
+    before = _read(root, "serve_load_before.json")
     profile = _read(root, "serve_profile.json")
     budget = _read(root, "serve_budget.json")
     replicas = _read(root, "serve_replicas.json")
@@ -328,6 +330,9 @@ def render(root: Path, plots: bool) -> dict[str, str]:
     budget_rows = (budget or {}).get("budget") or (load or {}).get("budget")
     return {
         "serve-load": load_table(load) if load else _missing("serve_load.json", "bench/serve_load.py"),
+        "serve-load-before": load_table(before)
+        if before
+        else _missing("serve_load_before.json", "bench/serve_load.py before fcddba5"),
         "serve-profile": profile_table(profile)
         if profile
         else _missing("serve_profile.json", "bench/serve_load.py --profile"),
