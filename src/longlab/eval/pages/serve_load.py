@@ -68,11 +68,13 @@ def _row_cells(r: dict[str, Any]) -> str:
     split = f"{sched['prefill_s']:.0f} / {sched['decode_s']:.0f} / {sched['other_s']:.1f}" if sched else "-"
     gap = f"{r['max_gap_p50_s']:.1f} / {r['max_gap_p95_s']:.1f}" if "max_gap_p50_s" in r else "-"
     load = f"{r['load_before'][0]:.1f}" if r.get("load_before") else "-"
+    seen = sched is not None or r["peak_running"]  # replicas: no in-process scheduler to read
+    kv, rows = (f"{r['peak_kv_bytes'] / MIB:.0f}", str(r["peak_running"])) if seen else ("-", "-")
     return (
         f"{r['generated_tokens']} | {r['tokens_per_s']:.2f} | "
         f"{r['ttft_p50_s']:.1f} / {r['ttft_p95_s']:.1f} | "
-        f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | {r['peak_kv_bytes'] / MIB:.0f} | "
-        f"{r['peak_running']} | {gap} | {split} | {load} |"
+        f"{r['latency_p50_s']:.1f} / {r['latency_p95_s']:.1f} | {kv} | "
+        f"{rows} | {gap} | {split} | {load} |"
     )
 
 
