@@ -17,7 +17,8 @@ from longlab.eval.pages.methods import FAMILY_METHODS, family_params_table
 from longlab.recipe import LonglabError
 
 ROOT = Path(__file__).resolve().parents[1]
-FAST_PAGES = ("decode-speed", "entropylong", "vs-kvpress", *(f"families/{p}" for p in FAMILY_METHODS))
+FAST_PAGES = ("decode-speed", "entropylong", "serve-load", "vs-kvpress",
+              *(f"families/{p}" for p in FAMILY_METHODS))
 
 
 def _page(*names: str) -> str:

@@ -255,6 +255,7 @@ def test_budget_queue_503_and_a_disconnect_frees_bytes(model_and_tokenizer):
     (["--recipe", "nosuch@0.5"], "--recipe"),
     (["--kv-budget-mib", "-1"], "--kv-budget-mib"),
     (["--max-batch", "0"], "--max-batch"),
+    (["--prefill-slice-s", "-1"], "--prefill-slice-s"),
 ])
 def test_the_command_refuses_bad_flags_before_loading(capsys, flags, message):
     from longlab.cli import main
@@ -296,3 +297,56 @@ def test_longlab_serve_command_answers_the_openai_client():
         proc.send_signal(signal.SIGINT)
         _, err = proc.communicate(timeout=30)
     assert "Traceback" not in err, err
+
+
+def test_admission_estimate_counts_the_bytes_a_full_row_holds(one_thread):
+    """The scheduler's estimate of an uncompressed request, ``(prompt + max_tokens) x
+    cache_bytes_per_token``, is exactly what its row holds once admitted (keys, values and the slots'
+    position index), so a budget of N such requests admits N of them."""
+    from longlab import Engine, Request
+    from longlab.engine.limits import cache_bytes_per_token, kv_bytes_per_token
+    from longlab.models import build_tiny_model, tiny_tokenizer
+
+    model = build_tiny_model(MODEL)
+    engine = Engine(model, tiny_tokenizer())
+    # tiny-llama: 2 layers x 2 KV heads x 16 dims x (K, V) x 4 bytes, plus an int32 index per head and layer
+    assert kv_bytes_per_token(model) == 512 and cache_bytes_per_token(model) == 512 + 16
+    req = Request(messages=[{"role": "user", "content": CTX}], max_new_tokens=8)
+    n = engine.check(req)
+    key = engine.submit(req)
+    engine.step()  # the admission: prefill, then the row joins the batch with room for its 8 tokens
+    assert engine.held_bytes() == {key: (n + 8) * cache_bytes_per_token(model)}
+    sched = create_app(engine, model_name=MODEL).state.scheduler  # the estimate the scheduler uses
+    assert sched.per_token == cache_bytes_per_token(model)
+    sched.slicer.close()  # never started: its hooks are removed by hand
+
+
+def test_a_queued_request_is_estimated_with_what_its_recipe_is_known_to_hold(one_thread):
+    """Requests that queued before the first of their recipe ran are estimated, when considered for
+    admission, with the ratio learnt since (snapkv@0.5 holds about half): a budget with room for half a
+    request more admits a snapkv@0.5 request that a stale full-size estimate would have kept waiting."""
+    import asyncio
+
+    from longlab.engine.limits import cache_bytes_per_token
+    from longlab.models import build_tiny_model, tiny_tokenizer
+    from longlab.serve.protocol import parse_chat
+    from longlab.serve.scheduler import Scheduler, Ticket
+
+    model = build_tiny_model(MODEL)
+    per = cache_bytes_per_token(model)
+    sched = Scheduler(Engine(model, tiny_tokenizer()), kv_budget_bytes=1000 * per, prefill_slice_s=None)
+    loop = asyncio.new_event_loop()
+    try:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": CTX}], "max_tokens": 4,
+                "recipe": "snapkv@0.5"}
+        ticket = Ticket(parse_chat(body, MODEL, "full"), loop)
+        ticket.size, ticket.estimate = 600 * per, 600 * per  # queued before any snapkv@0.5 row was seen
+        sched._queue.append(ticket)
+        sched._running[0] = ticket  # one row runs, holding 600 slots' bytes
+        sched.held = 600 * per
+        assert not sched._can_admit()  # nothing learnt yet: 600 + 600 > 1000
+        sched._ratio["snapkv@0.5"] = 0.5  # a snapkv@0.5 row has since been seen holding half its size
+        assert sched._can_admit() and ticket.estimate == 300 * per  # 600 + 300 <= 1000
+        assert sched.stats["rows_when_budget_full"] == 1  # the refusal came with one row running
+    finally:
+        loop.close()

@@ -32,6 +32,7 @@ def sliced(model_and_tokenizer):
     model, tok = model_and_tokenizer
     srv = Server(create_app(model, tok, model_name=MODEL, max_batch=16))
     srv.app.state.scheduler.slicer.slice_s = 1e-9  # pause before every decoder layer of every prefill
+    srv.app.state.scheduler.slicer.always = True  # even a prefill with no other row running
     yield srv
     srv.close()
     assert not any(layer._forward_pre_hooks for layer in model.model.layers)  # stop removed the hooks
@@ -111,3 +112,33 @@ def test_only_model_neutral_prefills_are_sliced():
         req = Request(**fields)
         req.check()
         assert not sliceable(req), fields
+
+
+def test_prefill_slice_s_zero_turns_slicing_off_and_a_bad_value_is_refused(model_and_tokenizer):
+    from longlab.errors import LonglabError
+
+    model, tok = model_and_tokenizer
+    app = create_app(model, tok, model_name=MODEL, prefill_slice_s=0)
+    assert app.state.scheduler.slicer is None  # prefills run whole
+    assert not any(layer._forward_pre_hooks for layer in model.model.layers)
+    slicer = create_app(model, tok, model_name=MODEL, prefill_slice_s=2).state.scheduler.slicer
+    assert slicer.slice_s == 2 and slicer.active
+    slicer.close()  # never started: its hooks are removed by hand
+    for bad in (-1, float("nan"), "0.5", True):
+        with pytest.raises(LonglabError, match="prefill_slice_s"):
+            create_app(model, tok, model_name=MODEL, prefill_slice_s=bad)
+
+
+def test_an_admission_with_no_other_row_running_is_not_sliced(model_and_tokenizer):
+    """Slices make room for the running rows' decode steps; alone, a prefill runs whole."""
+    model, tok = model_and_tokenizer
+    srv = Server(create_app(model, tok, model_name=MODEL, max_batch=1))  # one at a time: never another row
+    try:
+        srv.app.state.scheduler.slicer.slice_s = 1e-9
+        for _ in range(2):
+            srv.client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": CTX}],
+                                               max_tokens=3)
+        stats = srv.app.state.scheduler.stats
+        assert stats["prefills"] == 2 and stats["prefill_slices"] == 0
+    finally:
+        srv.close()

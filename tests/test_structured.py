@@ -156,3 +156,48 @@ def test_compiled_grammars_are_cached_by_schema_text():
     first = grammar_of(FMT)
     assert grammar_of(json.loads(json.dumps(FMT))) is first  # same schema text: the cached grammar
     assert grammar_of({"type": "json_object"}) is not first
+
+
+def test_strict_true_schema_parses_and_strict_true_refuses_what_strict_false_ignores():
+    """``"strict": true`` (what OpenAI's SDKs send) compiles a supported schema and refuses an unsupported
+    keyword, where ``"strict": false`` ignores it."""
+    from longlab.grammar import grammar_of
+
+    assert FMT["json_schema"]["strict"] is True and grammar_of(FMT) is not None
+    schema = {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}
+    strict = {"type": "json_schema", "json_schema": {"name": "ids", "schema": schema, "strict": True}}
+    with pytest.raises(LonglabError, match="uniqueItems"):
+        grammar_of(strict)
+    assert grammar_of({**strict, "json_schema": {**strict["json_schema"], "strict": False}}) is not None
+
+
+def test_logits_wider_than_the_tokenizer_get_a_mask_that_never_allows_the_padded_ids(one_thread):
+    """Qwen pads its 151,665 tokenizer ids to 151,936 logits; here 259 ids padded to 300 logits (the pad
+    crosses a 32-bit word of the packed mask). A hook on the LM head makes the padded ids' logits the
+    largest, so unconstrained greedy decoding picks them; under the mask none is ever picked and the output
+    validates."""
+    from longlab.grammar import grammar_mask
+    from longlab.models import build_tiny_model, tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    model = build_tiny_model("tiny-llama", vocab_size=300)
+    assert len(tok) == 259 and model.config.vocab_size == 300
+    def padded_ids_win(module, inputs, out):  # out: [B, T, 300]
+        out = out.clone()
+        out[..., 259:] += 1e4
+        return out
+
+    model.lm_head.register_forward_hook(padded_ids_win)
+    engine = Engine(model, tok)
+    free, constrained = engine.run([Request(messages=MSGS, max_new_tokens=8),
+                                    Request(messages=MSGS, response_format=FMT, max_new_tokens=96)])
+    assert all(t >= 259 for t in free.token_ids)  # without the mask the padded ids are picked
+    assert constrained.finish_reason == "eos" and max(constrained.token_ids) < 259
+    _valid(constrained.text)
+    grammar = Request(context="x", response_format=FMT).check().parsed.grammar
+    mask = grammar_mask(tok, grammar, 300, engine.eos)
+    for t in constrained.token_ids[:-1]:  # every step: the mask is 300 wide and no padded id is allowed
+        allowed = mask.allowed()
+        assert allowed.shape == (300,) and not allowed[259:].any() and allowed[t]
+        mask.accept(t)
+    assert mask.complete

@@ -7,8 +7,9 @@ output a prefix of a sentence of the grammar, and the row samples from ``logits[
 far is a whole sentence (the JSON document is complete); when no other token can follow, EOS is the only
 choice.
 
-The library is **llguidance** (bench/structured_output.py, docs/results/structured-output.md: it reads
-every tokenizer longlab ships, its JSON never holds a raw control character, and it has no dependencies).
+The library is **llguidance** (bench/structured_output.py, docs/results/serve-load.md#structured-output: it
+reads every tokenizer longlab ships, its JSON never holds a raw control character, and it has no
+dependencies).
 Shapes (OpenAI's ``response_format``):
 
 - ``{"type": "text"}``: free text (no mask);

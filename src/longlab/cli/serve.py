@@ -26,6 +26,9 @@ def add_serve_arguments(sub: Any) -> None:
     s.add_argument("--max-batch", type=int, default=16, help="requests decoded at once (default 16)")
     s.add_argument("--max-queue", type=int, default=64,
                    help="requests waiting for admission; past it, 503 with Retry-After (default 64)")
+    s.add_argument("--prefill-slice-s", type=float, default=0.5, metavar="S",
+                   help="a long prefill pauses every S seconds for one decode step of the running rows "
+                   "(default 0.5; 0: prefills run whole, fewer decode steps at more rows each)")
     s.add_argument("--replicas", type=int, default=1,
                    help="N > 1: N Ray Serve replicas behind one address, each loading the model (the ray "
                    "extra); default 1: one process, no Ray")
@@ -46,6 +49,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     check_range("--max-batch", args.max_batch, 1, 4096, integer=True)
     check_range("--max-queue", args.max_queue, 0, 65536, integer=True)
     check_range("--replicas", args.replicas, 1, 256, integer=True)
+    check_range("--prefill-slice-s", args.prefill_slice_s, 0, 3600)
     budget = None
     if args.kv_budget_mib is not None:
         check_range("--kv-budget-mib", args.kv_budget_mib, 0, 1 << 24, low_open=True)
@@ -64,7 +68,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     model, tokenizer = load_model(args.model, position=args.position)
     app = create_app(Engine(model, tokenizer), model_name=args.model, default_recipe=recipe,
-                     kv_budget_bytes=budget, max_batch=args.max_batch, max_queue=args.max_queue)
+                     kv_budget_bytes=budget, max_batch=args.max_batch, max_queue=args.max_queue,
+                     prefill_slice_s=args.prefill_slice_s)
     print(f"longlab serve: {args.model} on http://{args.host}:{args.port}/v1 (default recipe {recipe}, "
           f"KV budget {'none' if budget is None else f'{budget / 2**20:g} MiB'})", flush=True)
     run_server(app, args.host, args.port, args.log_level)
@@ -80,7 +85,7 @@ def _serve_replicas(args: argparse.Namespace, recipe: str, budget: int | None) -
     require_ray_serve()  # before anything starts
     spec = {"model": args.model, "position": args.position, "model_name": args.model,
             "default_recipe": recipe, "kv_budget_bytes": budget, "max_batch": args.max_batch,
-            "max_queue": args.max_queue}
+            "max_queue": args.max_queue, "prefill_slice_s": args.prefill_slice_s}
     url = start_replicas(spec, args.replicas, host=args.host, port=args.port)
     print(f"longlab serve: {args.model} on {url} ({args.replicas} Ray Serve replicas, "
           f"default recipe {recipe}, KV budget {'none' if budget is None else f'{budget / 2**20:g} MiB'} "

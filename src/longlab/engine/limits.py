@@ -10,7 +10,8 @@ import torch
 
 from ..errors import LonglabError
 
-__all__ = ["check_model", "check_attention", "check_size", "kv_bytes_per_token", "available_bytes"]
+__all__ = ["check_model", "check_attention", "check_size", "kv_bytes_per_token", "cache_bytes_per_token",
+           "available_bytes"]
 
 
 def check_size(model: Any, request: Any, n_prompt: int) -> None:
@@ -76,6 +77,15 @@ def kv_bytes_per_token(model: Any) -> int:
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     elem = next(model.parameters()).element_size()
     return 2 * cfg.num_hidden_layers * kv_heads * head_dim * elem
+
+
+def cache_bytes_per_token(model: Any) -> int:
+    """Bytes one slot of a :class:`~longlab.cache.LonglabCache` holds in every layer: keys and values
+    (:func:`kv_bytes_per_token`) plus the slot's position index (int32 per KV head and layer), what
+    ``LonglabCache.nbytes()`` counts per uncompressed token."""
+    cfg = getattr(model.config, "text_config", None) or model.config
+    kv_heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+    return kv_bytes_per_token(model) + 4 * cfg.num_hidden_layers * kv_heads
 
 
 def available_bytes(model: Any) -> int | None:

@@ -27,7 +27,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from starlette.exceptions import HTTPException
 
 from ..engine import Engine
-from ..errors import LonglabError
+from ..errors import LonglabError, check_range
 from .metrics import Metrics
 from .protocol import (
     ApiError,
@@ -51,17 +51,20 @@ MAX_BODY_BYTES = 64 << 20  # a request body larger than this is refused before i
 
 def create_app(engine_or_model: Any, tokenizer: Any = None, *, model_name: str | None = None,
                default_recipe: str = "full", kv_budget_bytes: int | None = None, max_batch: int = 16,
-               max_queue: int = 64, store: Any = None) -> Any:
+               max_queue: int = 64, store: Any = None, prefill_slice_s: float = 0.5) -> Any:
     """The server app. ``engine_or_model``: an :class:`~longlab.engine.Engine`, a model (with its
     ``tokenizer``) or a model name for :func:`~longlab.models.load_model`. ``model_name``: the id clients
     send as ``model`` (default: the name given, or the model's ``name_or_path``). ``default_recipe``: the
     recipe of requests that name none. ``kv_budget_bytes`` (None: no budget), ``max_batch`` and
-    ``max_queue``: the scheduler's limits."""
+    ``max_queue``: the scheduler's limits. ``prefill_slice_s``: a long prefill pauses every this many
+    seconds for one decode step of the running rows (0: prefills run whole; smaller: shorter stalls of the
+    running rows, more decode steps at few rows)."""
     from ..recipe import parse_recipe
 
     for name, value, low in (("max_batch", max_batch, 1), ("max_queue", max_queue, 0)):
         if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= 1 << 16:
             raise LonglabError(f"{name} must be an integer in [{low}, 65536], got {value!r}")
+    check_range("prefill_slice_s", prefill_slice_s, 0, 3600)
     if kv_budget_bytes is not None and (not isinstance(kv_budget_bytes, int) or kv_budget_bytes <= 0):
         raise LonglabError(f"kv_budget_bytes must be a positive integer or None, got {kv_budget_bytes!r}")
     default_recipe = parse_recipe(default_recipe).name  # a bad default is refused before anything loads
@@ -79,7 +82,7 @@ def create_app(engine_or_model: Any, tokenizer: Any = None, *, model_name: str |
         model_name = str(getattr(engine.model.config, "name_or_path", "") or "longlab")
     metrics = Metrics(kv_budget_bytes)
     scheduler = Scheduler(engine, kv_budget_bytes=kv_budget_bytes, max_batch=max_batch,
-                          max_queue=max_queue, metrics=metrics)
+                          max_queue=max_queue, metrics=metrics, prefill_slice_s=prefill_slice_s or None)
 
     @asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:

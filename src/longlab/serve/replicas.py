@@ -38,7 +38,8 @@ def require_ray_serve() -> Any:
 class ReplicaSpec(dict):
     """What each replica needs to build its app (plain values, shipped to the replica by Ray):
     ``model`` (a :func:`~longlab.models.load_model` name), ``position``, ``model_name``, ``default_recipe``,
-    ``kv_budget_bytes``, ``max_batch``, ``max_queue``, ``threads`` (torch threads per replica)."""
+    ``kv_budget_bytes``, ``max_batch``, ``max_queue``, ``prefill_slice_s``, ``threads`` (torch threads per
+    replica)."""
 
 
 class LonglabReplica:
@@ -57,6 +58,7 @@ class LonglabReplica:
             Engine(model, tokenizer), model_name=spec.get("model_name") or spec["model"],
             default_recipe=spec.get("default_recipe", "full"), kv_budget_bytes=spec.get("kv_budget_bytes"),
             max_batch=int(spec.get("max_batch", 16)), max_queue=int(spec.get("max_queue", 64)),
+            prefill_slice_s=float(spec.get("prefill_slice_s", 0.5)),
         )
         self._app.state.replica_pid = os.getpid()
 

@@ -6,18 +6,21 @@ memory: :meth:`Engine.check`), queues it, and admits the queue's head into the e
 - fewer than ``max_batch`` requests run, and
 - the KV bytes the running requests hold (:meth:`Engine.held_bytes`, spare slots and batch padding
   included) plus the head's estimate fit ``kv_budget_bytes``. The estimate is ``(prompt + max_tokens) x
-  kv_bytes_per_token x r``, ``r`` what the last admitted request of the head's recipe held on its first
-  step over that same product (1 until one has run). A request always runs when nothing else does, so
-  one larger than the budget is not refused forever.
+  cache_bytes_per_token x r`` (keys, values and the slots' position index), ``r`` what the last admitted
+  request of the head's recipe held on its first step over that same product (1 until one has run),
+  taken when the head is considered (requests that queued before the first of their recipe ran are
+  estimated with what it held). A request always runs when nothing else does, so one larger than the
+  budget is not refused forever.
 
 One request is admitted at a time (its prefill is that admission), so a failure while admitting belongs
 to it alone, and while rows are running admissions alternate with decode steps: a queue of long prompts does
 not hold back the tokens of the rows already decoding. A long prompt's prefill is itself cut into slices of
 about ``prefill_slice_s`` seconds with one decode step of the running rows between slices (chunked prefill
 interleaved with decode, :class:`PrefillSlicer`), so one 1k-token prompt (~4 s on one CPU thread) no longer
-stalls every running row for its whole prefill. Finished rows leave, their results go back to their tickets; a
-cancelled ticket's row leaves the engine at once (:meth:`Engine.cancel`) and its bytes with it. Past
-``max_queue`` waiting requests a new one is refused (503 with ``Retry-After``).
+stalls every running row for its whole prefill; an admission with no other row running is not sliced (there
+is nothing to make room for, and slicing costs: bench/results/serve_load.json). Finished rows leave, their
+results go back to their tickets; a cancelled ticket's row leaves the engine at once (:meth:`Engine.cancel`)
+and its bytes with it. Past ``max_queue`` waiting requests a new one is refused (503 with ``Retry-After``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine import Engine
-from ..engine.limits import kv_bytes_per_token
+from ..engine.limits import cache_bytes_per_token
 from ..errors import LonglabError
 from .protocol import ApiError, Parsed, bad_request
 
@@ -52,7 +55,7 @@ class Ticket:
     arrived: float = field(default_factory=time.perf_counter)
     key: int | None = None
     estimate: int = 0
-    size: int = 0  # (prompt + max_tokens) x kv_bytes_per_token: an uncompressed cache's bytes
+    size: int = 0  # (prompt + max_tokens) x cache_bytes_per_token: an uncompressed cache's bytes
     observed: bool = False
     sent: str = ""  # the text streamed so far
     first_token_s: float | None = None
@@ -91,6 +94,7 @@ class PrefillSlicer:
         self._slice_start = 0.0
         self.done, self.result, self.error = True, None, None
         self.slices = 0
+        self.always = False  # slice every admission, even one with no other row running (tests)
         layers = getattr(getattr(model, "model", None), "layers", None)
         self._handles = [layer.register_forward_pre_hook(self._pre) for layer in layers or ()]
 
@@ -156,7 +160,7 @@ class Scheduler:
         self.budget = kv_budget_bytes
         self.max_batch, self.max_queue = max_batch, max_queue
         self.metrics = metrics
-        self.per_token = kv_bytes_per_token(engine.model)
+        self.per_token = cache_bytes_per_token(engine.model)
         self._cv = threading.Condition()
         self._inbox: deque[Ticket] = deque()  # arrived, not yet checked
         self._queue: deque[Ticket] = deque()  # checked, waiting for admission
@@ -174,10 +178,11 @@ class Scheduler:
         self._admitting: Ticket | None = None  # the ticket whose sliced admission is in flight
         self._cancel_admitting = False
         # where the scheduler thread's time goes (bench/serve_load.py records it): seconds and counts of
-        # admission steps (a prefill), decode steps, and the rest of the loop (streaming, bookkeeping)
+        # admission steps (a prefill), decode steps, and the rest of the loop (streaming, bookkeeping);
+        # rows_when_budget_full: the most rows running when the KV budget refused the queue's head
         self.stats: dict[str, float] = {"prefill_s": 0.0, "prefills": 0, "decode_s": 0.0, "decodes": 0,
                                         "decode_rows": 0, "other_s": 0.0, "prefill_slices": 0,
-                                        "decodes_during_prefill": 0}
+                                        "decodes_during_prefill": 0, "rows_when_budget_full": 0}
 
     # ----------------------------------------------------------------------------- handler side
     def submit(self, ticket: Ticket) -> None:
@@ -287,7 +292,12 @@ class Scheduler:
             return False
         if self.budget is None or not self._running:
             return True
-        return self.held + self._queue[0].estimate <= self.budget
+        head = self._queue[0]  # estimated with what its recipe is known to hold now (learnt as it waited)
+        head.estimate = int(head.size * self._ratio.get(head.parsed.recipe, 1.0))
+        fits = self.held + head.estimate <= self.budget
+        if not fits:  # the budget, not max_batch, holds the queue back: how many rows it let in
+            self.stats["rows_when_budget_full"] = max(self.stats["rows_when_budget_full"], len(self._running))
+        return fits
 
     def _admit_one(self) -> Ticket | None:
         with self._cv:
@@ -366,8 +376,14 @@ class Scheduler:
         return engine_s
 
     def _sliced(self, t: Ticket) -> bool:
+        """Whether ``t``'s admission runs sliced: decided when it starts (a sliced one stays sliced), and
+        only while other rows run, whose decode steps the slices make room for (alone, slicing would only
+        cost: a helper thread and a pause every ``slice_s``; ``slicer.always`` slices every admission)."""
+        if t is self._admitting:
+            return True
+        others = any(k != t.key for k in self._running)
         return (self.slicer is not None and self.slicer.active and self.slicer.slice_s > 0
-                and sliceable(t.parsed.request))
+                and (others or self.slicer.always) and sliceable(t.parsed.request))
 
     def _step_failed(self, exc: Exception, admitting: Ticket | None) -> None:
         if admitting is not None and admitting.key in self._running:  # the admission (prefill) failed
