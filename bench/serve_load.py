@@ -162,6 +162,8 @@ def replicas_main(args: Any, clients: list[int]) -> int:
 
     _, tok = load_model(args.model)
     contexts = [_context(tok, args.tokens, i) for i in range(max(max(clients) * args.requests, 16))]
+    if args.question is not None:
+        contexts = [c.rsplit("\n\n", 1)[0] + "\n\n" + args.question for c in contexts]
     recipes = ("full", "snapkv@0.5")
     spec = {"model": args.model, "max_batch": 16, "max_queue": 256, "threads": 1}
     runs: list[dict] = []
@@ -487,6 +489,9 @@ def main() -> int:
     p.add_argument("--budget-only", action="store_true", help="only the budget phase")
     p.add_argument("--budget-question", default="Copy the first ten records above, one per line.",
                    help="the budget phase's question (a long answer keeps the rows running)")
+    p.add_argument("--question", default=None,
+                   help="the load phase's question instead of each context's own (e.g. the budget question: "
+                        "long answers make a decode-dominated load)")
     p.add_argument("--no-budget", action="store_true", help="skip the budget phase")
     p.add_argument("--profile", action="store_true",
                    help="engine only: prefill per admission and decode step time by rows, max(--clients) "
@@ -526,6 +531,8 @@ def main() -> int:
     if set(args.modes.split(",")) - {"batched", "whole", "serial"} or not 0 <= args.slice_s <= 60 \
             or not 0 <= args.budget_slice_s <= 60:
         p.error("--modes: batched, whole, serial; --slice-s and --budget-slice-s: 0-60")
+    if args.question is not None and not 1 <= len(args.question) <= 2000:
+        p.error("--question: 1-2000 characters")
     if args.profile:
         return profile_main(args, max(clients))
     if args.decode_sweep:
@@ -549,6 +556,8 @@ def main() -> int:
     apps = {mode: create_app(Engine(model, tok), model_name=args.model, prefill_slice_s=slices[mode],
                              max_batch=1 if mode == "serial" else 16) for mode in modes}
     contexts = [_context(tok, args.tokens, i) for i in range(max(max(clients) * args.requests, 16))]
+    if args.question is not None:
+        contexts = [c.rsplit("\n\n", 1)[0] + "\n\n" + args.question for c in contexts]
     # a full request's KV bytes: the longest prompt of the budget phase (chat template included) + max_tokens
     # the budget phase asks for a long answer, so rows stay until the budget, not their answer, bounds them
     budget_prompts = [c.rsplit("\n\n", 1)[0] + "\n\n" + args.budget_question

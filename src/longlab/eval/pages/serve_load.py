@@ -320,6 +320,7 @@ def structured_table(data: dict[str, Any]) -> str:
 
 def render(root: Path, plots: bool) -> dict[str, str]:
     """The page's blocks: ``serve-load``, ``serve-load-before``, ``serve-profile``, ``serve-decode-sweep``,
+    ``serve-load-decode`` (long answers: ``serve_load_decode_{1k,256}.json``),
     ``serve-budget``, ``serve-replicas``, ``serve-routers``, ``structured-output``."""
     load = _read(root, "serve_load.json")
     before = _read(root, "serve_load_before.json")
@@ -328,6 +329,7 @@ def render(root: Path, plots: bool) -> dict[str, str]:
     replicas = _read(root, "serve_replicas.json")
     sweep = _read(root, "serve_decode_sweep.json")
     structured = _read(root, "structured_output.json")
+    decode = [(n, _read(root, f"serve_load_decode_{n}.json")) for n in ("1k", "256")]
     routers = sorted((root / "bench" / "results").glob("serve_router_*.json"))
     budget_rows = (budget or {}).get("budget") or (load or {}).get("budget")
     return {
@@ -341,6 +343,10 @@ def render(root: Path, plots: bool) -> dict[str, str]:
         "serve-decode-sweep": sweep_table(sweep)
         if sweep
         else _missing("serve_decode_sweep.json", "bench/serve_load.py --decode-sweep"),
+        "serve-load-decode": "\n\n".join(
+            load_table(d) if d else _missing(f"serve_load_decode_{n}.json", "bench/serve_load.py --question")
+            for n, d in decode
+        ),
         "serve-budget": budget_table(budget_rows)
         if budget_rows
         else _missing("serve_budget.json", "bench/serve_load.py --budget-only"),
