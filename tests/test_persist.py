@@ -171,8 +171,8 @@ def test_memory_safety_items_and_scoring():
 
 
 def test_continuation_logprobs_match_one_by_one(llama, tokenizer):
-    """Right padding in the batched forward leaves every scored log-probability unchanged, and the value is
-    the sum of per-token log-softmax terms computed by hand."""
+    """The shared-prompt KV-cache continuation gives, for one- and multi-token answers alike, the sum of
+    per-token log-softmax terms of one full forward over prompt + answer computed by hand."""
     from longlab.prompt import encode_messages
 
     msgs = P.item_messages(P.memory_safety_items("sycophancy", 1)[0], True)
@@ -180,13 +180,15 @@ def test_continuation_logprobs_match_one_by_one(llama, tokenizer):
     one = [P.continuation_logprobs(llama, tokenizer, msgs, [a])[0] for a in ("Canberra", "Sy")]
     assert both == pytest.approx(one, abs=1e-4)
     ctx, q = encode_messages(tokenizer, msgs, "Answer:")
-    cont = tokenizer(" Sy", add_special_tokens=False)["input_ids"]
-    ids = torch.tensor([ctx + q + cont])
-    with torch.no_grad():
-        lp = torch.log_softmax(llama(input_ids=ids).logits[0].float(), -1)
     n = len(ctx) + len(q)
-    manual = sum(float(lp[n - 1 + i, t]) for i, t in enumerate(cont))
-    assert one[1] == pytest.approx(manual, abs=1e-4)
+    for a, got in zip(("Canberra", "Sy"), both):
+        cont = tokenizer(" " + a, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([ctx + q + cont])
+        with torch.no_grad():
+            lp = torch.log_softmax(llama(input_ids=ids).logits[0].float(), -1)
+        manual = sum(float(lp[n - 1 + i, t]) for i, t in enumerate(cont))
+        assert got == pytest.approx(manual, abs=1e-4), a
+    assert len(tokenizer(" Canberra", add_special_tokens=False)["input_ids"]) > 1  # the multi-token path ran
 
 
 def test_memory_safety_runner_on_tiny_model_and_cli(tmp_path, capsys):

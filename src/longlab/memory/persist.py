@@ -631,8 +631,11 @@ def continuation_logprobs(
     model: Any, tokenizer: Any, messages: list[dict[str, str]], answers: list[str], prefix: str = "Answer:"
 ) -> list[float]:
     """``lp(x) = Σ_i log p(x_i | prompt, x_<i)`` of ``" " + x`` after the assistant's ``prefix``
-    for each answer ``x`` (teacher forcing; one forward of ``[len(answers), T]``, right-padded, so causal
-    attention keeps every scored position unaffected by the padding)."""
+    for each answer ``x`` (teacher forcing). The prompt ``[1, S]`` is run once (logits of its last position
+    only); each answer's tokens but the last ``[1, len(x) - 1]`` then continue a copy of the prompt's KV
+    cache, so the shared prompt is not recomputed per answer."""
+    import copy
+
     import torch
 
     from ..prompt import continuation_ids, encode_messages
@@ -642,18 +645,21 @@ def continuation_logprobs(
 
     ctx, q = encode_messages(tokenizer, messages, prefix)
     conts = [continuation_ids(q_ids, tokenizer, prefix, a) for a in answers]
-    start = len(ctx) + len(q)
-    length = start + max(len(c) for c in conts)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    ids = torch.tensor([ctx + q + c + [pad] * (length - start - len(c)) for c in conts])  # [A, T]
+    if any(not c for c in conts):
+        raise LonglabError("continuation_logprobs: an answer tokenizes to no tokens")
     with torch.no_grad():
-        logits = model(input_ids=ids).logits.float()  # [A, T, V]
-    logp = torch.log_softmax(logits[:, start - 1 : length - 1], dim=-1)  # predicts tokens start .. T-1
-    out = []
-    for a, c in enumerate(conts):
-        tgt = ids[a, start : start + len(c)]
-        out.append(float(logp[a, : len(c)].gather(1, tgt[:, None]).sum()))
-    return out
+        out = model(input_ids=torch.tensor([ctx + q]), use_cache=True, logits_to_keep=1)
+        first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)  # [V]: predicts the answer's 1st token
+        res = []
+        for c in conts:
+            lp = float(first[c[0]])
+            if len(c) > 1:
+                cache = copy.deepcopy(out.cache)
+                o = model(input_ids=torch.tensor([c[:-1]]), cache=cache, use_cache=True)
+                logp = torch.log_softmax(o.logits[0].float(), dim=-1)  # [len(c) - 1, V]
+                lp += float(logp.gather(1, torch.tensor(c[1:])[:, None]).sum())
+            res.append(lp)
+    return res
 
 
 def sycophancy_margins(
