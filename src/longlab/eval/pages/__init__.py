@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import compression, decode_speed, entropylong, modalities, position, vs_kvpress
 from .generator import Generator
+from .memory import MEMORY_GENERATORS
 from .methods import FAMILY_METHODS, render_family
 
 __all__ = ["GENERATORS"]
@@ -21,4 +22,5 @@ GENERATORS: tuple[Generator, ...] = (
     Generator("docs/results/modalities.md", modalities.render),
     Generator("docs/results/position.md", position.render),
     Generator("docs/results/vs-kvpress.md", vs_kvpress.render),
+    *MEMORY_GENERATORS,
 )
