@@ -41,6 +41,14 @@ def add_persist_parser(subparsers: Any) -> None:
     s.add_argument("--max-tokens", type=int, default=40)
     s.add_argument("--batch", type=int, default=8)
     s.add_argument("--threads", type=int, default=0)
+    s.add_argument(
+        "--memory-system",
+        default="raw",
+        choices=("raw", "hgmem"),
+        help="raw: the memories verbatim, with and without (default); hgmem: the memory points of an HGMem "
+        "memory the model builds per item (2 rounds, JSON calls capped at 128 tokens), recipe hgmem-memories",
+    )
+    s.add_argument("--embedder", default="hash", choices=("minilm", "hash"), help="HGMem's embedder (hash)")
     s.set_defaults(func=_persist_safety)
 
     g = sub.add_parser("generate", help="generations on a PersistBench JSONL, stored for an external judge")
@@ -106,6 +114,25 @@ def _persist_safety(args: argparse.Namespace) -> int:
 
     _threads(args.threads)
     kinds = [k for k in args.kinds.split(",") if k]
+    if args.memory_system == "hgmem":
+        from ..memory.embed import make_embedder
+        from ..memory.hgmem import HGMemConfig
+        from ..memory.persist import run_memory_safety_hgmem
+
+        cfg = HGMemConfig(max_rounds=2, top_chunks=2, extract_tokens=128, plan_tokens=96, evolve_tokens=128)
+        n = run_memory_safety_hgmem(
+            args.model,
+            args.out,
+            n=args.n,
+            kinds=kinds,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            embedder=make_embedder(args.embedder),
+            config=cfg,
+            log=_log,
+        )
+        print(f"{n} rows written to {args.out}")
+        return 0
     n = run_memory_safety(
         args.model,
         args.out,

@@ -236,6 +236,24 @@ def persist_verdicts(d: str | Path) -> list[str]:
             f"{_pp(*dd)}: sycophancy fails {'more than' if dd[1] > 0 else 'not significantly more than'} "
             f"leakage."
         )
+        hl = sel("memory_safety/leakage", "hgmem-memories")
+        hs = sel("memory_safety/sycophancy", "hgmem-memories")
+        for what, h, raw, key in (("leak rate", hl, lw, "score"), ("sycophancy flip rate", hs, sw, "flip")):
+            common = sorted(set(h) & set(raw))
+            if not common:
+                continue
+
+            def val(r: dict[str, Any], key: str = key) -> float:
+                return float(r["score"] if key == "score" else r["extra"][key])
+
+            dh = paired_difference([val(h[k]) for k in common], [val(raw[k]) for k in common])
+            pts = np.mean([h[k]["extra"]["hgmem"]["points"] for k in common])
+            out.append(
+                f"- {m}, memories through HGMem (the model's own memory points for the query, "
+                f"{pts:.1f} points per item on average): {what} HGMem − raw memories = "
+                f"{_pp(dh.mean, dh.low, dh.high)} (paired, n = {dh.n}, "
+                f"{'significant' if dh.significant else 'not significant'})."
+            )
     return out
 
 
