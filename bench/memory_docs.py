@@ -70,8 +70,9 @@ def export(sources: list[str], dest: str) -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / MARK).write_text("written by bench/memory_docs.py\n")
         packed = out / "results.sqlite.gz"
-        with open(Path(tmp) / "results.sqlite", "rb") as src, gzip.open(packed, "wb", mtime=0) as gz:
-            shutil.copyfileobj(src, gz)
+        with open(Path(tmp) / "results.sqlite", "rb") as src, open(packed, "wb") as raw:
+            with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:  # mtime 0: same rows, same bytes
+                shutil.copyfileobj(src, gz)
     return len(rows)
 
 
