@@ -35,7 +35,8 @@ def slim_extra(extra: dict[str, Any] | None) -> dict[str, Any]:
     decisions, the memory point count and the failed JSON calls."""
     ex = dict(extra or {})
     for key in ("memory", "chunks", "stored", "pieces"):
-        ex.pop(key, None)
+        if not isinstance(ex.get(key), (int, float)):  # HGMem's "chunks" count stays; lists go
+            ex.pop(key, None)
     tr = ex.get("trace")
     if isinstance(tr, dict):
         ex["trace"] = {
