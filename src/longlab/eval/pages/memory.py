@@ -248,10 +248,13 @@ def persist_verdicts(d: str | Path) -> list[str]:
 
             dh = paired_difference([val(h[k]) for k in common], [val(raw[k]) for k in common])
             pts = np.mean([h[k]["extra"]["hgmem"]["points"] for k in common])
+            carried = "points_with_marker" if key == "score" else "points_with_belief"
+            share = np.mean([float(h[k]["extra"].get(carried, 0) > 0) for k in common])
             out.append(
                 f"- {m}, memories through HGMem (the model's own memory points for the query, "
-                f"{pts:.1f} points per item on average): {what} HGMem − raw memories = "
-                f"{_pp(dh.mean, dh.low, dh.high)} (paired, n = {dh.n}, "
+                f"{pts:.1f} points per item on average; {100 * share:.0f}% of items carry the "
+                f"{'marker' if key == 'score' else 'false belief'} into a point): {what} HGMem − raw "
+                f"memories = {_pp(dh.mean, dh.low, dh.high)} (paired, n = {dh.n}, "
                 f"{'significant' if dh.significant else 'not significant'})."
             )
     return out
