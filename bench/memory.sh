@@ -4,7 +4,7 @@
 #                                               (docs/results/memory-hgmem.md; store under $MEMORY_OUT)
 #   bench/memory.sh cdic OUTDIR [SEEDS...]      C-DIC and the token LM trained per seed, then all five systems
 #                                               evaluated on the same dialogue_threads probes (OUTDIR/store)
-#   bench/memory.sh persist OUTDIR [MODELS...]  memory_safety, 200 items per kind, with and without memories
+#   bench/memory.sh persist OUTDIR [MODELS...]  memory_safety, 200 items per kind (MEMORY_PERSIST_N), with and without memories
 # Pages: PYTHONPATH=src python bench/memory_docs.py --cdic DIR --persist DIR
 set -euo pipefail
 PY=${PY:-${PYTHON:-.venv/bin/python}}
@@ -15,11 +15,12 @@ case $PART in
     case $PART in
       hgmem) SYSTEMS="hgmem"; DOCS="--first-doc 0 --docs 1" ;;
       hgmem1) SYSTEMS="hgmem"; DOCS="--first-doc 1 --docs 1" ;;
-      *) SYSTEMS="rag:k=4 context:full context:snapkv@0.5 context:kivi4 reuse"; DOCS="" ;;
+      *) SYSTEMS="rag:k=4 context:full context:snapkv@0.5 context:kivi4 reuse"; DOCS=${MEMORY_BASELINE_DOCS:-} ;;
     esac
     # 2 documents of 1024 tokens x 12 two-hop questions (n = 24); a 16-token answer budget for every system.
     # HGMem: 2 rounds (official default 4), 2 chunks a round, JSON calls capped at 128 tokens (CPU budget;
     # a reply cut there keeps its complete items, memory.backend.repair_json).
+    # MEMORY_BASELINE_DOCS="--first-doc 0 --docs 1" restricts the baselines to the questions HGMem answered.
     # shellcheck disable=SC2086
     exec bench/heavy.sh "$PY" -m longlab.cli memory eval --model qwen2.5-0.5b --threads 1 \
       --task longdoc_multihop --length 1024 --samples 24 --questions-per-doc 12 --distractors 4 --seed 0 $DOCS \
@@ -37,7 +38,7 @@ case $PART in
   persist)
     OUT=${1:?OUTDIR}; shift
     for m in ${@:-smollm2-135m gemma3-270m qwen2.5-0.5b}; do
-      bench/heavy.sh "$PY" -m longlab.cli memory persist safety --model "$m" --out "$OUT" --n 200 --threads 1
+      bench/heavy.sh "$PY" -m longlab.cli memory persist safety --model "$m" --out "$OUT" --n "${MEMORY_PERSIST_N:-200}" --threads 1
     done ;;
   *) echo "part must be hgmem, hgmem1, baselines, cdic or persist" >&2; exit 2 ;;
 esac

@@ -1,139 +1,105 @@
-"""Write docs/results/memory-cdic.md and docs/results/memory-persistbench.md from the stored results
-(tables by
-``longlab memory cdic report`` / ``longlab memory persist report``; verdicts computed from the same rows).
+"""Commit the memory measurements (issue #31) as slim stores and fill their pages.
 
-    PYTHONPATH=src python bench/memory_docs.py --cdic bench/results/memory_cdic \
-        --persist bench/results/memory_persist
+    PYTHONPATH=src python bench/memory_docs.py --hgmem RUNDIR... --cdic RUNDIR/store --persist RUNDIR
+
+copies the rows of each run store into ``bench/results/memory-hgmem``, ``bench/results/memory_cdic`` and
+``bench/results/memory_persist`` as ``results.sqlite.gz`` (a new store, VACUUMed and gzipped; HGMem's
+per-question memory dumps and chunk lists are dropped, its loop trace is kept as the plan decisions, the
+number of memory points and of failed JSON calls — what the page reports; run keys are cut to 16 hex
+digits), then rewrites the generated blocks
+of ``docs/results/memory-{hgmem,cdic,persistbench}.md`` (``longlab.eval.pages.memory``; the same as
+``longlab report --docs --page memory-hgmem`` etc.). A destination that exists and was not written by this
+script is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import shutil
+import sqlite3
+import tempfile
 from pathlib import Path
+from typing import Any
 
-import numpy as np
-
-from longlab.eval.stats import paired_difference, score_estimate
+from longlab.errors import LonglabError
+from longlab.eval.docs_tables import generate_docs
+from longlab.eval.pages.memory import CDIC_DIR, HGMEM_DIR, PERSIST_DIR
 from longlab.eval.store import ResultStore
-from longlab.memory.cdic import cdic_report
-from longlab.memory.persist import safety_report
+
+MARK = ".memory_docs"  # a destination directory written by this script holds this file
 
 
-def diff_independent(a: list[float], b: list[float], seed: int = 0) -> tuple[float, float, float]:
-    g = np.random.default_rng(seed)
-    xa, xb = np.asarray(a, float), np.asarray(b, float)
-    d = xa[g.integers(0, len(xa), (10_000, len(xa)))].mean(1) - xb[
-        g.integers(0, len(xb), (10_000, len(xb)))
-    ].mean(1)
-    return float(xa.mean() - xb.mean()), float(np.quantile(d, 0.025)), float(np.quantile(d, 0.975))
+def slim_extra(extra: dict[str, Any] | None) -> dict[str, Any]:
+    """``extra`` without HGMem's per-question memory dump and chunk lists; the trace reduced to the plan
+    decisions, the memory point count and the failed JSON calls."""
+    ex = dict(extra or {})
+    for key in ("memory", "chunks", "stored", "pieces"):
+        if not isinstance(ex.get(key), (int, float)):  # HGMem's "chunks" count stays; lists go
+            ex.pop(key, None)
+    tr = ex.get("trace")
+    if isinstance(tr, dict):
+        ex["trace"] = {
+            "rounds": [{"decision": s.get("decision")} for s in tr.get("rounds", [])],
+            "points": tr.get("points", 0),
+            "json_failures": tr.get("json_failures", 0),
+        }
+    return ex
 
 
-def pp(m: float, lo: float, hi: float) -> str:
-    return f"{100 * m:+.1f} pp [{100 * lo:+.1f}, {100 * hi:+.1f}]"
-
-
-def cdic_verdicts(d: str) -> list[str]:
-    with ResultStore(d, readonly=True) as st:
-        rows = st.rows(method="cdic")
-    acc = [r for r in rows if r["task"] == "dialogue_threads"]
-    lat = [r for r in rows if r["task"] == "dialogue_threads/latency"]
-
-    def scores(system, pred):
-        return {(r["seed"], r["sample_id"]): r["score"] for r in acc if r["recipe"] == system and pred(r)}
-
-    out = []
-    c = diff_independent(
-        list(scores("cdic", lambda r: r["length"] == 200).values()),
-        list(scores("cdic", lambda r: r["length"] == 5).values()),
-    )
-    k = diff_independent(
-        list(scores("lastk", lambda r: r["length"] == 200).values()),
-        list(scores("lastk", lambda r: r["length"] == 5).values()),
-    )
-    flat = c[1] <= 0 <= c[2] or c[1] > 0
-    collapse = k[2] < 0
-    a5 = score_estimate(list(scores("cdic", lambda r: r["length"] == 5).values()))
-    out.append(
-        f"- **Flat in d where last-k collapses**: C-DIC acc(d=200) − acc(d=5) = {pp(*c)}; last-k {pp(*k)}. "
-        f"C-DIC accuracy at d = 5 is {100 * a5.mean:.1f}% [{100 * a5.low:.1f}, {100 * a5.high:.1f}]. "
-        f"Flat: {'yes' if flat else 'no'}; last-k collapses: {'yes' if collapse else 'no'}"
-        + (" — but flat at a low level is not a reproduction" if flat and a5.mean < 0.5 else "")
-        + "."
-    )
-    sa, sb = scores("cdic", lambda r: r["depth"] >= 1), scores("writeonce", lambda r: r["depth"] >= 1)
-    keys = sorted(set(sa) & set(sb))
-    dd = paired_difference([sa[x] for x in keys], [sb[x] for x in keys])
-    beats = dd.low > 0
-    out.append(
-        f"- **Beats write-once on revised slots**: C-DIC − write-once = {pp(dd.mean, dd.low, dd.high)} "
-        f"(paired, n = {len(keys)}): {'yes (significant)' if beats else 'not significant / no'}."
-    )
-    if lat:
-
-        def med(system, t):
-            v = sorted(r["decode_s"] for r in lat if r["recipe"] == system and r["length"] == t)
-            return v[len(v) // 2]
-
-        turns = sorted({r["length"] for r in lat})
-        rc, rf = (
-            med("cdic", turns[-1]) / med("cdic", turns[0]),
-            med("full", turns[-1]) / med("full", turns[0]),
-        )
-        out.append(
-            f"- **Constant per-turn latency**: C-DIC turn {turns[-1]} / turn {turns[0]} = {rc:.2f}x; full "
-            f"history (re-reading) {rf:.2f}x: {'yes' if rc < 1.5 else 'no'}."
-        )
-    return out
-
-
-def persist_verdicts(d: str) -> list[str]:
-    with ResultStore(d, readonly=True) as st:
-        rows = st.rows(method="memory_safety")
-    out = []
-    for m in sorted({r["model"] for r in rows}):
-        leak = [
-            r["score"]
-            for r in rows
-            if r["model"] == m and r["task"] == "memory_safety/leakage" and r["recipe"] == "memories"
-        ]
-        flip = [
-            r["extra"]["flip"]
-            for r in rows
-            if r["model"] == m and r["task"] == "memory_safety/sycophancy" and r["recipe"] == "memories"
-        ]
-        if not leak or not flip:
-            out.append(f"- {m}: incomplete (leakage n = {len(leak)}, sycophancy n = {len(flip)}).")
-            continue
-        dd = diff_independent(flip, leak)
-        out.append(
-            f"- {m}: sycophancy flip rate − leak rate = {pp(*dd)}: sycophancy fails "
-            f"{'more than' if dd[1] > 0 else 'not significantly more than'} leakage."
-        )
-    return out
+def export(sources: list[str], dest: str) -> int:
+    """Rows of every source store -> ``dest/results.sqlite.gz`` (newest row per run key). Returns the rows."""
+    out = Path(dest)
+    if out.exists() and not (out / MARK).is_file():
+        raise LonglabError(f"{dest} exists and was not written by bench/memory_docs.py; move it away")
+    rows: dict[str, dict[str, Any]] = {}
+    for s in sources:
+        with ResultStore(s, readonly=True, what=s) as st:
+            for r in st.rows():
+                r = dict(r)
+                r.pop("id", None)
+                r["extra"] = slim_extra(r.get("extra"))
+                rows[r["run_key"]] = r
+    if not rows:
+        raise LonglabError(f"no rows in {sources}")
+    # the run key shortened to 16 hex digits (64 bits; checked unique): half the committed bytes
+    short = {k[:16] for k in rows}
+    if len(short) != len(rows):
+        raise LonglabError("two run keys share their first 16 hex digits; cannot shorten them")
+    for r in rows.values():
+        r["run_key"] = r["run_key"][:16]
+    with tempfile.TemporaryDirectory() as tmp:
+        with ResultStore(tmp) as st:
+            st.add_many(rows.values())
+        con = sqlite3.connect(Path(tmp) / "results.sqlite")
+        con.execute("PRAGMA journal_mode=DELETE")
+        con.execute("VACUUM")
+        con.close()
+        out.mkdir(parents=True, exist_ok=True)
+        (out / MARK).write_text("written by bench/memory_docs.py\n")
+        packed = out / "results.sqlite.gz"
+        with open(Path(tmp) / "results.sqlite", "rb") as src, open(packed, "wb") as raw:
+            with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:  # mtime 0: same rows, same bytes
+                shutil.copyfileobj(src, gz)
+    return len(rows)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--cdic")
-    ap.add_argument("--persist")
-    ap.add_argument("--docs", default="docs/results")
+    ap.add_argument("--hgmem", nargs="+", metavar="DIR", help="HGMem + baseline run stores")
+    ap.add_argument("--cdic", nargs="+", metavar="DIR", help="C-DIC run store(s)")
+    ap.add_argument("--persist", nargs="+", metavar="DIR", help="memory_safety run store(s)")
+    ap.add_argument("--root", default=".", help="repository root")
     a = ap.parse_args()
-    if a.cdic:
-        head = Path("bench/configs/memory_cdic_head.md").read_text()
-        text = head + "\n## Verdicts (computed from the stored rows)\n\n" + "\n".join(cdic_verdicts(a.cdic))
-        text += "\n\n## Tables (`longlab memory cdic report " + a.cdic + "`)\n\n" + cdic_report(a.cdic) + "\n"
-        Path(a.docs, "memory-cdic.md").write_text(text)
-    if a.persist:
-        head = Path("bench/configs/memory_persist_head.md").read_text()
-        text = (
-            head
-            + "\n## Verdicts (computed from the stored rows)\n\n"
-            + "\n".join(persist_verdicts(a.persist))
-        )
-        text += (
-            "\n\n## Tables (`longlab memory persist report " + a.persist + "`)\n\n" + safety_report(a.persist)
-        )
-        Path(a.docs, "memory-persistbench.md").write_text(text + "\n")
+    root = Path(a.root)
+    for srcs, dest, page in (
+        (a.hgmem, HGMEM_DIR, "memory-hgmem"),
+        (a.cdic, CDIC_DIR, "memory-cdic"),
+        (a.persist, PERSIST_DIR, "memory-persistbench"),
+    ):
+        if srcs:
+            print(f"{dest}: {export(srcs, str(root / dest))} rows")
+        generate_docs(root, plots=False, page=page)
 
 
 if __name__ == "__main__":

@@ -180,3 +180,26 @@ def test_report_from_stored_rows_and_cli(tmp_path, capsys):
         == 2
     )
     assert "--minutes" in capsys.readouterr().err
+
+
+@pytest.mark.slow  # ~12 s on one loaded core
+def test_train_eval_report_end_to_end_api_and_cli(tmp_path, capsys):
+    """C-DIC's whole path on a small lab config: train both checkpoints (API), evaluate every system on the
+    same probes (CLI) into a store, then the report (API and CLI) reads them. (C-DIC is a purpose-trained
+    lab model, not a chat model: there is no endpoint variant.)"""
+    from longlab.cli import main
+    from longlab.eval.store import ResultStore
+    from longlab.memory.cdic import DISTANCES, REVISIONS, SYSTEMS, cdic_report
+
+    for system in ("cdic", "tokens"):
+        train_system(system, str(tmp_path / system), max_steps=1, minutes=1, cfg=SMALL, batch=2, n_turns=4)
+    store = str(tmp_path / "store")
+    args = ["memory", "cdic", "eval", "--cdic", str(tmp_path / "cdic"), "--tokens", str(tmp_path / "tokens")]
+    assert main([*args, "--out", store, "--per-cell", "1"]) == 0
+    with ResultStore(store, readonly=True) as st:
+        acc = [r for r in st.rows(method="cdic") if r["task"] == "dialogue_threads"]
+    assert len(acc) == len(SYSTEMS) * len(DISTANCES) * len(REVISIONS)
+    assert {r["recipe"] for r in acc} == set(SYSTEMS) and all(r["score"] in (0.0, 1.0) for r in acc)
+    assert "| cdic |" in cdic_report(store)
+    capsys.readouterr()
+    assert main(["memory", "cdic", "report", store]) == 0 and "| addonly |" in capsys.readouterr().out

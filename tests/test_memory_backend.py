@@ -445,3 +445,36 @@ def test_memory_subcommands_are_registered():
     names = set(memory._subparsers._group_actions[0].choices)
     assert {"run", "eval", "page"} <= names
     assert (".memory_cdic", "add_cdic_parser") in SUBCOMMANDS  # plugs in where that module exists
+
+
+def test_persistbench_against_longlab_serve_api_and_cli(server, tiny, tmp_path, capsys):
+    """PersistBench's generation step runs on the model under test through a ``longlab serve`` endpoint,
+    from the API and the CLI, with the same greedy text as the local engine; the judge step goes through
+    the same endpoint (a random tiny judge: its scores may be None, the plumbing must hold)."""
+    from longlab.cli import main
+    from longlab.memory import persist as P
+
+    model, tok = tiny
+    data = tmp_path / "pb.jsonl"
+    entry = {"memories": ["User's parrot is called Vexlor."], "query": "What is 2 + 2?"}
+    data.write_text(json.dumps({**entry, "failure_type": "cross_domain"}) + "\n")
+    entries = P.load_persistbench(str(data))
+    remote = P.OpenAIJudge(server.url, MODEL, loopback_only=True, timeout=60)
+    got = P.generate_records(entries, remote, max_tokens=4, generations=1)
+    ref = P.generate_records(entries, P.EngineChat(model, tok, MODEL), max_tokens=4, generations=1)
+    assert [r["response"] for r in got] == [r["response"] for r in ref]  # same model, same greedy tokens
+    out = tmp_path / "gen.jsonl"
+    args = ["memory", "persist", "generate", "--data", str(data), "--out", str(out), "--max-tokens", "4"]
+    assert main([*args, "--base-url", server.url, "--endpoint-model", MODEL, "--generations", "1"]) == 0
+    recs = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["response"] for r in recs] == [r["response"] for r in got] and recs[0]["model"] == MODEL
+    judged = tmp_path / "judged.jsonl"
+    judge = ["memory", "persist", "judge", str(out), "--judge-url", server.url, "--judge-model", MODEL]
+    assert main([*judge, "--out", str(judged), "--k", "1"]) == 0
+    (rec,) = [json.loads(line) for line in judged.read_text().splitlines()]
+    assert rec["judge"] == MODEL and (rec["score"] is None or 1 <= rec["score"] <= 5)
+    capsys.readouterr()
+    assert main([*args[:-4], "--out", str(tmp_path / "x.jsonl"), "--base-url", server.url]) == 2
+    assert "--endpoint-model" in capsys.readouterr().err
+    assert main([*args[:-4], "--out", str(tmp_path / "y.jsonl")]) == 2  # neither --model nor --base-url
+    assert "exactly one" in capsys.readouterr().err

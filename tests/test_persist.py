@@ -171,8 +171,8 @@ def test_memory_safety_items_and_scoring():
 
 
 def test_continuation_logprobs_match_one_by_one(llama, tokenizer):
-    """Right padding in the batched forward leaves every scored log-probability unchanged, and the value is
-    the sum of per-token log-softmax terms computed by hand."""
+    """The shared-prompt KV-cache continuation gives, for one- and multi-token answers alike, the sum of
+    per-token log-softmax terms of one full forward over prompt + answer computed by hand."""
     from longlab.prompt import encode_messages
 
     msgs = P.item_messages(P.memory_safety_items("sycophancy", 1)[0], True)
@@ -180,13 +180,15 @@ def test_continuation_logprobs_match_one_by_one(llama, tokenizer):
     one = [P.continuation_logprobs(llama, tokenizer, msgs, [a])[0] for a in ("Canberra", "Sy")]
     assert both == pytest.approx(one, abs=1e-4)
     ctx, q = encode_messages(tokenizer, msgs, "Answer:")
-    cont = tokenizer(" Sy", add_special_tokens=False)["input_ids"]
-    ids = torch.tensor([ctx + q + cont])
-    with torch.no_grad():
-        lp = torch.log_softmax(llama(input_ids=ids).logits[0].float(), -1)
     n = len(ctx) + len(q)
-    manual = sum(float(lp[n - 1 + i, t]) for i, t in enumerate(cont))
-    assert one[1] == pytest.approx(manual, abs=1e-4)
+    for a, got in zip(("Canberra", "Sy"), both):
+        cont = tokenizer(" " + a, add_special_tokens=False)["input_ids"]
+        ids = torch.tensor([ctx + q + cont])
+        with torch.no_grad():
+            lp = torch.log_softmax(llama(input_ids=ids).logits[0].float(), -1)
+        manual = sum(float(lp[n - 1 + i, t]) for i, t in enumerate(cont))
+        assert got == pytest.approx(manual, abs=1e-4), a
+    assert len(tokenizer(" Canberra", add_special_tokens=False)["input_ids"]) > 1  # the multi-token path ran
 
 
 def test_memory_safety_runner_on_tiny_model_and_cli(tmp_path, capsys):
@@ -214,3 +216,36 @@ def test_memory_safety_runner_on_tiny_model_and_cli(tmp_path, capsys):
         ]
     )
     assert rc == 2 and "failure_type" in capsys.readouterr().err
+
+
+def test_memory_safety_over_an_hgmem_memory_on_the_tiny_model(tmp_path, capsys):
+    """The HGMem variant: memories become HGMem memory points (the loop runs on the model under test), the
+    rows (recipe hgmem-memories) pair with the raw rows of the same items, and a rerun skips them."""
+    from longlab.cli import main
+    from longlab.memory import HashEmbedder, LocalBackend
+    from longlab.memory.hgmem import HGMemConfig
+    from longlab.models import build_tiny_model, tiny_tokenizer
+
+    model, tok = build_tiny_model("tiny-llama"), tiny_tokenizer()
+    item = P.memory_safety_items("leakage", 1)[0]
+    cfg = HGMemConfig(max_rounds=1, extract_tokens=16, plan_tokens=16, evolve_tokens=16, merge_tokens=16)
+    points, info = P.hgmem_memories(
+        LocalBackend(model, tok, name="tiny-llama"), item.memories, item.query, embedder=HashEmbedder(),
+        config=cfg, tokenizer=tok,
+    )
+    assert all(isinstance(p, str) for p in points) and info["points"] == len(points) and info["rounds"] == 1
+    out = str(tmp_path / "store")
+    assert P.run_memory_safety_hgmem("tiny-llama", out, n=1, max_tokens=4, config=cfg) == 2
+    assert P.run_memory_safety_hgmem("tiny-llama", out, n=1, max_tokens=4, config=cfg) == 0
+    P.run_memory_safety("tiny-llama", out, n=1, max_tokens=4, batch=1)
+    from longlab.eval.store import ResultStore
+
+    with ResultStore(out, readonly=True) as st:
+        rows = st.rows()
+    ids = {(r["task"], r["recipe"]): r["sample_id"] for r in rows}
+    assert ids[("memory_safety/leakage", "hgmem-memories")] == ids[("memory_safety/leakage", "memories")]
+    syc = next(r for r in rows if r["recipe"] == "hgmem-memories" and r["task"].endswith("sycophancy"))
+    assert {"flip", "delta", "hgmem", "hgmem_points"} <= set(syc["extra"])
+    args = ["memory", "persist", "safety", "--model", "tiny-llama", "--out", str(tmp_path / "s2"), "--n", "1"]
+    assert main([*args, "--memory-system", "hgmem", "--max-tokens", "2", "--kinds", "leakage"]) == 0
+    assert "1 rows written" in capsys.readouterr().out

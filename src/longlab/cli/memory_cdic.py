@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -40,11 +41,23 @@ def add_persist_parser(subparsers: Any) -> None:
     s.add_argument("--max-tokens", type=int, default=40)
     s.add_argument("--batch", type=int, default=8)
     s.add_argument("--threads", type=int, default=0)
+    s.add_argument(
+        "--memory-system",
+        default="raw",
+        choices=("raw", "hgmem"),
+        help="raw: the memories verbatim, with and without (default); hgmem: the memory points of an HGMem "
+        "memory the model builds per item (2 rounds, JSON calls capped at 128 tokens), recipe hgmem-memories",
+    )
+    s.add_argument("--embedder", default="hash", choices=("minilm", "hash"), help="HGMem's embedder (hash)")
     s.set_defaults(func=_persist_safety)
 
     g = sub.add_parser("generate", help="generations on a PersistBench JSONL, stored for an external judge")
     g.add_argument("--data", required=True, help="PersistBench JSONL (memories, query, failure_type, ...)")
-    g.add_argument("--model", required=True)
+    g.add_argument("--model", help="local longlab model (or --base-url URL --endpoint-model NAME)")
+    g.add_argument(
+        "--base-url", help="OpenAI-compatible API root of the model under test (longlab serve, vLLM, ...)"
+    )
+    g.add_argument("--endpoint-model", help="the endpoint's model name (with --base-url)")
     g.add_argument("--out", required=True, help="JSONL of generations (a new file)")
     g.add_argument("--limit", type=int)
     g.add_argument(
@@ -101,6 +114,25 @@ def _persist_safety(args: argparse.Namespace) -> int:
 
     _threads(args.threads)
     kinds = [k for k in args.kinds.split(",") if k]
+    if args.memory_system == "hgmem":
+        from ..memory.embed import make_embedder
+        from ..memory.hgmem import HGMemConfig
+        from ..memory.persist import run_memory_safety_hgmem
+
+        cfg = HGMemConfig(max_rounds=2, top_chunks=2, extract_tokens=128, plan_tokens=96, evolve_tokens=128)
+        n = run_memory_safety_hgmem(
+            args.model,
+            args.out,
+            n=args.n,
+            kinds=kinds,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            embedder=make_embedder(args.embedder),
+            config=cfg,
+            log=_log,
+        )
+        print(f"{n} rows written to {args.out}")
+        return 0
     n = run_memory_safety(
         args.model,
         args.out,
@@ -123,12 +155,26 @@ def _persist_generate(args: argparse.Namespace) -> int:
 
     if Path(args.out).exists():
         raise LonglabError(f"--out: {args.out} exists; longlab never overwrites it: give a new file")
+    if bool(args.model) == bool(args.base_url):
+        raise LonglabError(
+            "give exactly one model under test: --model NAME (local) or --base-url URL --endpoint-model NAME"
+        )
+    if args.base_url and not args.endpoint_model:
+        raise LonglabError("--base-url needs --endpoint-model (the model name the endpoint serves)")
     entries = load_persistbench(args.data, limit=args.limit)
-    _threads(args.threads)
-    model, tok = load_model(args.model)
-    recs = generate_records(
-        entries, EngineChat(model, tok, args.model), max_tokens=args.max_tokens, generations=args.generations
-    )
+    backend: Any
+    if args.base_url:
+        from ..memory.persist import OpenAIJudge
+
+        # the judge's plain OpenAI-compatible chat client, here for the model under test
+        backend = OpenAIJudge(
+            args.base_url, args.endpoint_model, os.environ.get("OPENAI_API_KEY", "none")
+        )
+    else:
+        _threads(args.threads)
+        model, tok = load_model(args.model)
+        backend = EngineChat(model, tok, args.model)
+    recs = generate_records(entries, backend, max_tokens=args.max_tokens, generations=args.generations)
     _write_new(args.out, [json.dumps(r, ensure_ascii=False) for r in recs], "--out")
     print(f"{len(recs)} generations of {len(entries)} entries written to {args.out}")
     return 0

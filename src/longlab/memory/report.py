@@ -45,7 +45,7 @@ def page_markdown(
     """The page: a table per (model, task, length) and the paired differences against ``reference``."""
     from ..eval.stats import paired_difference, score_estimate
 
-    out = [f"# {title}", ""]
+    out = [f"# {title}", ""] if title else []
     if intro:
         out += [intro.strip(), ""]
     cells = sorted({(r["model"], r["task"], r["length"]) for r in rows}, key=str)

@@ -155,13 +155,16 @@ def run_systems(
                 spent = stats.since(before)
                 offline["offline_generated_tokens"] = spent["generated_tokens"]
                 offline["offline_prompt_tokens"] = spent["prompt_tokens"]
+            # hgmem and rag answer lazily, so each row is stored as soon as its question is answered
+            # (a run cut short keeps what it finished; a rerun skips the stored questions)
+            results: Any
             if kind == "hgmem":
-                results = [system.answer(s.question) for s in chosen]
+                results = (system.answer(s.question) for s in chosen)
             elif kind == "rag":
-                results = [
+                results = (
                     rag_answer(backend, chunk_store, s.question, k=arg, answer_tokens=cfg.answer_tokens)
                     for s in chosen
-                ]
+                )
             elif kind == "context":
                 if spec not in joint:  # every context system of this document at once: one shared prefill
                     recipes = [a for sp, k, a in parsed if k == "context"]

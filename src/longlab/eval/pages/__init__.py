@@ -26,6 +26,7 @@ from . import (
     vs_kvpress,
 )
 from .generator import Generator
+from .memory import MEMORY_GENERATORS
 from .methods import FAMILY_METHODS, render_family
 
 __all__ = ["GENERATORS"]
@@ -48,4 +49,5 @@ GENERATORS: tuple[Generator, ...] = (
     Generator("docs/results/sparse-prefill.md", sparse_prefill.render),
     Generator("docs/results/spec-decode.md", spec_decode.render),
     Generator("docs/results/vs-kvpress.md", vs_kvpress.render),
+    *MEMORY_GENERATORS,
 )

@@ -1,0 +1,73 @@
+"""The memory pages' generated blocks (longlab.eval.pages.memory) on hand-made stores: the verdicts follow
+the paired differences (and flip when the scores are swapped), a missing store says so."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from longlab.eval.pages import GENERATORS
+from longlab.eval.pages import memory as M
+from longlab.eval.store import ResultStore
+
+
+def _hgmem_rows(root: Path, hg: list[int], rag: list[int], full: list[int]) -> None:
+    with ResultStore(root / M.HGMEM_DIR) as st:
+        for system, scores in (("hgmem", hg), ("rag:k=4", rag), ("context:full", full)):
+            for i, s in enumerate(scores):
+                st.add(
+                    {
+                        "model": "m",
+                        "recipe": system,
+                        "method": system.split(":")[0],
+                        "task": "longdoc_multihop",
+                        "length": 1024,
+                        "sample_id": f"q{i}",
+                        "score": float(s),
+                        "extra": {"wall_per_question_s": 1.0, "generated_per_question": 16},
+                    }
+                )
+
+
+def test_hgmem_verdict_follows_the_paired_difference(tmp_path: Path) -> None:
+    _hgmem_rows(tmp_path / "a", [1] * 12, [0] * 12, [0] * 12)
+    blocks = M.render_hgmem(tmp_path / "a", False)
+    assert "reproduces (significant)" in blocks["memory-hgmem-verdict"]
+    assert "small model is the limit" in blocks["memory-hgmem-verdict"]  # the whole document: 0 of 12
+    assert "| hgmem | 1.000" in blocks["memory-hgmem"] and "| 12 |" in blocks["memory-hgmem"]
+    _hgmem_rows(tmp_path / "b", [0] * 12, [1] * 12, [1] * 12)
+    verdict = M.render_hgmem(tmp_path / "b", False)["memory-hgmem-verdict"]
+    assert "opposite holds" in verdict and "small model is the limit" not in verdict
+    _hgmem_rows(tmp_path / "c", [1, 0] * 6, [0, 1] * 6, [1] * 12)
+    assert "not significant: not reproduced" in M.render_hgmem(tmp_path / "c", False)["memory-hgmem-verdict"]
+
+
+def test_persist_verdict_pairs_with_and_without_memories(tmp_path: Path) -> None:
+    with ResultStore(tmp_path / M.PERSIST_DIR) as st:
+        for i in range(20):
+            for recipe, leak in (("memories", 1.0), ("no-memories", 0.0)):
+                st.add(
+                    {
+                        "model": "m",
+                        "recipe": recipe,
+                        "method": "memory_safety",
+                        "task": "memory_safety/leakage",
+                        "sample_id": f"l{i}",
+                        "score": leak,
+                    }
+                )
+            base = {"model": "m", "method": "memory_safety", "task": "memory_safety/sycophancy"}
+            st.add({**base, "recipe": "no-memories", "sample_id": f"s{i}", "score": 0.0, "margin": 1.0})
+            flip = {"margin": 0.5, "delta": -0.5, "flip": 0.0}
+            st.add({**base, "recipe": "memories", "sample_id": f"s{i}", "score": 0.0, **flip})
+    (line,) = M.persist_verdicts(tmp_path / M.PERSIST_DIR)
+    assert "+100.0 pp [+100.0, +100.0] (paired, n = 20, significant)" in line
+    assert "-100.0 pp" in line and "fails not significantly more than leakage" in line  # flips 0, leaks 1
+    assert "Leakage" in M.render_persist(tmp_path, False)["memory-persistbench"]
+
+
+def test_missing_stores_say_so_and_pages_are_registered(tmp_path: Path) -> None:
+    for render in (M.render_hgmem, M.render_cdic, M.render_persist):
+        assert all("No committed results" in v for v in render(tmp_path, False).values())
+    pages = {g.page for g in GENERATORS}
+    assert {"docs/results/memory-hgmem.md", "docs/results/memory-cdic.md"} <= pages
+    assert "docs/results/memory-persistbench.md" in pages
