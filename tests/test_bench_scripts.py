@@ -224,3 +224,21 @@ def test_eval_config_missing_file(tmp_path, capsys):
 
     assert main(["eval", "--config", str(tmp_path / "none.toml"), "--out", str(tmp_path / "o")]) == 2
     assert "is not a file" in capsys.readouterr().err
+
+
+def _tracked_results() -> list[Path]:
+    out = subprocess.run(["git", "ls-files", "bench/results"], cwd=ROOT, capture_output=True, text=True)
+    if out.returncode != 0:
+        pytest.skip("not a git checkout")
+    return [ROOT / line for line in out.stdout.splitlines() if line]
+
+
+def test_committed_result_data_is_small_and_only_data() -> None:
+    """Issue 30, item 3: bench/results holds at most 5 MB of compact result data: no logs, weights,
+    scripts or uncompressed SQLite stores."""
+    files = [p for p in _tracked_results() if p.is_file()]
+    total = sum(p.stat().st_size for p in files)
+    assert total <= 5 * 10**6, f"bench/results holds {total / 1e6:.2f} MB in git (at most 5 MB)"
+    banned = (".log", ".sh", ".py", ".pt", ".pth", ".bin", ".safetensors", ".sqlite", ".pkl", ".gguf")
+    bad = [str(p.relative_to(ROOT)) for p in files if p.suffix in banned]
+    assert not bad, f"not compact result data: {bad}"
