@@ -16,6 +16,8 @@ Subcommands (``python bench/kv.py SUB --help`` for each one's options):
   closer to full?.
 - ``indexmem-pairs``: IndexMem against SnapKV at equal ratio, from a ``longlab eval`` store (issue 10, item
   6).
+- ``eviction-pairs``: OBCache / ReST-KV against their baselines at 2k, from a ``longlab eval`` store (the
+  kv-eviction page's pairs.json).
 """
 from __future__ import annotations
 
@@ -983,6 +985,63 @@ def _run_indexmem_pairs() -> object:
     indexmem_pairs_main(args.db, args.out_dir)
 
 
+# ---- eviction-pairs (the kv-eviction page's 2k paired differences) ----------------------------------
+
+DOC_EVICTION_PAIRS = """
+OBCache / ReST-KV against their baselines at 2k, from a ``longlab eval`` store (the kv-eviction page).
+
+    .venv/bin/python bench/kv.py eviction-pairs runs/kv24-2k/results.sqlite \\
+        bench/results/kv_eviction_2k/pairs.json
+
+Per recipe, the average over the three tasks with a stratified bootstrap interval; every method against
+its baseline at the same ratio (``snapkv@r`` vs ``snapkv-obcvk@r`` and ``restkv@r``; ``tova@0.9`` and
+``h2o@0.9`` vs their ``-obcvk`` variants) and every recipe against ``full``, as a stratified paired bootstrap
+on the same samples (:func:`stratified_difference`, seed 0) with the better / worse counts and an exact
+two-sided sign test. The newest row per (recipe, task, sample) counts.
+""".lstrip("\n")
+
+
+def eviction_pairs_main(db: str, out: str) -> dict[str, Any]:
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    sql = "select recipe, task, sample_id, score from results order by created_at, id"
+    rows = conn.execute(sql).fetchall()
+    S = {(r, t, i): float(x) for r, t, i, x in rows if x is not None}  # newest row per (recipe, task, sample)
+
+    def ids(recipe: str, task: str) -> set[str]:
+        return {i for r, t, i in S if (r, t) == (recipe, task)}
+
+    recipes = sorted({r for r, _, _ in S})
+    res = {r: stratified_estimate([[S[(r, t, i)] for i in sorted(ids(r, t))] for t in TASKS])
+           for r in recipes}
+    pairs = [(f"snapkv@{x}", f"{m}@{x}") for x in (0.5, 0.75, 0.9) for m in ("snapkv-obcvk", "restkv")]
+    pairs += [("tova@0.9", "tova-obcvk@0.9"), ("h2o@0.9", "h2o-obcvk@0.9")]
+    pairs += [("full", r) for r in recipes if r != "full"]
+    diffs = []
+    for b, m in pairs:
+        if b not in res or m not in res:
+            continue
+        common = {t: sorted(ids(b, t) & ids(m, t)) for t in TASKS}
+        d = stratified_difference([([S[(m, t, i)] for i in common[t]], [S[(b, t, i)] for i in common[t]])
+                                   for t in TASKS])
+        delta = [S[(m, t, i)] - S[(b, t, i)] for t in TASKS for i in common[t]]
+        up, down = sum(x > 0 for x in delta), sum(x < 0 for x in delta)
+        diffs.append({"baseline": b, "method": m, "n": d.n, "significant": d.significant, "better": up,
+                      "worse": down, "sign_test_p": sign_test(up, down),
+                      "diff": [100 * d.mean, 100 * d.low, 100 * d.high]})
+    result = {"recipes": {r: [100 * e.mean, 100 * e.low, 100 * e.high, e.n] for r, e in res.items()},
+              "differences": diffs}
+    write_json(out, result)
+    return result
+
+
+def _run_eviction_pairs() -> object:
+    ap = argparse.ArgumentParser(description=DOC_EVICTION_PAIRS.split("\n\n")[0])
+    ap.add_argument("db", metavar="RESULTS.sqlite", help="a longlab eval store")
+    ap.add_argument("out", metavar="OUT.json", help="where pairs.json goes")
+    args = ap.parse_args()
+    eviction_pairs_main(args.db, args.out)
+
+
 SUBCOMMANDS = {
     "memory": _run_memory,
     "overhead": _run_overhead,
@@ -991,6 +1050,7 @@ SUBCOMMANDS = {
     "pyramidkv-fidelity": _run_pyramidkv_fidelity,
     "indexmem-fidelity": _run_indexmem_fidelity,
     "indexmem-pairs": _run_indexmem_pairs,
+    "eviction-pairs": _run_eviction_pairs,
 }
 
 

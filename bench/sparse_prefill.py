@@ -13,6 +13,8 @@ Subcommands (``python bench/sparse_prefill.py SUB --help`` for each one's option
   results.sqlite.
 - ``prefill-time``: Wall time of a full-cache prefill at one length, for each chunk size (best of
   ``--repeats``).
+- ``ratios``: per-sample prefill-time ratios recipe / full of one results.sqlite, geometric mean with a
+  bootstrap interval (the sparse-prefill page's ``prefill_ratios.json``).
 """
 from __future__ import annotations
 
@@ -568,12 +570,56 @@ def _run_prefill_time() -> object:
     raise SystemExit(prefill_time_main())
 
 
+def prefill_ratios_main(db: str, out: str) -> dict[str, Any]:
+    """Per-sample prefill-time ratio recipe / ``full`` from one ``longlab eval`` store (the recipes of one
+    sample ran back to back in one process): geometric mean with a seeded bootstrap 95% interval over the
+    samples (:func:`bootstrap_ci` on the log ratios) and the median, overall and per task."""
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    t = {(r, s): (task, p) for r, task, s, p in
+         conn.execute("select recipe, task, sample_id, prefill_s from results").fetchall() if p}
+    full = {s: p for (r, s), (_, p) in t.items() if r == "full"}
+    if not full:
+        raise SystemExit(f"{db}: no full rows with a prefill time to compare against")
+
+    def summary(logs: list[float]) -> dict[str, Any]:
+        m, lo, hi = bootstrap_ci([logs])
+        return {"n": len(logs), "geomean": round(math.exp(m), 3),
+                "ci95": [round(math.exp(lo), 3), round(math.exp(hi), 3)],
+                "median": round(float(np.exp(np.median(logs))), 3)}
+
+    res: dict[str, Any] = {"full_prefill_s_median": round(float(np.median(list(full.values()))), 2),
+                           "ratio_to_full": {}}
+    for recipe in sorted({r for r, _ in t} - {"full"}):
+        pairs = [(task, math.log(p / full[s])) for (r, s), (task, p) in t.items()
+                 if r == recipe and s in full]
+        if pairs:
+            entry = {"all": summary([x for _, x in pairs])}
+            for task in sorted({k for k, _ in pairs}):
+                entry[task] = summary([x for k, x in pairs if k == task])
+            res["ratio_to_full"][recipe] = entry
+    write_json(out, res)
+    for recipe, e in res["ratio_to_full"].items():
+        print(recipe, "  ".join(f"{k}: {v['geomean']}x [{v['ci95'][0]}, {v['ci95'][1]}] n={v['n']}"
+                                for k, v in e.items()))
+    return res
+
+
+def _run_ratios() -> object:
+    ap = argparse.ArgumentParser(description="per-sample prefill-time ratios recipe / full of a longlab eval "
+                                             "store (the sparse-prefill page's prefill_ratios.json)")
+    ap.add_argument("db", metavar="RESULTS.sqlite", help="a longlab eval store")
+    ap.add_argument("out", metavar="OUT.json", help="where the ratios go")
+    args = ap.parse_args()
+    prefill_ratios_main(args.db, args.out)
+
+
 SUBCOMMANDS = {
     "attention": _run_attention,
     "capture-qkv": _run_capture_qkv,
     "backends": _run_backends,
     "stats": _run_stats,
     "prefill-time": _run_prefill_time,
+    "ratios": _run_ratios,
 }
 
 

@@ -39,7 +39,8 @@ COMMANDS = {
         "for T in niah_single_1 niah_multikey_1 vt; do bench/heavy.sh .venv/bin/longlab eval "
         f"--model smollm2-135m --recipes {RECIPES_2K} --tasks $T --lengths 2048 --samples 8 "
         "--max-new-tokens 24 --query-aware --threads 1 --no-report --no-progress --out runs/kv24-2k; done; "
-        "python pairs.py runs/kv24-2k/results.sqlite bench/results/kv_eviction_2k/pairs.json"
+        "python bench/kv.py eviction-pairs runs/kv24-2k/results.sqlite "
+        "bench/results/kv_eviction_2k/pairs.json"
     ),
     "decode": (
         "bench/heavy.sh .venv/bin/python bench/kv.py overhead --parts decode --decode-lengths "
@@ -214,7 +215,7 @@ def verdicts_2k() -> str:
             for d in rows
         )
         out.append(f"- **{name}: {claim_verdict(rows, *claimed)}** at 2,048 tokens. {figs}.")
-    out += ["", f"Reproduce: `{COMMANDS['2k']}` (`pairs.py` is listed under Reproduce below)."]
+    out += ["", f"Reproduce: `{COMMANDS['2k']}`."]
     return "\n".join(out)
 
 

@@ -48,7 +48,7 @@ COMMANDS = {
         "--out runs/sparse24b; }; run $A niah_single_1; run $AB niah_multikey_1; run $AB vt; "
         "longlab report runs/sparse24b --no-html --report-dir bench/results/sparse_prefill_24; "
         "longlab report runs/sparse24b --no-html --baseline snapkv@0.5 "
-        "--report-dir bench/results/sparse_prefill_24/vs_snapkv; python ratios.py "
+        "--report-dir bench/results/sparse_prefill_24/vs_snapkv; python bench/sparse_prefill.py ratios "
         "runs/sparse24b/results.sqlite "
         "bench/results/sparse_prefill_24/prefill_ratios.json"
     ),
