@@ -507,3 +507,17 @@ def test_a_failed_parquet_conversion_leaves_no_half_written_file(llama, tokenize
     summary = build_dataset(corpus, llama, tokenizer, out, _small_cfg(), progress=False)
     assert (summary["skipped"], summary["written"]) == (2, 0) and out.exists()
     assert not (tmp_path / "d.parquet.partial").exists()
+
+
+def test_a_foreign_partial_file_beside_out_is_never_removed(llama, tokenizer, tmp_path, one_thread):
+    """OUT.partial that longlab did not write (no EntropyLong header) is refused and left byte for byte,
+    for JSONL and Parquet outputs alike; the conversion deletes only its own partial."""
+    corpus = generate_corpus(2, 6, seed=5)
+    for name in ("u.jsonl", "u.parquet"):
+        if name.endswith(".parquet"):
+            pytest.importorskip("pyarrow")
+        partial = tmp_path / f"{name}.partial"
+        partial.write_text("a user's notes\n")
+        with pytest.raises(LonglabError, match="longlab did not write"):
+            build_dataset(corpus, llama, tokenizer, tmp_path / name, _small_cfg(), progress=False)
+        assert partial.read_text() == "a user's notes\n" and not (tmp_path / name).exists()

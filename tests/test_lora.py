@@ -246,3 +246,44 @@ def test_gradient_checkpointing_trains_the_same_adapter():
     _, ckpt, stats_ckpt = _train(steps=4, grad_checkpointing=True)
     assert stats_ckpt["losses"] == stats["losses"]
     assert all(torch.allclose(ckpt[k], plain[k], atol=1e-6) for k in plain)
+
+
+def test_checkpoint_removal_touches_only_our_two_files(tmp_path):
+    """The end-of-training clean-up removes a checkpoint file by file; a directory with our manifest but
+    anything else in it (a user's file) is left whole."""
+    from longlab.adapter_train import CHECKPOINT_MANIFEST, CHECKPOINT_WEIGHTS, remove_checkpoint_dir
+
+    ours = tmp_path / "a.checkpoint"
+    ours.mkdir()
+    (ours / CHECKPOINT_MANIFEST).write_text(json.dumps({"format": "longlab-lora-checkpoint"}))
+    (ours / CHECKPOINT_WEIGHTS).write_bytes(b"x")
+    assert remove_checkpoint_dir(ours) and not ours.exists()
+    mixed = tmp_path / "b.checkpoint"
+    mixed.mkdir()
+    (mixed / CHECKPOINT_MANIFEST).write_text(json.dumps({"format": "longlab-lora-checkpoint"}))
+    (mixed / "notes.txt").write_text("keep")
+    assert not remove_checkpoint_dir(mixed)
+    assert sorted(p.name for p in mixed.iterdir()) == [CHECKPOINT_MANIFEST, "notes.txt"]
+    foreign = tmp_path / "c.checkpoint"
+    foreign.mkdir()
+    (foreign / CHECKPOINT_MANIFEST).write_text(json.dumps({"format": "something-else"}))
+    assert not remove_checkpoint_dir(foreign) and (foreign / CHECKPOINT_MANIFEST).exists()
+
+
+def test_cli_refuses_a_foreign_checkpoint_dir_beside_out(tmp_path, capsys):
+    """A user's directory named OUT.checkpoint is refused before any training and left as it was."""
+    from longlab.cli import main
+
+    data = tmp_path / "el.jsonl"
+    assert main(["data", "entropylong", "--generate", "2", "--out", str(data), "--model", "tiny-llama",
+                 "--retriever", "bm25", "--alpha", "0.5", "--chunk-tokens", "48", "--query-tokens", "16",
+                 "--target-tokens", "512", "--max-doc-tokens", "384", "--no-progress", "--threads", "1"]) == 0
+    user = tmp_path / "adapter.checkpoint"
+    user.mkdir()
+    (user / "notes.txt").write_text("keep")
+    argv = ["train", "lora", "--model", "tiny-llama", "--data", str(data), "--steps", "1", "--seq-len", "256",
+            "--heldout-windows", "1", "--threads", "1", "--out", str(tmp_path / "adapter")]
+    assert main(argv) == 2
+    assert "longlab did not write" in capsys.readouterr().err
+    assert sorted(p.name for p in user.iterdir()) == ["notes.txt"]
+    assert not (tmp_path / "adapter").exists()

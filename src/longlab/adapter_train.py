@@ -63,6 +63,7 @@ __all__ = [
     "MAX_TRAIN_TOKENS",
     "check_lora_settings",
     "is_checkpoint_dir",
+    "remove_checkpoint_dir",
     "load_sequences",
     "save_adapter",
     "sequence_loss",
@@ -313,6 +314,19 @@ def is_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(manifest, dict) and manifest.get("format") == "longlab-lora-checkpoint"
+
+
+def remove_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
+    """Remove a ``longlab train lora`` checkpoint directory, file by file: only when
+    :func:`is_checkpoint_dir` holds (its two named files, our manifest), never recursively, so a
+    directory holding anything else is left whole. True when it was removed."""
+    p = Path(path)
+    if not is_checkpoint_dir(p):
+        return False
+    for name in (CHECKPOINT_WEIGHTS, CHECKPOINT_MANIFEST):
+        (p / name).unlink(missing_ok=True)
+    p.rmdir()  # fails (OSError) rather than delete a file that appeared meanwhile
+    return True
 
 
 def _sequences_digest(sequences: Sequence[Sequence[int]]) -> str:

@@ -243,6 +243,7 @@ def train_lora_main(args: argparse.Namespace) -> int:
         check_lora_settings,
         is_checkpoint_dir,
         load_sequences,
+        remove_checkpoint_dir,
         save_adapter,
         train_lora,
     )
@@ -301,10 +302,8 @@ def train_lora_main(args: argparse.Namespace) -> int:
     stats["seq_len"] = args.seq_len
     path = save_adapter(out, tensors, model, base_model=str(args.model), rank=rank, alpha=alpha,
                         targets=targets, data=data, training=stats)
-    if stats["steps_done"] == steps and is_checkpoint_dir(checkpoint):
-        import shutil
-
-        shutil.rmtree(checkpoint)  # ours (checked), no longer needed: the adapter holds every step
+    if stats["steps_done"] == steps:
+        remove_checkpoint_dir(checkpoint)  # ours only (checked file by file): the adapter holds every step
     before, after = stats["heldout_loss_before"], stats["heldout_loss_after"]
     held_text = f"held-out loss {before:.4f} -> {after:.4f}; " if before is not None else ""
     print(f"{held_text}training loss {stats['loss_first_10pct']:.4f} (first 10%) -> "
