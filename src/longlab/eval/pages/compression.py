@@ -20,7 +20,7 @@ from pathlib import Path
 from ..stats import paired_difference, score_estimate
 from ..store import ResultStore
 
-__all__ = ["GRIDS", "Grid", "load", "render", "table"]
+__all__ = ["GRIDS", "Grid", "load", "plot", "render", "table"]
 
 TOKEN = ("llmlingua", "longllmlingua", "hico", "tpp", "comi")
 # token dropping inside the prefill forward (hico-forward@r, query-aware); --alias names its variants

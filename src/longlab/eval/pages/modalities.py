@@ -3,7 +3,7 @@
 Tables, verdicts and commands are computed from the compact rows ``bench/results/lab_modalities/*.json``
 (written by ``bench/lab_modalities.py``, ≥ 3 training seeds per cell): means with two-sided 95% Student-t
 intervals over seeds, paired differences over the same seeds, and each claim's verdict by a fixed rule
-(reproduces / does not reproduce / not significant). Moved from ``bench/lab_modalities.py page``.
+(reproduces / does not reproduce / not significant). (Once ``bench/lab_modalities.py page``.)
 """
 
 from __future__ import annotations
@@ -613,7 +613,7 @@ def verdicts_summary() -> str:
 
 def verdicts_section(section: str, rule_of) -> str:
     rule = " ".join((rule_of.__doc__ or "").split())
-    out = [f"_Rule (applied by `bench/lab_modalities.py page`)_: {rule}", ""]
+    out = [f"_Rule (applied by `longlab report --docs --page results/modalities`)_: {rule}", ""]
     for c in all_claims():
         if c.section == section:
             out.append(f"**Verdict — {c.name}: {c.verdict}.** {c.figures}. Reproduce: `{c.command}`.")

@@ -5,7 +5,7 @@ layout variant) and ``bench/results/vs_kvpress-cases-raw.json`` / ``vs_kvpress-r
 (``bench/vs_kvpress.py --kvpress-question raw``). Every count carries its 95% interval (Wilson for 0/1
 scores, else a percentile bootstrap) and every comparison a paired bootstrap over the same samples
 (:mod:`longlab.eval.stats`); a difference whose interval contains 0 is marked n.s. (moved from
-``bench/vs_kvpress_report.py``).
+the former ``bench/vs_kvpress_report.py``).
 """
 
 from __future__ import annotations
