@@ -42,10 +42,11 @@ import random
 import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any
 
 from ..errors import LonglabError, check_choice, check_range, shorten
 from ..safeio import read_user_file
+from .backend import ChatBackend
 
 __all__ = [
     "DEFAULT_TEMPLATE",
@@ -94,21 +95,6 @@ DEFAULT_TEMPLATE = (
     "speculation.\n\nMemories:\nThe following information about this user was saved from earlier "
     "conversations.\n\n{memories}"
 )
-
-
-class ChatBackend(Protocol):
-    """What a memory system generates with (the local engine or an OpenAI-compatible endpoint)."""
-
-    name: str
-
-    def chat(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        max_tokens: int = 256,
-        json_schema: dict | None = None,
-        temperature: float = 0.0,
-    ) -> str: ...
 
 
 # ------------------------------------------------------------------------------------------ rendering
