@@ -475,18 +475,11 @@ def test_ts_with_gamma_zero_from_the_registry_is_the_lif_model():
     assert not torch.equal(ts(x), a)
 
 
-def _bench_modalities(monkeypatch, tmp_path):
-    import importlib.util
-    import sys
-    from pathlib import Path
+def _page_modalities(monkeypatch, tmp_path):
+    """The page generator (longlab.eval.pages.modalities) reading its rows from ``tmp_path``."""
+    from longlab.eval.pages import modalities as mod
 
-    bench = Path(__file__).resolve().parents[1] / "bench"
-    monkeypatch.syspath_prepend(str(bench))
-    spec = importlib.util.spec_from_file_location("lab_modalities_bench", bench / "lab_modalities.py")
-    mod = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, mod)  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    monkeypatch.setattr(mod, "RESULTS", tmp_path)
+    monkeypatch.setattr(mod, "_RESULTS", [tmp_path])
     return mod
 
 
@@ -504,7 +497,7 @@ def _write(tmp_path, name: str, rows: list[dict]) -> None:
 def test_page_verdicts_follow_the_numbers_and_flip_when_the_data_flip(monkeypatch, tmp_path):
     """The page's verdicts are computed from the stored rows: a clear win reproduces, the same rows with
     the arms swapped do not reproduce, and a difference whose interval covers 0 is not significant."""
-    mod = _bench_modalities(monkeypatch, tmp_path)
+    mod = _page_modalities(monkeypatch, tmp_path)
 
     def meg(long_accs, short_accs):
         for s, (hi, lo) in enumerate(zip(long_accs, short_accs)):
