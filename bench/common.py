@@ -30,13 +30,23 @@ MAX_REPEATS = 10_000  # timed calls per variant; a larger request is refused bef
 
 
 def hardware() -> dict[str, Any]:
-    """What produced a figure: CPU, cores, torch threads, load average, git commit, date."""
+    """What produced a figure: CPU (model, family/model numbers, the vector extensions and the capability
+    ATen's kernels run at: "AMD EPYC" alone names several generations), cores, torch threads, load
+    average, git commit, date."""
     cpu = platform.processor() or platform.machine()
+    info: dict[str, str] = {}
     try:
         with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+            for ln in f:
+                key, _, value = ln.partition(":")
+                if not key.strip():
+                    break  # the first processor's block only
+                info.setdefault(key.strip(), value.strip())
     except OSError:
         pass
+    cpu = info.get("model name", cpu)
+    simd = [x for x in info.get("flags", "").split() if x in ("avx2", "fma", "f16c", "avx512f", "avx512bw",
+                                                              "avx512_vnni", "avx_vnni", "amx_tile")]
     try:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10, cwd=ROOT
@@ -47,6 +57,9 @@ def hardware() -> dict[str, Any]:
         "torch": torch.__version__,
         "python": sys.version.split()[0],
         "cpu": cpu,
+        "cpu_family_model": f"{info.get('cpu family', '?')}/{info.get('model', '?')}",
+        "cpu_simd": simd,
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
         "cores": os.cpu_count(),
         "threads": torch.get_num_threads(),
         "load_avg_1m": load_average(),

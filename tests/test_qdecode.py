@@ -107,6 +107,22 @@ def test_fused_equals_dequantise_then_attend_at_every_bit_width(kind, bits):
     _check(ql, H=6)
 
 
+@pytest.mark.parametrize("D,g,bits,group", [(64, 1, 4, 8), (64, 2, 2, 16), (64, 3, 4, 8), (64, 4, 8, 16),
+                                           (64, 6, 4, 32), (128, 3, 4, 16), (128, 5, 2, 64), (32, 3, 2, 8),
+                                           (32, 2, 4, 16)])
+def test_fused_register_blocked_runs_at_small_scale_groups(D, g, bits, group):
+    # per-token keys and values in groups smaller than one pass of the value accumulators (the per-vector
+    # group lookup), for head dims 32 / 64 / 128 and 1-6 query heads per KV head (the register-blocked runs
+    # and their passes); D=32 at 2 bits falls back to the generic loop
+    layer = _layer(D=D, lengths=(333, 290, 17))
+    ks = TokenGroupStore(bits, group, "float16")
+    vs = TokenGroupStore(bits, group, "float16")
+    ql = QuantizedLayer.from_layer(layer, ks, vs)
+    ql.quantize_keys(200)
+    ql.quantize_values(200)
+    _check(ql, H=2 * g)
+
+
 @pytest.mark.parametrize("scale_dtype", ["float16", "bfloat16", "float32"])
 def test_fused_scale_dtypes_and_odd_group_tails(scale_dtype):
     # 101 quantized keys: the last per-channel group holds 5 tokens; no residual values at all

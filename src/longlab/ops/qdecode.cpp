@@ -82,6 +82,12 @@ inline void cvt_block(const void* p, int64_t n, Dt dt, float* out) {
     for (; i + 16 <= n; i += 16)
       _mm512_storeu_ps(out + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(h + i))));
   }
+#elif defined(__AVX2__) && defined(__F16C__)
+  if (dt == F16) {
+    const uint16_t* h = static_cast<const uint16_t*>(p);
+    for (; i + 8 <= n; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h + i))));
+  }
 #endif
   for (; i < n; ++i) out[i] = ld(p, i, dt);
 }
@@ -278,6 +284,39 @@ inline void unpack_vecs(const uint8_t* src, int bits, Vec (&x)[NV], float* tmp) 
     }
     return;
   }
+#elif defined(__AVX2__)
+  constexpr int D = NV * L;  // L = 8 lanes
+  auto widen = [](__m128i bytes8) {  // the low 8 bytes of bytes8 -> 8 floats
+    return Vec(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes8)));
+  };
+  if constexpr (BITS == 8) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) x[v] = widen(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + v * 8)));
+    return;
+  } else if constexpr (BITS == 16) {
+#pragma GCC unroll 16
+    for (int v = 0; v < NV; ++v) {
+      const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + v * 8)));
+      const __m256i hi = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + D + v * 8)));
+      x[v] = Vec(_mm256_cvtepi32_ps(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 8))));
+    }
+    return;
+  } else if constexpr (BITS == 2 || BITS == 4) {
+    constexpr int per = 8 / BITS, P = D / per, chunks = P / 16;
+    static_assert(P % 16 == 0, "whole 16-byte chunks");
+    const __m128i m = _mm_set1_epi8(static_cast<char>((1 << BITS) - 1));
+#pragma GCC unroll 16
+    for (int jc = 0; jc < chunks; ++jc) {
+      const __m128i xb = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + jc * 16));
+#pragma GCC unroll 8
+      for (int i = 0; i < per; ++i) {  // field i of bytes jc*16 .. +15: channels i*P + jc*16 .. +15
+        const __m128i f = _mm_and_si128(_mm_srli_epi16(xb, i * BITS), m);
+        x[(i * P + jc * 16) / 8] = widen(f);
+        x[(i * P + jc * 16) / 8 + 1] = widen(_mm_srli_si128(f, 8));
+      }
+    }
+    return;
+  }
 #endif
   unpack_row(src, NV * L, bits, tmp);
 #pragma GCC unroll 16
@@ -304,6 +343,17 @@ inline __m512 reduce16(const __m512* r) {
 }
 #endif
 
+#if !defined(__AVX512F__) && defined(__AVX2__)
+// out lane i = the sum of the 8 lanes of r[i] (8 horizontal sums in 6 hadds, 2 permutes and an add)
+inline __m256 reduce8(const __m256* r) {
+  const __m256 h01 = _mm256_hadd_ps(r[0], r[1]), h23 = _mm256_hadd_ps(r[2], r[3]);
+  const __m256 h45 = _mm256_hadd_ps(r[4], r[5]), h67 = _mm256_hadd_ps(r[6], r[7]);
+  const __m256 a = _mm256_hadd_ps(h01, h23);  // [r0..r3 lanes 0-3 | r0..r3 lanes 4-7]
+  const __m256 b = _mm256_hadd_ps(h45, h67);  // [r4..r7 lanes 0-3 | r4..r7 lanes 4-7]
+  return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+#endif
+
 // scores of n consecutive packed key rows: sb[j * TILE + i] = bias_j + qk_j . x_i where per-token keys scale
 // x by their group scales (ksc) and add their group offsets times the query sums (kof, qsum).
 template <int NV, int GH, int BITS>
@@ -324,18 +374,25 @@ void scores_run(const uint8_t* codes, int64_t row_bytes, int64_t n, int bits, co
     cvt_block(ksc, n * kgr, sdt, scs);
     cvt_block(kof, n * kgr, sdt, ofs);
   }
-  auto token = [&](int64_t i, Vec (&acc)[GH]) {  // acc_j = qk_j . x_i (per-token scales applied)
+  int64_t gv[NV];  // the scale group of each vector (per-token keys)
+  for (int v = 0; v < NV; ++v) gv[v] = (v * L) / G;
+  // acc_j = qk_j . x_i (per-token scales applied); two partial sums per head (even / odd vectors) halve
+  // the chain of dependent multiply-adds
+  auto token = [&](int64_t i, Vec (&acc)[GH]) {
     Vec xs[NV];
     unpack_vecs<BITS, NV>(codes + i * row_bytes, bits, xs, cf);
+    Vec part[2][GH];
 #pragma GCC unroll 16
-    for (int j = 0; j < GH; ++j) acc[j] = Vec(0.0f);
+    for (int j = 0; j < GH; ++j) part[0][j] = part[1][j] = Vec(0.0f);
 #pragma GCC unroll 16
     for (int v = 0; v < NV; ++v) {
       Vec x = xs[v];
-      if (ksc != nullptr) x = x * Vec(scs[i * kgr + (v * L) / G]);
+      if (ksc != nullptr) x = x * Vec(scs[i * kgr + gv[v]]);
 #pragma GCC unroll 16
-      for (int j = 0; j < GH; ++j) acc[j] = at::vec::fmadd(qr[j][v], x, acc[j]);
+      for (int j = 0; j < GH; ++j) part[v & 1][j] = at::vec::fmadd(qr[j][v], x, part[v & 1][j]);
     }
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) acc[j] = part[0][j] + part[1][j];
   };
   auto bias_of = [&](int64_t i, int j) {
     float b0 = bias != nullptr ? bias[j] : 0.0f;
@@ -363,6 +420,25 @@ void scores_run(const uint8_t* codes, int64_t row_bytes, int64_t n, int bits, co
       for (int64_t i = 0; i < 16; ++i) dst[i] = (all || vis[i0 + i]) ? out[i] + bias_of(i0 + i, j) : NINF;
     }
   }
+#elif defined(__AVX2__)
+  for (; i0 + 8 <= n; i0 += 8) {  // 8 rows at a time: one transposed reduction per head
+    __m256 red[GH][8];
+    for (int64_t i = 0; i < 8; ++i) {
+      Vec acc[GH];
+      token(i0 + i, acc);
+#pragma GCC unroll 16
+      for (int j = 0; j < GH; ++j) red[j][i] = acc[j];
+    }
+    bool all = true;
+    for (int64_t i = 0; i < 8; ++i) all &= vis[i0 + i] != 0;
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) {
+      alignas(32) float out[8];
+      _mm256_store_ps(out, reduce8(red[j]));
+      float* dst = sb + j * TILE + i0;
+      for (int64_t i = 0; i < 8; ++i) dst[i] = (all || vis[i0 + i]) ? out[i] + bias_of(i0 + i, j) : NINF;
+    }
+  }
 #endif
   for (int64_t i = i0; i < n; ++i) {
     if (!vis[i]) continue;
@@ -373,46 +449,83 @@ void scores_run(const uint8_t* codes, int64_t row_bytes, int64_t n, int bits, co
   }
 }
 
-// values of n consecutive packed per-token rows: acc_j += sum_i (p_j,i s_i,r) code_i, offacc_j,r += p_j,i o_i,r
+// values of n consecutive packed per-token rows: acc_j += sum_i (p_j,i s_i,r) code_i, offacc_j,r += p_j,i o_i,r.
+// The weights w_j,r,i = p_j,i s_i,r are formed first, vectorised over the tokens (a hidden row's scale and
+// offset count as 0, so whatever its slot holds never reaches the sums); the offset sums are dot products
+// over the tokens. The codes are then read in passes of VB vectors: GH x VB accumulators stay in registers
+// (16 on AVX2, 32 on AVX512), each code is converted once.
+constexpr int vregs() {
+#if defined(__AVX512F__)
+  return 32;
+#else
+  return 16;
+#endif
+}
+
+template <int NV, int GH>
+constexpr int value_pass() {  // vectors per pass: the largest divisor of NV whose accumulators fit
+  for (int vb = NV; vb > 1; --vb)
+    if (NV % vb == 0 && GH * vb + vb + 2 <= vregs()) return vb;
+  return 1;
+}
+
 template <int NV, int GH, int BITS>
 void values_run(const uint8_t* codes, int64_t row_bytes, int64_t n, int bits, const float* p, const void* vsc,
                 const void* vof, Dt sdt, int64_t vgr, float* acc, float* offacc, const char* vis) {
   constexpr int L = Vec::size();
   constexpr int64_t D = NV * L;
-  Vec ar[GH][NV];
-#pragma GCC unroll 16
-  for (int j = 0; j < GH; ++j)
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) ar[j][v] = Vec::loadu(acc + j * D + v * L);
+  constexpr int VB = value_pass<NV, GH>();
   alignas(64) float cf[D];
-  alignas(64) float scs[TILE * 16], ofs[TILE * 16];  // this run's scales and offsets as float
+  alignas(64) float scs[TILE * 16], ofs[TILE * 16];  // token-major [n, vgr], as stored
+  alignas(64) float sct[16 * TILE], oft[16 * TILE];  // channel-group-major [vgr, TILE]; hidden rows 0
+  alignas(64) float w[GH * 16 * TILE];               // [GH, vgr, TILE]: p_j,i s_i,r
   cvt_block(vsc, n * vgr, sdt, scs);
   cvt_block(vof, n * vgr, sdt, ofs);
-  const int64_t G = D / vgr;
-  for (int64_t i = 0; i < n; ++i) {
-    if (!vis[i]) continue;
-    Vec xs[NV];
-    unpack_vecs<BITS, NV>(codes + i * row_bytes, bits, xs, cf);
-    const float* sc_ = scs + i * vgr;
-    const float* of_ = ofs + i * vgr;
-#pragma GCC unroll 16
-    for (int j = 0; j < GH; ++j) {
-      const float pj = p[j * TILE + i];
-      for (int64_t r = 0; r < vgr; ++r) offacc[j * vgr + r] += pj * of_[r];
+  for (int64_t r = 0; r < vgr; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      sct[r * TILE + i] = vis[i] ? scs[i * vgr + r] : 0.0f;
+      oft[r * TILE + i] = vis[i] ? ofs[i * vgr + r] : 0.0f;
     }
-#pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) xs[v] = xs[v] * Vec(sc_[(v * L) / G]);  // code * its token's group scale
-#pragma GCC unroll 16
-    for (int j = 0; j < GH; ++j) {
-      const Vec pj(p[j * TILE + i]);
-#pragma GCC unroll 16
-      for (int v = 0; v < NV; ++v) ar[j][v] = at::vec::fmadd(pj, xs[v], ar[j][v]);
-    }
-  }
 #pragma GCC unroll 16
   for (int j = 0; j < GH; ++j)
+    for (int64_t r = 0; r < vgr; ++r) {
+      mul(p + j * TILE, sct + r * TILE, w + (j * vgr + r) * TILE, n);
+      offacc[j * vgr + r] += dot(p + j * TILE, oft + r * TILE, n);
+    }
+  const int64_t G = D / vgr;
 #pragma GCC unroll 16
-    for (int v = 0; v < NV; ++v) ar[j][v].store(acc + j * D + v * L);
+  for (int v0 = 0; v0 < NV; v0 += VB) {
+    Vec ar[GH][VB];
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j)
+#pragma GCC unroll 16
+      for (int v = 0; v < VB; ++v) ar[j][v] = Vec::loadu(acc + j * D + (v0 + v) * L);
+    const int64_t r0 = (v0 * L) / G;  // the scale group of this pass's first vector
+    const bool one_group = ((v0 + VB) * L - 1) / G == r0;
+    for (int64_t i = 0; i < n; ++i) {
+      if (!vis[i]) continue;
+      Vec xs[NV];
+      unpack_vecs<BITS, NV>(codes + i * row_bytes, bits, xs, cf);  // only this pass's vectors are used
+      if (one_group) {
+#pragma GCC unroll 16
+        for (int j = 0; j < GH; ++j) {
+          const Vec wj(w[(j * vgr + r0) * TILE + i]);
+#pragma GCC unroll 16
+          for (int v = 0; v < VB; ++v) ar[j][v] = at::vec::fmadd(wj, xs[v0 + v], ar[j][v]);
+        }
+      } else {
+#pragma GCC unroll 16
+        for (int j = 0; j < GH; ++j)
+#pragma GCC unroll 16
+          for (int v = 0; v < VB; ++v)
+            ar[j][v] = at::vec::fmadd(Vec(w[(j * vgr + ((v0 + v) * L) / G) * TILE + i]), xs[v0 + v], ar[j][v]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j)
+#pragma GCC unroll 16
+      for (int v = 0; v < VB; ++v) ar[j][v].store(acc + j * D + (v0 + v) * L);
+  }
 }
 
 using ScoresFn = void (*)(const uint8_t*, int64_t, int64_t, int, const float*, const float*, const void*,
@@ -438,8 +551,12 @@ std::pair<ScoresFn, ValuesFn> runs_for_heads(int64_t g) {
 template <int NV>
 std::pair<ScoresFn, ValuesFn> runs_for_bits(int64_t g, int64_t bits) {
   constexpr int P2 = NV * Vec::size() / 4, P4 = NV * Vec::size() / 2;  // packed bytes per row at 2 / 4 bits
-  if (bits == 4 && P4 % 16 == 0) return runs_for_heads<NV, 4>(g);
-  if (bits == 2 && P2 % 16 == 0) return runs_for_heads<NV, 2>(g);
+  if constexpr (P4 % 16 == 0) {
+    if (bits == 4) return runs_for_heads<NV, 4>(g);
+  }
+  if constexpr (P2 % 16 == 0) {
+    if (bits == 2) return runs_for_heads<NV, 2>(g);
+  }
   if (bits == 8) return runs_for_heads<NV, 8>(g);
   if (bits == 16) return runs_for_heads<NV, 16>(g);
   return runs_for_heads<NV, 0>(g);  // any width, unpacked through memory
@@ -572,6 +689,25 @@ at::Tensor quant_decode(const at::Tensor& q, const at::Tensor& index, const at::
             if (ok != 0xFFFF)
               for (int64_t i = 0; i < 16; ++i)
                 if (!((ok >> i) & 1))
+                  for (int64_t j = 0; j < g; ++j) sb[j * TILE + tv + i - t0] = NINF;
+          }
+        }
+#elif defined(__AVX2__)
+        {  // 8 slots at a time: 0 <= pos <= q_pos (and pos > q_pos - window)
+          const __m256i neg = _mm256_set1_epi32(-1), top = _mm256_set1_epi32(static_cast<int32_t>(std::min<int64_t>(qp_b, std::numeric_limits<int32_t>::max() - 1)) + 1);
+          const __m256i low = _mm256_set1_epi32(window > 0 ? static_cast<int32_t>(qp_b - window)
+                                                           : std::numeric_limits<int32_t>::min());
+          for (; qp_b < std::numeric_limits<int32_t>::max() && tv + 8 <= t1; tv += 8) {
+            const __m256i p = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(idx + tv));
+            // pos > -1, q_pos + 1 > pos, pos > low (q_pos < 2^31 - 1: positions are int32)
+            const __m256i ok = _mm256_and_si256(_mm256_and_si256(_mm256_cmpgt_epi32(p, neg), _mm256_cmpgt_epi32(top, p)),
+                                                _mm256_cmpgt_epi32(p, low));
+            const int bits8 = _mm256_movemask_ps(_mm256_castsi256_ps(ok));
+            for (int64_t i = 0; i < 8; ++i) vis[tv + i - t0] = (bits8 >> i) & 1;
+            any |= bits8 != 0;
+            if (bits8 != 0xFF)
+              for (int64_t i = 0; i < 8; ++i)
+                if (!((bits8 >> i) & 1))
                   for (int64_t j = 0; j < g; ++j) sb[j * TILE + tv + i - t0] = NINF;
           }
         }
