@@ -136,8 +136,12 @@ def best_of(fn: Callable[[], Any], repeats: int, warmup: bool = False) -> tuple[
 
 
 def write_json(path: str | Path, result: Any) -> Path:
-    """Write ``result`` as indented JSON, creating the parent directory; returns the path."""
+    """Write ``result`` as compact JSON (bench/results is held to a size budget), creating the parent
+    directory, through a temporary file renamed into place (an interrupted write leaves the old file);
+    returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(result, separators=(",", ":")) + "\n")
+    os.replace(tmp, path)
     return path

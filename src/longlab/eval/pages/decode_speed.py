@@ -27,6 +27,17 @@ def _fmt_ratio(rounds: list[float] | None, med: float | None) -> str:
     return f"{med:.2f} [{min(rounds):.2f}, {max(rounds):.2f}]"
 
 
+def machine(hw: dict | None) -> str:
+    """The CPU a figure came from: model, family/model numbers and the SIMD level ATen ran at (files written
+    before ``bench/common.py`` recorded them say so: "AMD EPYC" alone names several generations)."""
+    if not hw:
+        return "machine not recorded"
+    simd = hw.get("aten_capability")
+    detail = (f"family/model {hw.get('cpu_family_model', '?')}, {simd}" if simd
+              else "SIMD level not recorded")
+    return f"{hw.get('cpu', '?')} ({detail}), commit {hw.get('git_commit', '?')}, {hw.get('date', '?')[:10]}"
+
+
 def e2e_tables(data: dict) -> list[str]:
     out = []
     rows = data["rows"]
@@ -34,7 +45,7 @@ def e2e_tables(data: dict) -> list[str]:
         mine = [r for r in rows if r["length"] == T and r["batch"] == B]
         up = mine[0].get("uptime", ["", ""])
         out += [f"**{T:,} tokens, batch {B}** (load: {up[0].split('load average:')[-1].strip()} before, "
-                f"{up[1].split('load average:')[-1].strip()} after)", "",
+                f"{up[1].split('load average:')[-1].strip()} after; {machine(mine[0].get('_hardware'))})", "",
                 "| variant | ms / token | / full [range over rounds] | CPU ms / token | CPU / full | / sdpa "
                 "| KV MiB |",
                 "|---|---:|---:|---:|---:|---:|---:|"]
@@ -87,7 +98,7 @@ def micro_table(data: dict) -> list[str]:
     out = [f"Copy bandwidth (STREAM-like, 256 MiB, median of {len(data['copy_rounds_gb_per_s'])} rounds): "
            f"**{data['copy_gb_per_s']:.2f} GB/s** (rounds {data['copy_rounds_gb_per_s']}); load "
            f"{[round(x, 2) for x in data['load_avg_1m']]}; {data['threads']} thread(s); per layer, "
-           f"{data['n_layers']} layers in turn.", "",
+           f"{data['n_layers']} layers in turn; {machine(data.get('hardware'))}.", "",
            "| T | kernel | ms / layer | time / sdpa-fp32 | MiB read | GB/s | bytes bound ms "
            "| efficiency (bound / time) |",
            "|---:|---|---:|---:|---:|---:|---:|---:|"]
@@ -101,7 +112,9 @@ def micro_table(data: dict) -> list[str]:
 
 
 def llama_table(data: dict, e2e: dict | None) -> list[str]:
-    out = [f"llama-cpp-python {data['llama_cpp_python']}, `{data['gguf']}`, {data['threads']} thread(s).", "",
+    out = [f"llama-cpp-python {data['llama_cpp_python']}, `{data['gguf']}`, {data['threads']} thread(s); "
+           f"{machine(data.get('hardware'))}. The longlab columns are the end-to-end rows above "
+           "(their machine is in each table's heading).", "",
            "| T | llama.cpp KV | prefill tok/s | decode ms / token | longlab `full` ms / token "
            "| longlab `kivi4` ms / token |", "|---:|---|---:|---:|---:|---:|"]
     for r in data["rows"]:
@@ -129,7 +142,8 @@ def _load_e2e(results: Path) -> dict | None:
     parts = [json.loads(p.read_text(encoding="utf-8")) for p in files]
     if not parts:
         return None
-    return {"rows": [r for part in parts for r in part["rows"]], "hardware": [p["hardware"] for p in parts]}
+    rows = [{**r, "_hardware": part.get("hardware")} for part in parts for r in part["rows"]]
+    return {"rows": rows, "hardware": [p.get("hardware") for p in parts]}
 
 
 def render(root: Path, plots: bool) -> dict[str, str]:
