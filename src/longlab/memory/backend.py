@@ -345,8 +345,9 @@ def chat_json(
 # ----------------------------------------------------------------------------------------- local engine
 class LocalBackend:
     """longlab's :class:`~longlab.engine.Engine` as a chat model: each call is one
-    ``Request(messages=..., recipe=...)``; ``json_schema`` goes in ``Request.response_format`` when the
-    engine has structured output, else (logged once) :func:`chat_json` parses and retries."""
+    ``Request(messages=..., recipe=...)`` (:meth:`chat_many`: one engine run of several, decoded as one
+    batch); ``json_schema`` goes in ``Request.response_format`` when the engine has structured output,
+    else (logged once) :func:`chat_json` parses and retries."""
 
     def __init__(
         self, model: Any, tokenizer: Any, *, recipe: str = "full", name: str = "local", chunk_size: int = 1024
