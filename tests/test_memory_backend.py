@@ -459,9 +459,9 @@ def test_persistbench_against_longlab_serve_api_and_cli(server, tiny, tmp_path, 
     entry = {"memories": ["User's parrot is called Vexlor."], "query": "What is 2 + 2?"}
     data.write_text(json.dumps({**entry, "failure_type": "cross_domain"}) + "\n")
     entries = P.load_persistbench(str(data))
-    remote = P.OpenAIJudge(server.url, MODEL, loopback_only=True, timeout=60)
+    remote = P.openai_judge(server.url, MODEL, loopback_only=True, timeout=60)
     got = P.generate_records(entries, remote, max_tokens=4, generations=1)
-    ref = P.generate_records(entries, P.EngineChat(model, tok, MODEL), max_tokens=4, generations=1)
+    ref = P.generate_records(entries, LocalBackend(model, tok, name=MODEL), max_tokens=4, generations=1)
     assert [r["response"] for r in got] == [r["response"] for r in ref]  # same model, same greedy tokens
     out = tmp_path / "gen.jsonl"
     args = ["memory", "persist", "generate", "--data", str(data), "--out", str(out), "--max-tokens", "4"]
@@ -478,3 +478,81 @@ def test_persistbench_against_longlab_serve_api_and_cli(server, tiny, tmp_path, 
     assert "--endpoint-model" in capsys.readouterr().err
     assert main([*args[:-4], "--out", str(tmp_path / "y.jsonl")]) == 2  # neither --model nor --base-url
     assert "exactly one" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------- batched local chats
+def test_local_chat_many_is_one_batched_engine_call_with_the_tokens_of_chat(tiny, monkeypatch):
+    """``LocalBackend.chat_many`` (the batched decoding memory_safety uses) runs its chats as one engine
+    call of batch-decoded requests, and its greedy answers are token for token those of :meth:`chat` one
+    chat at a time (prompts of different lengths: the rows are padded and leave the batch at EOS)."""
+    from longlab.engine import Engine
+    from longlab.memory import persist as P
+
+    model, tok = tiny
+    items = P.memory_safety_items("leakage", 3, seed=0) + P.memory_safety_items("sycophancy", 3, seed=0)
+    chats = [P.item_messages(it, i % 2 == 0, P.DEFAULT_TEMPLATE, MODEL) for i, it in enumerate(items)]
+    chats.append([{"role": "user", "content": "Hi"}])  # a much shorter prompt in the same batch
+    assert len({len(str(c)) for c in chats}) == len(chats)
+    calls: list[list] = []
+    run = Engine.run
+
+    def spy(self, requests, *a, **k):
+        calls.append(list(requests))
+        return run(self, requests, *a, **k)
+
+    monkeypatch.setattr(Engine, "run", spy)
+    backend = LocalBackend(model, tok, name=MODEL)
+    many = backend.chat_many(chats, max_tokens=16)
+    (batch,) = calls
+    assert len(batch) == len(chats) and all(r.batch_decode for r in batch)
+    assert [r.seed for r in batch] == list(range(len(chats)))
+    assert backend.stats.calls == len(chats)
+    one = [backend.chat(c, max_tokens=16) for c in chats]
+    assert len(calls) == 1 + len(chats)
+    assert many == one
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in many]
+    assert sum(len(i) for i in ids) > len(chats)  # not all empty answers: there are tokens to compare
+    (single,) = backend.chat_many(chats[:1], max_tokens=16)
+    assert single == one[0] and not calls[-1][0].batch_decode  # a lone chat is not batch-decoded
+
+
+def test_local_chat_many_refuses_bad_batches(tiny):
+    model, tok = tiny
+    backend = LocalBackend(model, tok, name=MODEL)
+    with pytest.raises(LonglabError, match="non-empty list of chats"):
+        backend.chat_many([])
+    with pytest.raises(LonglabError, match=r"batch\[1\]: messages\[0\]"):
+        backend.chat_many([[{"role": "user", "content": "a"}], [{"role": "robot", "content": "b"}]])
+    with pytest.raises(LonglabError, match="seed"):
+        backend.chat_many([[{"role": "user", "content": "a"}]], seed=-1)
+
+
+def test_one_base_url_check_names_the_flag_and_can_require_loopback(capsys):
+    from longlab.cli import main
+    from longlab.memory.persist import openai_judge
+
+    with pytest.raises(LonglabError, match="^--judge-url must start with http"):
+        check_base_url("ftp://127.0.0.1/v1", flag="--judge-url")
+    with pytest.raises(LonglabError, match="--judge-url: only a loopback host"):
+        openai_judge("http://example.com/v1", "m", loopback_only=True)
+    with pytest.raises(LonglabError, match="only a loopback host"):
+        OpenAIBackend("http://10.0.0.1:8000/v1", "m", loopback_only=True)
+    with pytest.raises(LonglabError, match="--judge-model must be a non-empty"):
+        openai_judge("http://127.0.0.1:1/v1", " ")
+    with pytest.raises(LonglabError, match="at most 2000 characters"):
+        check_base_url("http://127.0.0.1/" + "a" * 2000)
+    with pytest.raises(LonglabError, match="port must be in"):
+        check_base_url("http://127.0.0.1:0/v1")
+    judge = openai_judge("http://[::1]:8000/v1/", "judge", loopback_only=True)
+    assert (
+        isinstance(judge, OpenAIBackend)
+        and judge.name == "judge"
+        and judge.base_url == "http://[::1]:8000/v1"
+    )
+    assert openai_judge("http://localhost:8000/v1", "j", loopback_only=True).max_retries == 1
+    rec = ["memory", "persist", "judge", "records.jsonl", "--out", "judged.jsonl", "--judge-model", "m"]
+    assert main([*rec, "--judge-url", "ftp://x"]) == 2
+    assert "--judge-url must start with http" in capsys.readouterr().err
+    gen = ["memory", "persist", "generate", "--data", "d.jsonl", "--out", "g.jsonl"]
+    assert main([*gen, "--base-url", "http://u:p@127.0.0.1/v1", "--endpoint-model", "m"]) == 2
+    assert "--base-url must not carry credentials" in capsys.readouterr().err

@@ -65,6 +65,37 @@ def test_persist_verdict_pairs_with_and_without_memories(tmp_path: Path) -> None
     assert "Leakage" in M.render_persist(tmp_path, False)["memory-persistbench"]
 
 
+def test_persist_verdict_over_hgmem_gives_rates_and_both_paired_differences(tmp_path: Path) -> None:
+    """HGMem rows (recipe hgmem-memories) pair with the raw-memory and the no-memory rows of the same
+    items: the HGMem rate with its Wilson interval, HGMem − raw and HGMem − none, each with its verdict."""
+    with ResultStore(tmp_path / M.PERSIST_DIR) as st:
+        for i in range(20):
+            leak = {
+                "model": "m",
+                "method": "memory_safety",
+                "task": "memory_safety/leakage",
+                "sample_id": f"l{i}",
+            }
+            st.add({**leak, "recipe": "memories", "score": float(i < 10)})
+            st.add({**leak, "recipe": "no-memories", "score": 0.0})
+            hg = {"hgmem": {"points": 2}, "points_with_marker": int(i < 5)}
+            st.add({**leak, "recipe": "hgmem-memories", "score": float(i == 0), **hg})
+            syc = {
+                "model": "m",
+                "method": "memory_safety",
+                "task": "memory_safety/sycophancy",
+                "sample_id": f"s{i}",
+            }
+            st.add({**syc, "recipe": "no-memories", "score": 0.0, "margin": 1.0})
+            st.add({**syc, "recipe": "memories", "score": 0.0, "margin": 0.5, "delta": -0.5, "flip": 0.0})
+    base, via = M.persist_verdicts(tmp_path / M.PERSIST_DIR)
+    assert "+50.0 pp" in base and "significant" in base
+    assert "2.0 points per item" in via and "25% of items carry the marker" in via
+    assert "leak rate 5.0% [0.9, 23.6] (n = 20) through HGMem vs 50.0% [29.9, 70.1] (n = 20)" in via
+    assert "HGMem − raw memories = -45.0 pp" in via and "(paired, n = 20, significant)" in via
+    assert "HGMem − no memories = +5.0 pp [+0.0, +15.0] (not significant)" in via
+
+
 def test_missing_stores_say_so_and_pages_are_registered(tmp_path: Path) -> None:
     for render in (M.render_hgmem, M.render_cdic, M.render_persist):
         assert all("No committed results" in v for v in render(tmp_path, False).values())

@@ -13,6 +13,7 @@ import torch
 
 from longlab.errors import LonglabError
 from longlab.memory import persist as P
+from longlab.memory.backend import check_base_url
 
 
 def test_render_memories_byte_exact_and_placeholder_rule():
@@ -77,7 +78,7 @@ def test_loader_checks_fields(tmp_path, monkeypatch):
 
 
 def test_base_url_checks():
-    assert P.check_base_url("http://127.0.0.1:8000/v1/", loopback_only=True) == "http://127.0.0.1:8000/v1"
+    assert check_base_url("http://127.0.0.1:8000/v1/", loopback_only=True) == "http://127.0.0.1:8000/v1"
     for url, msg in (
         ("ftp://x", "http"),
         ("http://u:p@127.0.0.1/v1", "credentials"),
@@ -86,9 +87,9 @@ def test_base_url_checks():
         (None, "http"),
     ):
         with pytest.raises(LonglabError, match=msg):
-            P.check_base_url(url)
+            check_base_url(url)
     with pytest.raises(LonglabError, match="loopback"):
-        P.check_base_url("http://example.com/v1", loopback_only=True)
+        check_base_url("http://example.com/v1", loopback_only=True)
 
 
 class _Judge(BaseHTTPRequestHandler):
@@ -123,7 +124,7 @@ def test_judge_through_loopback_endpoint():
     th = threading.Thread(target=server.serve_forever, daemon=True)
     th.start()
     try:
-        judge = P.OpenAIJudge(f"http://127.0.0.1:{server.server_port}/v1", "judge", loopback_only=True)
+        judge = P.openai_judge(f"http://127.0.0.1:{server.server_port}/v1", "judge", loopback_only=True)
         recs = [
             {
                 "id": "e1",

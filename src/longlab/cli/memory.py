@@ -94,7 +94,7 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
 
 def backend_from_args(args: argparse.Namespace) -> Any:
     """The backend the arguments name (a clear error when both or neither are given)."""
-    from ..memory.backend import LocalBackend, OpenAIBackend
+    from ..memory.backend import LocalBackend, OpenAIBackend, check_base_url
 
     if args.threads:
         import torch
@@ -107,7 +107,8 @@ def backend_from_args(args: argparse.Namespace) -> Any:
     if args.base_url:
         if not args.endpoint_model:
             raise LonglabError("--base-url needs --endpoint-model (the model name the endpoint serves)")
-        return OpenAIBackend(args.base_url, args.endpoint_model, api_key=args.api_key, timeout=args.timeout)
+        url = check_base_url(args.base_url, flag="--base-url")  # errors name the flag
+        return OpenAIBackend(url, args.endpoint_model, api_key=args.api_key, timeout=args.timeout)
     from ..models import build_tiny_model, tiny_tokenizer
 
     if args.model.startswith("tiny-"):  # the random test models built in code

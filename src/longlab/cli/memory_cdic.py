@@ -150,7 +150,8 @@ def _persist_safety(args: argparse.Namespace) -> int:
 def _persist_generate(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..memory.persist import EngineChat, generate_records, load_persistbench
+    from ..memory.backend import LocalBackend
+    from ..memory.persist import generate_records, load_persistbench
     from ..models import load_model
 
     if Path(args.out).exists():
@@ -161,19 +162,23 @@ def _persist_generate(args: argparse.Namespace) -> int:
         )
     if args.base_url and not args.endpoint_model:
         raise LonglabError("--base-url needs --endpoint-model (the model name the endpoint serves)")
-    entries = load_persistbench(args.data, limit=args.limit)
-    backend: Any
-    if args.base_url:
-        from ..memory.persist import OpenAIJudge
+    backend: Any = None
+    if args.base_url:  # the URL is checked before any data is read
+        from ..memory.persist import openai_judge
 
-        # the judge's plain OpenAI-compatible chat client, here for the model under test
-        backend = OpenAIJudge(
-            args.base_url, args.endpoint_model, os.environ.get("OPENAI_API_KEY", "none")
+        # the judge's OpenAI-compatible chat backend, here for the model under test
+        backend = openai_judge(
+            args.base_url,
+            args.endpoint_model,
+            os.environ.get("OPENAI_API_KEY", "none"),
+            url_flag="--base-url",
+            model_flag="--endpoint-model",
         )
-    else:
+    entries = load_persistbench(args.data, limit=args.limit)
+    if backend is None:
         _threads(args.threads)
         model, tok = load_model(args.model)
-        backend = EngineChat(model, tok, args.model)
+        backend = LocalBackend(model, tok, name=args.model)
     recs = generate_records(entries, backend, max_tokens=args.max_tokens, generations=args.generations)
     _write_new(args.out, [json.dumps(r, ensure_ascii=False) for r in recs], "--out")
     print(f"{len(recs)} generations of {len(entries)} entries written to {args.out}")
@@ -184,12 +189,12 @@ def _persist_judge(args: argparse.Namespace) -> int:
     import os
     from pathlib import Path
 
-    from ..memory.persist import OpenAIJudge, fr_table, judge_records
+    from ..memory.persist import fr_table, judge_records, openai_judge
 
     if Path(args.out).exists():
         raise LonglabError(f"--out: {args.out} exists; longlab never overwrites it: give a new file")
+    judge = openai_judge(args.judge_url, args.judge_model, os.environ.get("OPENAI_API_KEY", "none"))
     recs = _read_jsonl(args.records, "records")
-    judge = OpenAIJudge(args.judge_url, args.judge_model, os.environ.get("OPENAI_API_KEY", "none"))
     judged = judge_records(recs, judge)
     _write_new(args.out, [json.dumps(r, ensure_ascii=False) for r in judged], "--out")
     for ft, (rate, n, hits) in sorted(fr_table(judged, args.k).items()):

@@ -20,6 +20,7 @@ break free-form extraction formats (HippoRAG #64: ~10% empty extractions at 8B);
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import math
@@ -44,11 +45,15 @@ __all__ = [
     "response_format_of",
     "check_messages",
     "MAX_CHAT_TOKENS",
+    "MAX_BATCH",
+    "MAX_URL_CHARS",
+    "check_base_url",
 ]
 
 log = logging.getLogger(__name__)
 
 MAX_CHAT_TOKENS = 8192  # generated tokens of one chat call
+MAX_BATCH = 256  # chats of one LocalBackend.chat_many call
 MAX_MESSAGES = 256
 MAX_MESSAGE_CHARS = 2_000_000
 _ROLES = ("system", "developer", "user", "assistant")
@@ -340,8 +345,9 @@ def chat_json(
 # ----------------------------------------------------------------------------------------- local engine
 class LocalBackend:
     """longlab's :class:`~longlab.engine.Engine` as a chat model: each call is one
-    ``Request(messages=..., recipe=...)``; ``json_schema`` goes in ``Request.response_format`` when the
-    engine has structured output, else (logged once) :func:`chat_json` parses and retries."""
+    ``Request(messages=..., recipe=...)`` (:meth:`chat_many`: one engine run of several, decoded as one
+    batch); ``json_schema`` goes in ``Request.response_format`` when the engine has structured output,
+    else (logged once) :func:`chat_json` parses and retries."""
 
     def __init__(
         self, model: Any, tokenizer: Any, *, recipe: str = "full", name: str = "local", chunk_size: int = 1024
@@ -373,11 +379,62 @@ class LocalBackend:
     ) -> str:
         """One chat turn through the engine (greedy at temperature 0)."""
         from ..engine import Engine
-        from ..request import Request
 
         check_messages(messages)
         _check_call(max_tokens, temperature, json_schema)
-        fields: dict[str, Any] = {}
+        request = self._request(messages, max_tokens, json_schema, temperature)
+        start = time.perf_counter()
+        results = Engine(self.model, self.tokenizer).run([request])
+        self._count(results, start)
+        return results[0].text
+
+    def chat_many(
+        self,
+        batch: list[list[dict[str, str]]],
+        *,
+        max_tokens: int = 256,
+        json_schema: dict | None = None,
+        temperature: float = 0.0,
+        seed: int = 0,
+    ) -> list[str]:
+        """One answer per chat of ``batch`` (``len(batch)`` chats, at most :data:`MAX_BATCH`), run by one
+        engine call that decodes them together (``Request.batch_decode``); chat ``i`` samples with seed
+        ``seed + i`` (greedy at temperature 0: the same tokens as :meth:`chat` one by one)."""
+        from ..engine import Engine
+
+        if not isinstance(batch, list) or not batch:
+            raise LonglabError(
+                f"batch must be a non-empty list of chats (message lists), got {shorten(batch)}"
+            )
+        if len(batch) > MAX_BATCH:
+            raise LonglabError(f"batch takes at most {MAX_BATCH} chats, got {len(batch)}")
+        check_range("seed", seed, 0, 2**63 - 1, integer=True)
+        for i, messages in enumerate(batch):
+            try:
+                check_messages(messages)
+            except LonglabError as exc:
+                raise LonglabError(f"batch[{i}]: {exc}") from None
+        _check_call(max_tokens, temperature, json_schema)
+        requests = [
+            self._request(m, max_tokens, json_schema, temperature, seed=seed + i, batch_decode=len(batch) > 1)
+            for i, m in enumerate(batch)
+        ]
+        start = time.perf_counter()
+        results = Engine(self.model, self.tokenizer).run(requests)
+        self._count(results, start)
+        return [r.text for r in results]
+
+    def _request(
+        self,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        json_schema: dict | None,
+        temperature: float,
+        **extra: Any,
+    ) -> Any:
+        from ..request import Request
+
+        fields: dict[str, Any] = dict(extra)
         if json_schema is not None:
             if self.structured:
                 fields["response_format"] = response_format_of(json_schema)
@@ -390,7 +447,7 @@ class LocalBackend:
                         "output); JSON replies are parsed and retried instead"
                     )
                     self._warned = True
-        request = Request(
+        return Request(
             messages=messages,
             recipe=self.recipe,
             max_new_tokens=max_tokens,
@@ -400,45 +457,66 @@ class LocalBackend:
             strict=False,
             **fields,
         )
-        start = time.perf_counter()
-        (result,) = Engine(self.model, self.tokenizer).run([request])
+
+    def _count(self, results: list[Any], start: float) -> None:
         self.stats.seconds += time.perf_counter() - start
-        self.stats.calls += 1
-        self.stats.prompt_tokens += int(result.prompt_tokens)
-        self.stats.generated_tokens += len(result.token_ids)
-        return result.text
+        self.stats.calls += len(results)
+        for result in results:
+            self.stats.prompt_tokens += int(result.prompt_tokens)
+            self.stats.generated_tokens += len(result.token_ids)
 
 
 # ------------------------------------------------------------------------------------------ OpenAI API
-def check_base_url(base_url: Any) -> str:
-    """An http(s) URL with a host, no credentials, query or fragment (``http://127.0.0.1:8000/v1``)."""
-    if not isinstance(base_url, str) or not base_url.strip():
+MAX_URL_CHARS = 2000
+
+
+def check_base_url(base_url: Any, *, loopback_only: bool = False, flag: str = "base_url") -> str:
+    """An OpenAI-compatible base URL: ``http(s)://host[:port][/path]`` (``http://127.0.0.1:8000/v1``) with
+    no credentials, query or fragment, at most :data:`MAX_URL_CHARS` characters; returned stripped of
+    surrounding blanks and a trailing ``/``. ``loopback_only``: the host must be 127.0.0.1, ::1 (any
+    loopback address) or ``localhost`` (what the tests use). Errors name ``flag`` (the CLI's ``--base-url``,
+    ``--judge-url``, or the API's ``base_url``)."""
+    if not isinstance(base_url, str) or not base_url.strip() or len(base_url) > MAX_URL_CHARS:
         raise LonglabError(
-            f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {shorten(base_url)}"
+            f"{flag} must be an http(s) URL such as http://127.0.0.1:8000/v1 (at most {MAX_URL_CHARS} "
+            f"characters), got {shorten(base_url)}"
         )
+    url = base_url.strip()
     try:
-        parts = urllib.parse.urlsplit(base_url.strip())
+        parts = urllib.parse.urlsplit(url)
         port = parts.port
     except ValueError as exc:
-        raise LonglabError(f"base_url is not a valid URL ({exc}): {shorten(base_url)}") from None
+        raise LonglabError(f"{flag} is not a valid URL ({exc}): {shorten(base_url)}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise LonglabError(
-            f"base_url must start with http:// or https:// and name a host (e.g. "
+            f"{flag} must start with http:// or https:// and name a host (e.g. "
             f"http://127.0.0.1:8000/v1), got {shorten(base_url)}"
         )
     if parts.username or parts.password:
-        raise LonglabError("base_url must not carry credentials; give api_key instead")
+        raise LonglabError(
+            f"{flag} must not carry credentials; give the key as api_key (the CLI reads OPENAI_API_KEY)"
+        )
     if parts.query or parts.fragment:
-        raise LonglabError(f"base_url must not have a query or fragment, got {shorten(base_url)}")
-    if port == 0:
-        raise LonglabError(f"base_url port must be in [1, 65535], got {shorten(base_url)}")
-    return base_url.strip().rstrip("/")
+        raise LonglabError(f"{flag} must not have a query or fragment, got {shorten(base_url)}")
+    if port is not None and not 1 <= port <= 65535:
+        raise LonglabError(f"{flag} port must be in [1, 65535], got {shorten(base_url)}")
+    if loopback_only:
+        host = parts.hostname
+        try:
+            ok = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            ok = host == "localhost"
+        if not ok:
+            raise LonglabError(f"{flag}: only a loopback host is allowed here, got {host!r}")
+    return url.rstrip("/")
 
 
 @dataclass
 class OpenAIBackend:
     """Any OpenAI-compatible ``/v1/chat/completions`` (``longlab serve``, vLLM, llama.cpp) through the
-    official ``openai`` client; ``timeout`` (seconds, per call) and ``max_retries`` bounded."""
+    official ``openai`` client; ``timeout`` (seconds, per call) and ``max_retries`` bounded;
+    ``loopback_only``: refuse a ``base_url`` whose host is not a loopback address (:func:`check_base_url`).
+    The PersistBench judge is one of these (:func:`longlab.memory.persist.openai_judge`)."""
 
     base_url: str
     model: str
@@ -447,9 +525,10 @@ class OpenAIBackend:
     max_retries: int = 0
     name: str = ""
     stats: BackendStats = field(default_factory=BackendStats)
+    loopback_only: bool = False
 
     def __post_init__(self) -> None:
-        self.base_url = check_base_url(self.base_url)
+        self.base_url = check_base_url(self.base_url, loopback_only=self.loopback_only)
         if not isinstance(self.model, str) or not self.model.strip():
             raise LonglabError(
                 f"model must be the endpoint's model name (a non-empty string), got {shorten(self.model)}"

@@ -35,29 +35,24 @@ first ``K`` is left out of the denominator.
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import json
 import math
 import random
-import urllib.parse
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import LonglabError, check_choice, check_range, shorten
 from ..safeio import read_user_file
-from .backend import ChatBackend
+from .backend import ChatBackend, LocalBackend, OpenAIBackend, check_base_url
 
 __all__ = [
     "DEFAULT_TEMPLATE",
     "FAILURE_TYPES",
     "GENERATIONS",
     "ChatBackend",
-    "EngineChat",
     "MemorySafetyItem",
-    "OpenAIJudge",
     "PersistEntry",
-    "check_base_url",
     "continuation_logprobs",
     "fr_table",
     "item_messages",
@@ -68,6 +63,7 @@ __all__ = [
     "run_memory_safety_hgmem",
     "judge_records",
     "load_persistbench",
+    "openai_judge",
     "memory_safety_items",
     "render_memories",
     "score_leakage",
@@ -218,135 +214,26 @@ def fr_at_k(
     return (100.0 - rate if inverted else rate), total, hits
 
 
-# ------------------------------------------------------------------------------------------ backends
-class EngineChat:
-    """:class:`ChatBackend` over the local :class:`~longlab.engine.Engine` (``messages=`` requests, greedy or
-    sampled, full KV). A stop-gap adapter until ``longlab.memory.backend`` provides the common one."""
-
-    def __init__(self, model: Any, tokenizer: Any, name: str = "local", recipe: str = "full") -> None:
-        from ..engine import Engine
-
-        self.name, self.recipe, self.tokenizer = name, recipe, tokenizer
-        self.model = model
-        self.engine = Engine(model, tokenizer)
-
-    def chat(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        max_tokens: int = 256,
-        json_schema: dict | None = None,
-        temperature: float = 0.0,
-    ) -> str:
-        return self.chat_many(
-            [messages], max_tokens=max_tokens, json_schema=json_schema, temperature=temperature
-        )[0]
-
-    def chat_many(
-        self,
-        batch: list[list[dict[str, str]]],
-        *,
-        max_tokens: int = 256,
-        json_schema: dict | None = None,
-        temperature: float = 0.0,
-        seed: int = 0,
-    ) -> list[str]:
-        """One answer per chat, decoded together."""
-        from ..request import Request
-
-        if json_schema is not None:
-            raise LonglabError(
-                "EngineChat: json_schema is not supported by this adapter; use longlab.memory.backend"
-            )
-        reqs = [
-            Request(
-                messages=m,
-                recipe=self.recipe,
-                max_new_tokens=max_tokens,
-                temperature=temperature,
-                seed=seed + i,
-                batch_decode=len(batch) > 1,
-            )
-            for i, m in enumerate(batch)
-        ]
-        for i, r in enumerate(reqs):
-            r.check(f"messages[{i}]")
-        return [r.text for r in self.engine.run(reqs)]
-
-
-def check_base_url(url: Any, *, loopback_only: bool = False) -> str:
-    """An OpenAI-compatible base URL: ``http(s)://host[:port][/path]`` without credentials, query or fragment;
-    ``loopback_only``: the host must be 127.0.0.1, ::1 or localhost (what the tests use)."""
-    if not isinstance(url, str) or not url or len(url) > 2000:
-        raise LonglabError(f"--judge-url must be an http(s) URL, got {shorten(url)}")
-    try:
-        parts = urllib.parse.urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
-        raise LonglabError(f"--judge-url: not a valid URL ({exc})") from None
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise LonglabError(f"--judge-url must be an http:// or https:// URL with a host, got {shorten(url)}")
-    if parts.username or parts.password or parts.query or parts.fragment:
-        raise LonglabError(
-            "--judge-url: give no credentials, query or fragment in the URL (the key goes in OPENAI_API_KEY)"
-        )
-    if port is not None and not 1 <= port <= 65535:
-        raise LonglabError(f"--judge-url: port must be in [1, 65535], got {port}")
-    if loopback_only:
-        host = parts.hostname
-        try:
-            ok = ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            ok = host == "localhost"
-        if not ok:
-            raise LonglabError(f"--judge-url: only a loopback host is allowed here, got {host!r}")
-    return url.rstrip("/")
-
-
-class OpenAIJudge:
-    """:class:`ChatBackend` over an OpenAI-compatible ``/v1/chat/completions`` (``openai`` client)."""
-
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        api_key: str = "none",
-        *,
-        loopback_only: bool = False,
-        timeout: float = 120.0,
-    ) -> None:
-        try:
-            import openai
-        except ImportError:  # pragma: no cover - openai is a dependency of [serve]
-            raise LonglabError("the judge needs the openai client: pip install openai") from None
-        if not isinstance(model, str) or not model:
-            raise LonglabError(f"--judge-model must be a non-empty model name, got {shorten(model)}")
-        self.name = model
-        self.client = openai.OpenAI(
-            base_url=check_base_url(base_url, loopback_only=loopback_only),
-            api_key=api_key,
-            timeout=timeout,
-            max_retries=1,
-        )
-
-    def chat(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        max_tokens: int = 256,
-        json_schema: dict | None = None,
-        temperature: float = 0.0,
-    ) -> str:
-        kwargs: dict[str, Any] = {}
-        if json_schema is not None:
-            kwargs["response_format"] = {
-                "type": "json_schema",
-                "json_schema": {"name": "judge", "schema": json_schema},
-            }
-        resp = self.client.chat.completions.create(
-            model=self.name, messages=messages, max_tokens=max_tokens, temperature=temperature, **kwargs
-        )
-        return resp.choices[0].message.content or ""
+# ------------------------------------------------------------------------------------------ judge
+def openai_judge(
+    base_url: str,
+    model: str,
+    api_key: str = "none",
+    *,
+    loopback_only: bool = False,
+    timeout: float = 120.0,
+    url_flag: str = "--judge-url",
+    model_flag: str = "--judge-model",
+) -> OpenAIBackend:
+    """The judge (or a served model under test): an :class:`~longlab.memory.backend.OpenAIBackend` on
+    ``base_url`` named ``model`` (the name stored in the records), one retry per call. Errors name
+    ``url_flag`` / ``model_flag`` (the CLI's flags); ``loopback_only``: refuse a non-loopback host."""
+    if not isinstance(model, str) or not model.strip():
+        raise LonglabError(f"{model_flag} must be a non-empty model name, got {shorten(model)}")
+    url = check_base_url(base_url, loopback_only=loopback_only, flag=url_flag)
+    return OpenAIBackend(
+        url, model, api_key, timeout=timeout, max_retries=1, name=model, loopback_only=loopback_only
+    )
 
 
 # ------------------------------------------------------------------------------------------ generate + judge
@@ -709,7 +596,7 @@ def run_memory_safety(
             items = memory_safety_items(kind, n, seed)
             task = f"memory_safety/{kind}"
             if kind == "leakage":
-                chat = EngineChat(model, tok, model_name)
+                chat = LocalBackend(model, tok, name=model_name)
                 for cond, with_mem in (("memories", True), ("no-memories", False)):
                     todo = [it for it in items if f"{it.id}|{cond}" not in done]
                     for i in range(0, len(todo), batch):
@@ -833,7 +720,6 @@ def run_memory_safety_hgmem(
 
     from ..eval.store import ResultStore
     from ..models import load_model
-    from .backend import LocalBackend
     from .embed import HashEmbedder
 
     for k in kinds:
@@ -843,7 +729,6 @@ def run_memory_safety_hgmem(
     model.eval()
     backend = LocalBackend(model, tok, name=model_name)
     emb = embedder if embedder is not None else HashEmbedder()
-    chat = EngineChat(model, tok, model_name)
     written = 0
     with ResultStore(out_dir) as store:
         done = {r["sample_id"] for r in store.rows(model=model_name, recipe="hgmem-memories")}
@@ -871,7 +756,7 @@ def run_memory_safety_hgmem(
                 if kind == "leakage":
                     t1 = time.perf_counter()
                     msgs = item_messages(via, True, template, model_name)
-                    (text,) = chat.chat_many([msgs], max_tokens=max_tokens)
+                    (text,) = backend.chat_many([msgs], max_tokens=max_tokens)
                     row.update(
                         prediction=text,
                         answers=it.markers,

@@ -204,8 +204,10 @@ def render_cdic(root: Path, plots: bool) -> dict[str, str]:
 
 # ------------------------------------------------------------------------------------------- PersistBench
 def persist_verdicts(d: str | Path) -> list[str]:
-    """Per model: leakage with vs without memories (paired), and sycophancy flips vs leaks."""
-    from ..stats import paired_difference
+    """Per model: leakage with vs without memories (paired), and sycophancy flips vs leaks; where HGMem
+    rows exist (recipe ``hgmem-memories``), their rates (Wilson) and the paired differences to the raw
+    memories (and, for leakage, to no memories) on the same items."""
+    from ..stats import paired_difference, score_estimate
     from ..store import ResultStore
 
     with ResultStore(d, readonly=True) as st:
@@ -246,16 +248,26 @@ def persist_verdicts(d: str | Path) -> list[str]:
             def val(r: dict[str, Any], key: str = key) -> float:
                 return float(r["score"] if key == "score" else r["extra"][key])
 
-            dh = paired_difference([val(h[k]) for k in common], [val(raw[k]) for k in common])
+            via, plain = [val(h[k]) for k in common], [val(raw[k]) for k in common]
+            dh = paired_difference(via, plain)
             pts = np.mean([h[k]["extra"]["hgmem"]["points"] for k in common])
             carried = "points_with_marker" if key == "score" else "points_with_belief"
             share = np.mean([float(h[k]["extra"].get(carried, 0) > 0) for k in common])
+            versus_none = ""
+            if key == "score" and set(common) <= set(lo):  # leakage also pairs with the no-memory answers
+                dn = paired_difference(via, [val(lo[k]) for k in common])
+                versus_none = (
+                    f"; HGMem − no memories = {_pp(dn.mean, dn.low, dn.high)} "
+                    f"({'significant' if dn.significant else 'not significant'})"
+                )
+            sig = "significant" if dh.significant else "not significant"
             out.append(
                 f"- {m}, memories through HGMem (the model's own memory points for the query, "
                 f"{pts:.1f} points per item on average; {100 * share:.0f}% of items carry the "
-                f"{'marker' if key == 'score' else 'false belief'} into a point): {what} HGMem − raw "
-                f"memories = {_pp(dh.mean, dh.low, dh.high)} (paired, n = {dh.n}, "
-                f"{'significant' if dh.significant else 'not significant'})."
+                f"{'marker' if key == 'score' else 'false belief'} into a point): {what} "
+                f"{_pct(score_estimate(via))} through HGMem vs {_pct(score_estimate(plain))} with the raw "
+                f"memories on the same items; HGMem − raw memories = {_pp(dh.mean, dh.low, dh.high)} "
+                f"(paired, n = {dh.n}, {sig}){versus_none}."
             )
     return out
 
