@@ -227,7 +227,7 @@ GRIDS = (
 )
 
 
-INFTYTHINK = "compression/inftythink_qwen_v2.json"  # rows of the former bench loop (same fields as the store)
+INFTYTHINK = "compression/inftythink_ask"  # the store of bench/configs/compression-inftythink.toml
 INFTYTHINK_BLOCK = "compression-inftythink"
 
 
@@ -237,20 +237,9 @@ def inftythink_rows(directory: str | Path) -> list[dict]:
     ``peak_kv_bytes`` (``full``: its cache after the last token, ``extra.kv_bytes_end``; InftyThink: the
     largest cache of any iteration, its own counter), ``prompt_tokens``, ``final_tokens`` (the answer's),
     ``iterations``, ``stop`` and ``seconds`` (prefill + decode). A row without those counters (a batched
-    ``full`` row keeps no cache) is refused, naming it. ``directory`` may also be the JSON list of rows
-    the former ``bench/compression.py inftythink`` loop wrote (the same fields, ``seconds``: its wall time
-    per row)."""
+    ``full`` row keeps no cache) is refused, naming it."""
     from ...errors import LonglabError
 
-    if str(directory).endswith(".json"):
-        import json
-
-        return [{"recipe": r["recipe"], "length": r["length"], "sample_id": r["sample_id"],
-                 "steps": r["steps"], "score": float(r["score"]),
-                 "generated": r["reasoning_tokens"] + r["summary_tokens"],
-                 "peak_kv_bytes": r["peak_kv_bytes"], "prompt_tokens": r["prompt_tokens"],
-                 "final_tokens": r["final_tokens"], "iterations": r["iterations"], "stop": r["stop"],
-                 "seconds": r["seconds"]} for r in json.loads(Path(directory).read_text(encoding="utf-8"))]
     out = []
     with ResultStore(str(directory), readonly=True) as store:
         for row in store.iter_rows():
@@ -292,12 +281,15 @@ def inftythink_table(rows: list[dict]) -> str:
     bootstrap difference against ``full`` (2,000 resamples; ``*``: the interval excludes 0), tokens
     generated, peak KV (MiB, and tokens beyond the prompt at the same sample's ``full`` bytes per cached
     token: its cache holds prompt + answer - 1 tokens) and iterations; then all lengths pooled with the
-    sign test over the discordant pairs, and how the rows stopped."""
+    sign test over the discordant pairs, how the rows stopped and their times; only the samples every
+    recipe holds count."""
     from .paired import fmt_p, sign_test
 
     base = "full"
     recipes = sorted({r["recipe"] for r in rows}, key=lambda r: (r != base, r))
     by = {(r["recipe"], r["sample_id"]): r for r in rows}
+    # only the samples every recipe holds (a sweep cut short leaves an unpaired row out of every line)
+    rows = [r for r in rows if all((rc, r["sample_id"]) in by for rc in recipes)]
     lines = ["| chain (steps) | recipe | n | accuracy [95% CI] | − full (paired) [95% CI] | tokens generated "
              "(median, max) | peak KV MiB (median, max) | peak KV tokens beyond the prompt (median, max) "
              "| iterations |", "|---|---|---|---|---|---|---|---|---|"]
