@@ -3,8 +3,8 @@ of variants side by side (:func:`interleaved`: repeats interleaved with the orde
 and CPU time per call, medians, the load average before and after), ratios of medians to a baseline,
 and the JSON writer. Scripts run as ``python bench/<name>.py``, so this module is imported as ``common``
 (the script's directory is first on ``sys.path``). A script that times things uses :func:`interleaved`
-(or :func:`timed` for one call) rather than its own loop; :func:`best_of` is kept for the figures that
-were reported as minima."""
+(or :func:`timed` for one call, ordered by :func:`rotated` when the rounds are samples) rather than its own
+loop; :func:`best_of` is kept for the figures that were reported as minima."""
 
 from __future__ import annotations
 
@@ -16,15 +16,18 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
-__all__ = ["ROOT", "hardware", "timed", "interleaved", "ratios", "best_of", "write_json", "MAX_REPEATS"]
+__all__ = ["ROOT", "hardware", "timed", "rotated", "interleaved", "ratios", "best_of", "write_json",
+           "MAX_REPEATS"]
+
+T = TypeVar("T")
 
 MAX_REPEATS = 10_000  # timed calls per variant; a larger request is refused before any work
 
@@ -81,6 +84,14 @@ def timed(fn: Callable[[], Any]) -> tuple[float, float, Any]:
     return wall, cpu, out
 
 
+def rotated(items: Sequence[T], r: int) -> list[T]:
+    """``items`` in round ``r``'s order: rotated left by ``r`` (modulo their count), as :func:`interleaved`
+    orders its rounds; a benchmark whose rounds are samples (one call per variant) orders each with it."""
+    items = list(items)
+    k = r % len(items) if items else 0
+    return items[k:] + items[:k]
+
+
 def interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int, warmup: int = 1) -> dict[str, Any]:
     """Time every variant ``repeats`` times side by side: round ``r`` calls the variants in their order
     rotated by ``r`` (so a drift of the machine's load or clock falls on all of them alike), after
@@ -101,8 +112,7 @@ def interleaved(variants: Mapping[str, Callable[[], Any]], repeats: int, warmup:
     cpus: dict[str, list[float]] = {n: [] for n in names}
     load_before = load_average()
     for r in range(repeats):
-        k = r % len(names)
-        for name in names[k:] + names[:k]:
+        for name in rotated(names, r):
             wall, cpu, results[name] = timed(variants[name])
             walls[name].append(wall)
             cpus[name].append(cpu)

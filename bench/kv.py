@@ -12,8 +12,9 @@ Subcommands (``python bench/kv.py SUB --help`` for each one's options):
   KV-quant recipes.
 - ``pyramidkv-fidelity``: PyramidKV fidelity: longlab's kept sets against the official selection, layer by
   layer.
-- ``indexmem-fidelity``: Decode fidelity of IndexMem against SnapKV: does the latent memory bring the output
-  closer to full?.
+- (IndexMem's decode fidelity against SnapKV is a ``longlab eval`` run,
+  ``bench/configs/indexmem-fidelity.toml``: teacher-forced rows with ``extra.fidelity`` and
+  ``extra.kl_vs_full``.)
 - ``indexmem-pairs``: IndexMem against SnapKV at equal ratio, from a ``longlab eval`` store (issue 10, item
   6).
 - ``eviction-pairs``: OBCache / ReST-KV against their baselines at 2k, from a ``longlab eval`` store (the
@@ -50,7 +51,6 @@ from longlab.models import load_model
 from longlab.prompt import encode_prompts
 from longlab.recipe import Recipe, parse_method, parse_recipe, split_recipes
 from longlab.tasks import generate_samples
-from longlab.tasks import generate_samples as make_samples
 
 # ---- memory (was bench/kv.py memory) ----------------------------------------
 
@@ -774,100 +774,6 @@ def _run_pyramidkv_fidelity() -> object:
     pyramidkv_fidelity_main()
 
 
-# ---- indexmem-fidelity (was bench/kv.py indexmem-fidelity) ----------------------------------------
-
-DOC_INDEXMEM_FIDELITY = """
-Decode fidelity of IndexMem against SnapKV: does the latent memory bring the output closer to full?
-
-For each RULER sample (query-aware, context + question compressed once at the end, 256-token chunks as in
-``longlab eval``), full attention decodes the answer greedily; every recipe then decodes the same tokens
-(teacher forcing) and we record KL(full || recipe) of the next-token distribution and top-1 agreement.
-The context before the last chunk is prefilled once and forked per recipe, like the eval harness.
-
-    OMP_NUM_THREADS=1 python bench/kv.py indexmem-fidelity --out runs/indexmem/fidelity.json
-""".lstrip("\n")
-
-INDEXMEM_FIDELITY_RECIPES = (
-    "snapkv@0.75",
-    "indexmem@0.75:memory=false",
-    "indexmem@0.75",
-    "snapkv@0.9",
-    "indexmem@0.9:memory=false",
-    "indexmem@0.9",
-)
-
-
-@torch.inference_mode()
-def indexmem_fidelity_main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--tasks", default="niah_single_1,vt")
-    ap.add_argument("--length", type=int, default=2048)
-    ap.add_argument("--samples", type=int, default=2)
-    ap.add_argument("--tokens", type=int, default=12)
-    ap.add_argument("--chunk-size", type=int, default=256)
-    ap.add_argument("--out", default="runs/indexmem/fidelity.json")
-    args = ap.parse_args()
-    torch.set_num_threads(1)
-    model, tok = load_model(args.model)
-    rows = []
-    start = time.perf_counter()
-    for task in args.tasks.split(","):
-        for s in make_samples(task, tok, args.length, args.samples, 0):
-            (c_ids,), (q_ids,) = encode_prompts(tok, [s.context], [s.question], [s.answer_prefix])
-            ids = c_ids + q_ids
-            tail = ids[-args.chunk_size :]
-            shared = Stream(model, LonglabCache(None), 1)
-            shared.feed([ids[: -len(tail)]], args.chunk_size, compress="none")
-            full = shared.fork()
-            logits = full.feed([tail], args.chunk_size, compress="none")
-            answer, ref = [], []
-            for _ in range(args.tokens):  # greedy under full attention
-                ref.append(torch.log_softmax(logits.float(), -1))
-                answer.append(int(logits.argmax(-1)))
-                logits = full.feed([[answer[-1]]], compress="none")
-            for recipe in INDEXMEM_FIDELITY_RECIPES:
-                branch = shared.fork(recipe)
-                logits = branch.feed([tail], args.chunk_size, compress="end")
-                kls, agree = [], []
-                for i in range(args.tokens):
-                    lp = torch.log_softmax(logits.float(), -1)
-                    kls.append(float((ref[i].exp() * (ref[i] - lp)).sum()))
-                    agree.append(int(logits.argmax(-1)) == answer[i])
-                    logits = branch.feed([[answer[i]]], compress="none")
-                rows.append(
-                    {
-                        "task": task,
-                        "sample": s.sample_id,
-                        "recipe": recipe,
-                        "kl": sum(kls) / len(kls),
-                        "top1": sum(agree) / len(agree),
-                    }
-                )
-                print(f"{task} {s.sample_id} {recipe}: KL {rows[-1]['kl']:.3f} top1 {rows[-1]['top1']:.2f}")
-    summary = {}
-    for recipe in INDEXMEM_FIDELITY_RECIPES:
-        mine = [r for r in rows if r["recipe"] == recipe]
-        summary[recipe] = {
-            "kl": round(sum(r["kl"] for r in mine) / len(mine), 4),
-            "top1": round(sum(r["top1"] for r in mine) / len(mine), 3),
-            "n": len(mine),
-        }
-    out = {
-        "args": vars(args),
-        "seconds": round(time.perf_counter() - start, 1),
-        "summary": summary,
-        "rows": rows,
-    }
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(out, f, indent=1)
-    print(json.dumps(summary, indent=1))
-
-
-def _run_indexmem_fidelity() -> object:
-    indexmem_fidelity_main()
-
-
 # ---- indexmem-pairs (was bench/pairs.py) ----------------------------------------
 
 DOC_INDEXMEM_PAIRS = """
@@ -1048,7 +954,6 @@ SUBCOMMANDS = {
     "quant-speed": _run_quant_speed,
     "quant-steps": _run_quant_steps,
     "pyramidkv-fidelity": _run_pyramidkv_fidelity,
-    "indexmem-fidelity": _run_indexmem_fidelity,
     "indexmem-pairs": _run_indexmem_pairs,
     "eviction-pairs": _run_eviction_pairs,
 }

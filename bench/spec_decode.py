@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from common import ROOT, hardware, timed, write_json
+from common import ROOT, hardware, load_average, rotated, timed, write_json
 
 from longlab import load_model
 from longlab.cache import LonglabCache
@@ -155,12 +155,12 @@ def run_spec(args: argparse.Namespace) -> None:
         for sample in samples_for(tokenizer, args.tasks, length, args.samples, args.seed):
             base, logits, prompt, prefill_s = prefill(model, tokenizer, sample)
             max_new = min(sample.max_new_tokens, args.max_new_tokens)
-            order = configs[k % len(configs) :] + configs[: k % len(configs)]
+            order = rotated(configs, k)  # the shared runner's rotation, one round per sample
             k += 1
             plain_tokens, results = None, {}
             for name, draft, verify, gamma in order:
                 stream = base.fork()
-                load = os.getloadavg()[0]
+                load = load_average()
                 if draft is None:
                     wall, cpu, tokens = timed(partial(stream.decode, logits, max_new, eos))
                     stats = None

@@ -156,6 +156,16 @@ def test_runner_interleaves_rotated_rounds_and_takes_medians():
     assert "load_before" in timing and "load_after" in timing
 
 
+def test_rotated_is_the_runners_round_order():
+    """``rotated`` (spec_decode.py orders its per-sample rounds with it) is the order ``interleaved`` uses."""
+    common = _common()
+    assert [common.rotated("abc", r) for r in range(4)] == [list(x) for x in ("abc", "bca", "cab", "abc")]
+    assert common.rotated([], 3) == []
+    calls: list[str] = []
+    common.interleaved({n: (lambda n=n: calls.append(n)) for n in "abc"}, repeats=3, warmup=0)
+    assert calls == [x for r in range(3) for x in common.rotated("abc", r)]
+
+
 def test_runner_medians_and_ratios_by_hand(monkeypatch):
     common = _common()
     ticks = iter([0.0, 1.0, 1.0, 5.0, 5.0, 6.0, 6.0, 7.0, 7.0, 8.0, 8.0, 11.0])  # start/stop pairs

@@ -88,7 +88,8 @@ ONE_QUESTION = [t for t in TASKS if t not in SHARED_DOCUMENT]
 def test_registry_names():
     assert list(TASKS)[:13] == RULER_13
     assert set(TASKS) == set(RULER_13) | {"passkey", "multidoc_qa_1", "multidoc_qa_2", "summ_events"} | {
-        "redundant_niah", "redundant_niah_2hop", "cite_qa", "lookup_chain"  # longlab.tasks.compression
+        "redundant_niah", "redundant_niah_2hop", "cite_qa", "lookup_chain",  # longlab.tasks.compression
+        "lookup_chain_reason",
     } | SHARED_DOCUMENT
     assert get_task("vt") is TASKS["vt"]
 
@@ -115,7 +116,9 @@ def test_length_within_budget(task, tok, length):
         assert 0.8 * length < total <= length, (task, total)
         assert s.metadata["context_tokens"] + s.metadata["question_tokens"] == total
         assert s.task == task and s.length == length and s.answers and s.max_new_tokens > 0
-        assert s.context and s.question and s.answer_prefix
+        assert s.context and s.question
+        # a worked answer (lookup_chain_reason: steps, then "Answer: N") starts without a prefix
+        assert s.answer_prefix or task == "lookup_chain_reason"
 
 
 def test_cwe_switches_frequencies_at_4k():
@@ -589,6 +592,8 @@ def _ruler_metric(task: str) -> str:
         return "rouge_l"
     if task == "cite_qa":  # answer correctness and citation F1 (longlab.tasks.compression)
         return "answer_citation"
+    if task == "lookup_chain_reason":  # the number a worked answer ends on (longlab.tasks.compression)
+        return "final_number"
     return "first_int_match" if task == "passkey" else "string_match_all"
 
 

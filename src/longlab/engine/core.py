@@ -65,6 +65,7 @@ class Result:
     context: dict[str, Any] | None = None  # a context compressor's record (tokens kept, time, spans)
     forced: list[int] | None = None  # argmax at each continuation position (continuation= requests)
     forced_ids: list[int] | None = None  # the continuation's token ids
+    forced_logprobs: Any = field(default=None, repr=False)  # [T, V] log-softmax at each continuation position
     metrics: Any = None  # longlab.sparse.prefill.PrefillMetrics (prefill_metrics= requests)
     cache: Any = field(default=None, repr=False)  # the request's cache when it decoded alone
 
@@ -501,15 +502,18 @@ class Engine:
             pending.request.continuation,
         )
         t0 = time.perf_counter()
-        preds = [int(logits.argmax())]
+        steps = [logits.reshape(1, -1)]
         if len(ids) > 1:
             out = stream.feed([ids[:-1]], len(ids), compress="none", every_position=True)  # [1, T, V]
-            preds += out[0].argmax(-1).tolist()
+            steps.append(out[0])
+        scores = torch.cat(steps).float()  # [T, V]: the logits before each continuation token
+        preds = scores.argmax(-1).tolist()
         seconds = time.perf_counter() - t0
         row = Row(pending.key, logits, len(ids), set())
         row.tokens, row.finish, row.decode_s = preds, "forced", seconds
         res = self._finish(row)
         res.forced, res.forced_ids = preds, ids
+        res.forced_logprobs = torch.log_softmax(scores, -1).cpu()
         return res
 
     def _question_ids(self, pending: _Pending) -> Any:

@@ -18,7 +18,7 @@ from ..recipe import Recipe, parse_recipe
 from ..request import Request
 from .config import Cell, EvalConfig
 
-__all__ = ["METRICS_KEY", "SampleRunner", "recipe_columns"]
+__all__ = ["METRICS_KEY", "SampleRunner", "forced_kl", "recipe_columns"]
 
 METRICS_KEY = "metrics"  # a yielded row's metric items (popped before the row is stored)
 
@@ -137,7 +137,13 @@ class SampleRunner:
             score = float(res.forced == res.forced_ids)
         else:
             score = score_sample(sample, res.text)
-        extra = {**res.extra, "backend": self.backend}
+        extra = {**res.extra, "backend": self.backend, "prompt_tokens": res.prompt_tokens}
+        if res.cache is not None:  # decoded alone: the cache after its last token (a batched row has none)
+            extra["kv_bytes_end"] = int(res.cache.nbytes())
+        numbers = {k: v for k, v in (sample.metadata or {}).items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        if numbers:  # the sample's own counts (e.g. lookup_chain's steps), for the tables that read them
+            extra["sample"] = numbers
         if cell.reuse is not None:
             extra.update(reuse=res.request.parsed.reuse.spec, kv_recipe=recipe.name,
                          num_docs=len(sample.metadata.get("documents") or ()))
@@ -145,6 +151,7 @@ class SampleRunner:
             extra["score_mode"] = "forced"
             if ref is not None and ref.forced is not None:
                 extra["fidelity"] = sum(a == b for a, b in zip(res.forced, ref.forced)) / len(res.forced)
+                extra["kl_vs_full"] = forced_kl(ref.forced_logprobs, res.forced_logprobs)
         if cell.speculative is not None or (self.config.speculative and ref is res):
             extra.update(_speed(res, ref))
         row: dict[str, Any] = {
@@ -162,6 +169,15 @@ class SampleRunner:
             row["extra"]["metrics_s"] = res.metrics.seconds
             row[METRICS_KEY] = res.metrics.items()
         return row
+
+
+def forced_kl(reference: Any, other: Any) -> float | None:
+    """Mean over the continuation's positions of KL(reference || other) of the next-token distributions,
+    in nats; ``reference``, ``other``: ``[T, V]`` log-probabilities (``Result.forced_logprobs``) of two
+    recipes teacher-forced on the same tokens. ``None`` when either is missing."""
+    if reference is None or other is None:
+        return None
+    return float((reference.exp() * (reference - other)).sum(-1).mean())
 
 
 def _as_cell(cell: Cell | str) -> Cell:

@@ -19,7 +19,12 @@ from __future__ import annotations
 from typing import Any
 
 from .classic import niah_grid, passkey
-from .compression import cite_qa, lookup_chain, redundant_niah  # context compression (issue #13)
+from .compression import (  # context compression (issue #13)
+    cite_qa,
+    lookup_chain,
+    lookup_chain_reason,
+    redundant_niah,
+)
 from .haystacks import Tokenizer, essay_sentences
 from .loaders import load_hf_dataset, load_jsonl, save_jsonl
 from .longdoc import load_memory_jsonl, longdoc_multihop  # memory systems (issue #31)
@@ -111,6 +116,7 @@ __all__ = [
     "redundant_niah",
     "cite_qa",
     "lookup_chain",
+    "lookup_chain_reason",
     "METRICS",
     "metric_for",
     "score",

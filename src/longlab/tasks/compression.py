@@ -16,6 +16,9 @@
   which takes one reasoning step per line — a chain longer than any bounded reasoning segment (the
   InftyThink setting). ``reason=True`` asks for the steps to be worked out and scores the number the
   answer ends on (:func:`final_number`).
+- ``lookup_chain_reason``: ``lookup_chain`` with ``reason=True`` as a task of its own, so that
+  ``longlab eval --tasks lookup_chain_reason`` runs InftyThink's setting (Yan et al., arXiv 2503.06692;
+  ``bench/configs/compression-inftythink.toml``).
 
 All are sized in the model's tokens: context + question never exceed ``length``.
 """
@@ -41,8 +44,8 @@ from .registry import register_task
 from .sample import Sample
 from .scoring import Refs, _refs, register_metric
 
-__all__ = ["redundant_niah", "cite_qa", "lookup_chain", "answer_citation", "citation_scores", "final_number",
-           "frames"]
+__all__ = ["redundant_niah", "cite_qa", "lookup_chain", "lookup_chain_reason", "answer_citation",
+           "citation_scores", "final_number", "frames"]
 
 _PLACES = ("north", "south", "east", "west", "upper", "lower")
 _STATES = ("quiet", "empty", "dim", "still", "calm", "silent")
@@ -297,6 +300,19 @@ def lookup_chain(
                       "question_tokens": count_tokens(tokenizer, question)},
         ))
     return out
+
+
+@register_task("lookup_chain_reason", metric="final_number")
+def lookup_chain_reason(
+    tokenizer: Tokenizer, length: int, num_samples: int = 1, seed: int = 0
+) -> list[Sample]:
+    """:func:`lookup_chain` with ``reason=True`` (worked out step by step, scored by :func:`final_number`)
+    as a task of its own: the samples and their ids are the same, the rows' task is
+    ``lookup_chain_reason``."""
+    samples = lookup_chain(tokenizer, length, num_samples, seed, reason=True)
+    for s in samples:
+        s.task = "lookup_chain_reason"
+    return samples
 
 
 # the format example is a placeholder, never a number: a concrete one ('v1 = 905') was sample 0's own v1

@@ -7,6 +7,11 @@ KV policy ``ceil((1-r) n)`` entries per head), on the same samples; a paired boo
 SnapKV at the same r and against the full cache; the compression step's own time (``extra.context_s``)
 against the prefill time it saves (paired per sample, medians); KIVI at the memory it measurably holds.
 Moved from ``bench/compression_table.py`` (its ``--needles`` check, which needs the tokenizer, stays there).
+
+InftyThink (Yan et al., arXiv 2503.06692) against one long context on ``lookup_chain_reason``
+(:data:`INFTYTHINK`, the ``longlab eval`` store of ``bench/configs/compression-inftythink.toml``): accuracy
+with Wilson intervals, paired bootstrap against ``full``, tokens generated, peak KV and iterations
+(:func:`inftythink_rows`, :func:`inftythink_table`, :func:`inftythink_plot`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from pathlib import Path
 from ..stats import paired_difference, score_estimate
 from ..store import ResultStore
 
-__all__ = ["GRIDS", "Grid", "load", "plot", "render", "table"]
+__all__ = ["GRIDS", "INFTYTHINK", "Grid", "inftythink_plot", "inftythink_rows", "inftythink_table", "load",
+           "plot", "render", "table"]
 
 TOKEN = ("llmlingua", "longllmlingua", "hico", "tpp", "comi")
 # token dropping inside the prefill forward (hico-forward@r, query-aware); --alias names its variants
@@ -221,8 +227,160 @@ GRIDS = (
 )
 
 
+INFTYTHINK = "compression/inftythink_ask"  # the store of bench/configs/compression-inftythink.toml
+INFTYTHINK_BLOCK = "compression-inftythink"
+
+
+def inftythink_rows(directory: str | Path) -> list[dict]:
+    """The rows of an InftyThink sweep (a ``longlab eval`` store), one dict per row: ``recipe``, ``length``,
+    ``sample_id``, ``steps`` (the chain's), ``score``, ``generated`` (reasoning + asked summary tokens),
+    ``peak_kv_bytes`` (``full``: its cache after the last token, ``extra.kv_bytes_end``; InftyThink: the
+    largest cache of any iteration, its own counter), ``prompt_tokens``, ``final_tokens`` (the answer's),
+    ``iterations``, ``stop`` and ``seconds`` (prefill + decode). A row without those counters (a batched
+    ``full`` row keeps no cache) is refused, naming it."""
+    from ...errors import LonglabError
+
+    out = []
+    with ResultStore(str(directory), readonly=True) as store:
+        for row in store.iter_rows():
+            extra, rec = row["extra"], row["extra"].get("context") or {}
+            where = f"{directory}: row {row['recipe']} {row['sample_id']}"
+            if "iterations" in rec:  # InftyThink's own counters
+                generated = int(rec["reasoning_tokens"]) + int(rec.get("summary_tokens_used", 0))
+                peak, iterations = int(rec["peak_kv_bytes"]), int(rec["iterations"])
+                stop = rec.get("stop", "")
+            elif "kv_bytes_end" in extra:
+                generated, peak = int(extra["generated_tokens"]), int(extra["kv_bytes_end"])
+                iterations, stop = 1, ""
+            else:
+                raise LonglabError(f"{where} has neither InftyThink's counters nor kv_bytes_end "
+                                   "(run the sweep with --no-batch-decode)")
+            out.append({
+                "recipe": row["recipe"], "length": row["length"], "sample_id": row["sample_id"],
+                "steps": (extra.get("sample") or {}).get("steps"), "score": float(row["score"]),
+                "generated": generated, "peak_kv_bytes": peak, "prompt_tokens": int(extra["prompt_tokens"]),
+                "final_tokens": int(extra["generated_tokens"]), "iterations": iterations, "stop": stop,
+                "seconds": float(row["prefill_s"] or 0) + float(row["decode_s"] or 0),
+            })
+    return out
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def _label(recipe: str) -> str:
+    if recipe == "full":
+        return "full (one long context)"
+    name, _, params = recipe.partition(":")
+    return "InftyThink (ask)" if name == "inftythink" and "summarise=ask" in params else f"`{recipe}`"
+
+
+def inftythink_table(rows: list[dict]) -> str:
+    """Per chain length and recipe, on the samples every recipe holds: accuracy (Wilson 95%), the paired
+    bootstrap difference against ``full`` (2,000 resamples; ``*``: the interval excludes 0), tokens
+    generated, peak KV (MiB, and tokens beyond the prompt at the same sample's ``full`` bytes per cached
+    token: its cache holds prompt + answer - 1 tokens) and iterations; then all lengths pooled with the
+    sign test over the discordant pairs, how the rows stopped and their times; only the samples every
+    recipe holds count."""
+    from .paired import fmt_p, sign_test
+
+    base = "full"
+    recipes = sorted({r["recipe"] for r in rows}, key=lambda r: (r != base, r))
+    by = {(r["recipe"], r["sample_id"]): r for r in rows}
+    # only the samples every recipe holds (a sweep cut short leaves an unpaired row out of every line)
+    rows = [r for r in rows if all((rc, r["sample_id"]) in by for rc in recipes)]
+    lines = ["| chain (steps) | recipe | n | accuracy [95% CI] | − full (paired) [95% CI] | tokens generated "
+             "(median, max) | peak KV MiB (median, max) | peak KV tokens beyond the prompt (median, max) "
+             "| iterations |", "|---|---|---|---|---|---|---|---|---|"]
+    pairs: list[tuple[float, float]] = []
+    for length in sorted({r["length"] for r in rows}):
+        ids = sorted({r["sample_id"] for r in rows if r["length"] == length})
+        ids = [i for i in ids if all((rc, i) in by for rc in recipes)]  # the same samples in every cell
+        if not ids:
+            continue
+        steps = sorted({by[(recipes[0], i)]["steps"] for i in ids}, key=str)
+        span = f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else str(steps[0])
+        full = {i: by[(base, i)] for i in ids if (base, i) in by}
+        per = {i: f["peak_kv_bytes"] / (f["prompt_tokens"] + f["final_tokens"] - 1) for i, f in full.items()}
+        for recipe in recipes:
+            cell = [by[(recipe, i)] for i in ids]
+            est = score_estimate([c["score"] for c in cell])
+            diff = "—"
+            if recipe != base and base in recipes:
+                mine, theirs = [c["score"] for c in cell], [by[(base, i)]["score"] for i in ids]
+                pairs += zip(mine, theirs)
+                d = paired_difference(mine, theirs, resamples=2000)
+                diff = f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}]{' *' if d.significant else ''}"
+            made = sorted(c["generated"] for c in cell)
+            peak = sorted(c["peak_kv_bytes"] / 2**20 for c in cell)
+            extra = sorted(c["peak_kv_bytes"] / per[i] - c["prompt_tokens"]
+                           for c, i in zip(cell, ids) if i in per)
+            its = sorted(c["iterations"] for c in cell)
+            beyond = f"{_median(extra):.0f}, {extra[-1]:.0f}" if extra else "—"
+            lines.append(
+                f"| {length} tokens ({span}) | {_label(recipe)} | {len(cell)} | {est.mean:.2f} "
+                f"[{est.low:.2f}, {est.high:.2f}] | {diff} | {_median(made):.0f}, {made[-1]} | "
+                f"{_median(peak):.2f}, {peak[-1]:.2f} | {beyond} | {_median(its):.0f} ({its[0]}-{its[-1]}) |")
+    if pairs:
+        d = paired_difference([a for a, _ in pairs], [b for _, b in pairs], resamples=2000)
+        mine, theirs = (statistics.fmean(x) for x in zip(*pairs))
+        worse, better = sum(a < b for a, b in pairs), sum(a > b for a, b in pairs)
+        lines += ["", f"all lengths pooled: n = {len(pairs)} pairs, accuracy {mine:.2f} vs full "
+                  f"{theirs:.2f}; difference {d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}] "
+                  f"({'significant' if d.significant else 'not significant'}); sign test over the "
+                  f"{worse + better} discordant pairs: {worse} full better, {better} InftyThink better, "
+                  f"p = {fmt_p(sign_test(better, worse))}."]
+    stops = []
+    for recipe in recipes:
+        if recipe == base:
+            continue
+        mine = [r for r in rows if r["recipe"] == recipe]
+        counts: dict[str, int] = defaultdict(int)
+        for r in mine:
+            counts[r["stop"] or "plain"] += 1
+        why = {"end of turn": "at end of turn", "iterations": "at the iteration cap",
+               "no summary": "without a summary"}
+        stops.append(f"{_label(recipe)}: "
+                     + ", ".join(f"{n} {why.get(k, k)}" for k, n in sorted(counts.items())))
+    times = []
+    for recipe in recipes:
+        secs = sorted(r["seconds"] for r in rows if r["recipe"] == recipe)
+        times.append(f"{_label(recipe)} {secs[0]:.0f}–{secs[-1]:.0f} s (median {_median(secs):.0f} s)")
+    lines += ["", "How the rows stopped: " + "; ".join(stops) + ". Time per row: "
+              + ", ".join(times) + "."]
+    return "\n".join(lines)
+
+
+def inftythink_plot(rows: list[dict], path: Path, model: str = "") -> None:
+    """Peak KV (MiB) against the tokens generated (reasoning + asked summaries), one point per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+    markers = {n: m for n, m in zip(sorted({r["length"] for r in rows}), "os^Dv")}
+    recipes = sorted({r["recipe"] for r in rows}, key=lambda r: (r != "full", r))
+    for colour, recipe in zip(colours, recipes):
+        for length, marker in markers.items():
+            cell = [r for r in rows if r["recipe"] == recipe and r["length"] == length]
+            if cell:
+                ax.scatter([r["generated"] for r in cell], [r["peak_kv_bytes"] / 2**20 for r in cell],
+                           color=colour, marker=marker,
+                           label=f"{_label(recipe).strip('`')}, {length}-token chain")
+    ax.set_xlabel("tokens generated (reasoning + asked summaries)")
+    ax.set_ylabel("peak KV cache (MiB)")
+    ax.set_title(f"InftyThink vs one long context{', ' + model if model else ''}")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.savefig(path, bbox_inches="tight", dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
 def render(root: Path, plots: bool) -> dict[str, str]:
-    """One block per :data:`GRIDS` entry; with ``plots`` its PNG goes to ``docs/results/NAME.png``."""
+    """One block per :data:`GRIDS` entry and the InftyThink block; with ``plots`` each PNG goes to
+    ``docs/results/NAME.png``."""
     results = root / "bench" / "results"
     out: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as scratch:
@@ -235,4 +393,9 @@ def render(root: Path, plots: bool) -> dict[str, str]:
                 plot(curves, target)
                 text = f"![accuracy vs KV memory held]({image})\n\n{text}"
             out[grid.name] = text
+        rows = inftythink_rows(results / INFTYTHINK)
+        image = f"{INFTYTHINK_BLOCK}.png"
+        if plots:
+            inftythink_plot(rows, root / "docs" / "results" / image, "Qwen2.5-Coder-0.5B-Instruct")
+        out[INFTYTHINK_BLOCK] = f"{inftythink_table(rows)}\n\n![peak KV vs tokens generated]({image})"
     return out
