@@ -66,8 +66,9 @@ def targets(data: dict) -> list[str]:
     def get(T, B, v):
         return next((r for r in rows if r["length"] == T and r["batch"] == B and r["variant"] == v), None)
 
-    out = ["| target | wall time: median [range over rounds] | met | CPU time | met (CPU) |",
-           "|---|---:|:---:|---:|:---:|"]
+    out = ["| target | wall time: median [range over rounds] | met | CPU time | met (CPU) "
+           "| host (SIMD, commit) |",
+           "|---|---:|:---:|---:|:---:|---|"]
 
     def line(label: str, r: dict, ref: dict | None, limit: float) -> str:
         if ref is None:  # ratio to full
@@ -75,8 +76,10 @@ def targets(data: dict) -> list[str]:
         else:
             wall, rounds = r["ms_per_token"] / ref["ms_per_token"], None
             cpu = r["cpu_ms_per_token"] / ref["cpu_ms_per_token"]
+        hw = r.get("_hardware") or {}
+        host = f"{hw.get('aten_capability', 'not recorded')}, {hw.get('git_commit', '?')}"
         return (f"| {label} | {_fmt_ratio(rounds, wall)} | {'yes' if wall <= limit else 'no'} | {cpu:.2f} | "
-                f"{'yes' if cpu <= limit else 'no'} |")
+                f"{'yes' if cpu <= limit else 'no'} | {host} |")
     for B in (1, 4):
         k, f, qn = get(32768, B, "kivi4"), get(32768, B, "full"), get(32768, B, "hf-quanto4")
         if k and f:
