@@ -151,7 +151,12 @@ def write_json(path: str | Path, result: Any) -> Path:
     returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(result, separators=(",", ":")) + "\n")
-    os.replace(tmp, path)
+    text = json.dumps(result, separators=(",", ":")) + "\n"  # serialise first: a failure writes nothing
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # ours: a name no user file carries
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # only the temporary file this call created
+        raise
     return path

@@ -166,6 +166,33 @@ def test_rotated_is_the_runners_round_order():
     assert calls == [x for r in range(3) for x in common.rotated("abc", r)]
 
 
+def test_write_json_is_compact_and_leaves_the_old_file_on_failure(tmp_path, monkeypatch):
+    """bench results are written compact, through a temporary file renamed into place; a failed write
+    leaves the previous file as it was and no temporary file behind (it removes only its own)."""
+    import json
+
+    common = _common()
+    out = tmp_path / "r.json"
+    common.write_json(out, {"a": [1, 2]})
+    assert out.read_text() == '{"a":[1,2]}\n'
+    neighbour = tmp_path / ".r.json.user"  # a user's file beside it is never touched
+    neighbour.write_text("keep")
+    with pytest.raises(TypeError):
+        common.write_json(out, {"a": object()})  # not serialisable: nothing written
+    real_replace = common.os.replace
+
+    def fail(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(common.os, "replace", fail)
+    with pytest.raises(OSError):
+        common.write_json(out, {"b": 3})
+    monkeypatch.setattr(common.os, "replace", real_replace)
+    assert json.loads(out.read_text()) == {"a": [1, 2]}
+    assert sorted(x.name for x in tmp_path.iterdir()) == [".r.json.user", "r.json"]
+    assert neighbour.read_text() == "keep"
+
+
 def test_runner_medians_and_ratios_by_hand(monkeypatch):
     common = _common()
     ticks = iter([0.0, 1.0, 1.0, 5.0, 5.0, 6.0, 6.0, 7.0, 7.0, 8.0, 8.0, 11.0])  # start/stop pairs

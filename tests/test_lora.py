@@ -268,6 +268,27 @@ def test_checkpoint_removal_touches_only_our_two_files(tmp_path):
     foreign.mkdir()
     (foreign / CHECKPOINT_MANIFEST).write_text(json.dumps({"format": "something-else"}))
     assert not remove_checkpoint_dir(foreign) and (foreign / CHECKPOINT_MANIFEST).exists()
+    # a weights "file" that is a link to a user's file, or a directory, is not ours: nothing is touched
+    user_file = tmp_path / "user_weights.bin"
+    user_file.write_bytes(b"user")
+    linked = tmp_path / "d.checkpoint"
+    linked.mkdir()
+    (linked / CHECKPOINT_MANIFEST).write_text(json.dumps({"format": "longlab-lora-checkpoint"}))
+    (linked / CHECKPOINT_WEIGHTS).symlink_to(user_file)
+    assert not remove_checkpoint_dir(linked)
+    assert (linked / CHECKPOINT_WEIGHTS).is_symlink() and user_file.read_bytes() == b"user"
+    nested = tmp_path / "e.checkpoint"
+    (nested / CHECKPOINT_WEIGHTS).mkdir(parents=True)
+    (nested / CHECKPOINT_WEIGHTS / "keep.txt").write_text("keep")
+    (nested / CHECKPOINT_MANIFEST).write_text(json.dumps({"format": "longlab-lora-checkpoint"}))
+    assert not remove_checkpoint_dir(nested) and (nested / CHECKPOINT_WEIGHTS / "keep.txt").exists()
+    # a link to a user's directory that looks like a checkpoint is not removed through the link
+    target = tmp_path / "user_dir"
+    target.mkdir()
+    (target / CHECKPOINT_MANIFEST).write_text(json.dumps({"format": "longlab-lora-checkpoint"}))
+    via = tmp_path / "f.checkpoint"
+    via.symlink_to(target, target_is_directory=True)
+    assert not remove_checkpoint_dir(via) and (target / CHECKPOINT_MANIFEST).exists()
 
 
 def test_cli_refuses_a_foreign_checkpoint_dir_beside_out(tmp_path, capsys):

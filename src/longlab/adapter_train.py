@@ -302,13 +302,19 @@ CHECKPOINT_WEIGHTS = "checkpoint.safetensors"
 
 
 def is_checkpoint_dir(path: str | os.PathLike[str]) -> bool:
-    """A ``longlab train lora`` checkpoint directory: only its two files, the manifest marked as ours."""
+    """A ``longlab train lora`` checkpoint directory: a real directory (not a link) holding only its two
+    files, each a regular file (not a link, not a directory), the manifest marked as ours."""
     import json
 
     p = Path(path)
     try:
-        names = {c.name for c in p.iterdir()}
+        if p.is_symlink() or not p.is_dir():
+            return False
+        entries = list(p.iterdir())
+        names = {c.name for c in entries}
         if not names <= {CHECKPOINT_MANIFEST, CHECKPOINT_WEIGHTS} or CHECKPOINT_MANIFEST not in names:
+            return False
+        if any(c.is_symlink() or not c.is_file() for c in entries):
             return False
         manifest = json.loads((p / CHECKPOINT_MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
