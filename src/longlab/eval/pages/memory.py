@@ -42,6 +42,15 @@ def _missing(d: str) -> str:
     return f"No committed results in `{d}` yet: nothing was measured for this page."
 
 
+def _verdicts_and_report(root: Path, rel: str, block: str, verdicts: Any, report: Any) -> dict[str, str]:
+    """Block ``block``: the verdict lines computed from the store ``root/rel``, then its report tables."""
+    d = root / rel
+    if not _has_store(d):
+        return {block: _missing(rel)}
+    text = "### Verdicts (computed from the stored rows)\n\n" + "\n".join(verdicts(d))
+    return {block: text + "\n\n" + report(str(d)).strip()}
+
+
 def diff_independent(a: list[float], b: list[float], seed: int = 0) -> tuple[float, float, float]:
     """``mean(a) - mean(b)`` of two independent samples with its 95% percentile-bootstrap interval
     (10,000 resamples of each, ``seed``)."""
@@ -195,11 +204,7 @@ def render_cdic(root: Path, plots: bool) -> dict[str, str]:
     """Block ``memory-cdic``: the verdicts and the tables of ``longlab memory cdic report``."""
     from ...memory.cdic import cdic_report
 
-    d = root / CDIC_DIR
-    if not _has_store(d):
-        return {"memory-cdic": _missing(CDIC_DIR)}
-    text = "### Verdicts (computed from the stored rows)\n\n" + "\n".join(cdic_verdicts(d))
-    return {"memory-cdic": text + "\n\n" + cdic_report(str(d)).strip()}
+    return _verdicts_and_report(root, CDIC_DIR, "memory-cdic", cdic_verdicts, cdic_report)
 
 
 # ------------------------------------------------------------------------------------------- PersistBench
@@ -276,11 +281,7 @@ def render_persist(root: Path, plots: bool) -> dict[str, str]:
     """Block ``memory-persistbench``: verdicts and the tables of ``longlab memory persist report``."""
     from ...memory.persist import safety_report
 
-    d = root / PERSIST_DIR
-    if not _has_store(d):
-        return {"memory-persistbench": _missing(PERSIST_DIR)}
-    text = "### Verdicts (computed from the stored rows)\n\n" + "\n".join(persist_verdicts(d))
-    return {"memory-persistbench": text + "\n\n" + safety_report(str(d)).strip()}
+    return _verdicts_and_report(root, PERSIST_DIR, "memory-persistbench", persist_verdicts, safety_report)
 
 
 def _generators() -> tuple[Any, ...]:
