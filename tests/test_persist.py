@@ -250,3 +250,42 @@ def test_memory_safety_over_an_hgmem_memory_on_the_tiny_model(tmp_path, capsys):
     args = ["memory", "persist", "safety", "--model", "tiny-llama", "--out", str(tmp_path / "s2"), "--n", "1"]
     assert main([*args, "--memory-system", "hgmem", "--max-tokens", "2", "--kinds", "leakage"]) == 0
     assert "1 rows written" in capsys.readouterr().out
+
+
+def test_persist_safety_hgmem_flags_are_read_recorded_and_a_mixed_store_is_refused(tmp_path, capsys):
+    """``--hgmem-*`` reach the HGMem loop (the rows record them), are range-checked, are refused without
+    ``--memory-system hgmem``, and a store built with one configuration refuses rows of another."""
+    from longlab.cli import main
+    from longlab.eval.store import ResultStore
+
+    out = str(tmp_path / "s")
+    base = ["memory", "persist", "safety", "--model", "tiny-llama", "--out", out, "--n", "1",
+            "--max-tokens", "2", "--kinds", "leakage"]
+    hg = [*base, "--memory-system", "hgmem"]
+    assert main([*hg, "--hgmem-rounds", "1", "--hgmem-json-tokens", "8"]) == 0
+    with ResultStore(out, readonly=True) as st:
+        (row,) = st.rows(recipe="hgmem-memories")
+    cfg = row["extra"]["hgmem_config"]
+    assert cfg["max_rounds"] == 1 and cfg["extract_tokens"] == 8 and cfg["plan_tokens"] == 8
+    assert cfg["top_chunks"] == 2 and row["extra"]["hgmem"]["rounds"] <= 1
+    capsys.readouterr()
+    assert main([*hg, "--hgmem-rounds", "2", "--hgmem-json-tokens", "8"]) == 2  # another configuration
+    err = capsys.readouterr().err
+    assert "another HGMem configuration" in err and "max_rounds=1 (now 2)" in err
+    assert main([*hg, "--hgmem-rounds", "1", "--hgmem-json-tokens", "8"]) == 0  # same: resumes, 0 rows
+    assert "0 rows written" in capsys.readouterr().out
+    assert main([*base, "--hgmem-rounds", "1"]) == 2
+    assert "--hgmem-rounds: only with --memory-system hgmem" in capsys.readouterr().err
+    assert main([*hg, "--hgmem-hops", "9"]) == 2
+    assert "--hgmem-hops must be an integer in [0, 8], got 9" in capsys.readouterr().err
+
+
+def test_persist_hgmem_default_configuration_is_the_one_old_rows_were_built_with():
+    """Rows stored before the configuration was recorded were built with 2 rounds, 2 chunks and JSON calls
+    capped at 128 (plan 96): the default of persist_hgmem_config, against which they are checked."""
+    cfg = P.persist_hgmem_config()
+    assert (cfg.max_rounds, cfg.top_chunks, cfg.extract_tokens, cfg.plan_tokens, cfg.evolve_tokens,
+            cfg.merge_tokens) == (2, 2, 128, 96, 128, 128)
+    P._check_same_hgmem_config([{"extra": {}}], cfg, "d")  # a legacy row pairs with the default
+    with pytest.raises(LonglabError, match="another HGMem configuration"):
+        P._check_same_hgmem_config([{"extra": {}}], P.persist_hgmem_config(max_rounds=3), "d")

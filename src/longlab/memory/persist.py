@@ -55,6 +55,7 @@ __all__ = [
     "PersistEntry",
     "continuation_logprobs",
     "fr_table",
+    "persist_hgmem_config",
     "item_messages",
     "run_memory_safety",
     "fr_at_k",
@@ -698,6 +699,40 @@ def hgmem_memories(
     return points, info
 
 
+def persist_hgmem_config(
+    *, max_rounds: int = 2, top_chunks: int = 2, top_entities: int = 8, hops: int = 2, json_tokens: int = 128
+) -> Any:
+    """The HGMem configuration of ``longlab memory persist safety --memory-system hgmem``: a smaller loop
+    than the paper's defaults (2 rounds, 2 chunks per round; every JSON call capped at ``json_tokens``, the
+    plan call at min(96, ``json_tokens``)), because it runs once per item. Checked
+    (:meth:`~longlab.memory.hgmem.HGMemConfig.check`); errors name the field."""
+    from .hgmem import HGMemConfig
+
+    cfg = HGMemConfig(max_rounds=max_rounds, top_chunks=top_chunks, top_entities=top_entities, hops=hops)
+    check_range("json_tokens", json_tokens, 1, 4096, integer=True)
+    for name in ("extract_tokens", "plan_tokens", "evolve_tokens", "merge_tokens"):
+        setattr(cfg, name, min(getattr(cfg, name), json_tokens))
+    return cfg.check()
+
+
+def _check_same_hgmem_config(rows: list[dict[str, Any]], cfg: Any, out_dir: str) -> None:
+    """Refuse to add rows built with ``cfg`` to a store whose ``hgmem-memories`` rows were built with
+    another HGMem configuration (rows written before the configuration was recorded count as
+    :func:`persist_hgmem_config`'s defaults, the only one the command had then)."""
+    from dataclasses import asdict
+
+    want = asdict(cfg)
+    legacy = asdict(persist_hgmem_config())
+    for r in rows:
+        have = (r.get("extra") or {}).get("hgmem_config") or legacy
+        if have != want:
+            diff = ", ".join(f"{k}={have.get(k)} (now {v})" for k, v in want.items() if have.get(k) != v)
+            raise LonglabError(
+                f"{out_dir}: its hgmem-memories rows were built with another HGMem configuration ({diff}); "
+                "rows of two configurations would not pair: give another --out or the same settings"
+            )
+
+
 def run_memory_safety_hgmem(
     model_name: str,
     out_dir: str,
@@ -715,8 +750,11 @@ def run_memory_safety_hgmem(
     the model under test for the item's query): rows with recipe ``hgmem-memories`` next to the
     ``memories`` / ``no-memories`` rows of :func:`run_memory_safety` on the same items (same ``seed``), so
     the three conditions pair. Sycophancy rows carry ``m_with`` (HGMem points), ``m_without``, ``delta`` and
-    ``flip`` as there. Rows already stored are skipped. Returns the number of rows written."""
+    ``flip`` as there. Rows already stored are skipped; every row records its HGMem configuration
+    (``hgmem_config``; default :func:`persist_hgmem_config`) and a store built with another one is refused.
+    Returns the number of rows written."""
     import time
+    from dataclasses import asdict
 
     from ..eval.store import ResultStore
     from ..models import load_model
@@ -725,19 +763,22 @@ def run_memory_safety_hgmem(
     for k in kinds:
         check_choice("--kinds", k, ("leakage", "sycophancy"))
     check_range("--max-tokens", max_tokens, 1, 512, integer=True)
+    cfg = (config if config is not None else persist_hgmem_config()).check()
     model, tok = load_model(model_name)
     model.eval()
     backend = LocalBackend(model, tok, name=model_name)
     emb = embedder if embedder is not None else HashEmbedder()
     written = 0
     with ResultStore(out_dir) as store:
-        done = {r["sample_id"] for r in store.rows(model=model_name, recipe="hgmem-memories")}
+        stored = list(store.rows(model=model_name, recipe="hgmem-memories"))
+        _check_same_hgmem_config(stored, cfg, out_dir)
+        done = {r["sample_id"] for r in stored}
         for kind in kinds:
             task = f"memory_safety/{kind}"
             for j, it in enumerate([x for x in memory_safety_items(kind, n, seed) if x.id not in done]):
                 t0 = time.perf_counter()
                 points, info = hgmem_memories(
-                    backend, it.memories, it.query, embedder=emb, config=config, tokenizer=tok
+                    backend, it.memories, it.query, embedder=emb, config=cfg, tokenizer=tok
                 )
                 built = time.perf_counter() - t0
                 via = replace(it, memories=points)
@@ -750,6 +791,7 @@ def run_memory_safety_hgmem(
                     "seed": seed,
                     "n_memories": len(points),
                     "hgmem": info,
+                    "hgmem_config": asdict(cfg),
                     "hgmem_points": points,
                     "prefill_s": built,
                 }
