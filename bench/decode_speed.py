@@ -105,7 +105,7 @@ FULL = "full"
 
 
 DEFAULT_RECIPES = ("sdpa;full;kivi4;kivi4:fused=false;hf-quanto4;kivi2;hf-quanto2;pmkvq:budget_mb={PMKVQ4};"
-                   "quest:budget={T8};quest:budget={T8},fused=false")
+                   "quest:budget={T8};quest:budget={T8},fused=false;quest:budget={T8},selection=group")
 
 
 BATCH_RECIPES = "full;kivi4;kivi4:fused=false;hf-quanto4"
@@ -451,13 +451,15 @@ Per round, interleaved: a STREAM-like copy (``b.copy_(a)``, 256 MiB; bandwidth =
 counts), then per context length, each over ``N_LAYERS`` layers in turn (so the bytes come from memory, not
 the cache): the fused quantized decode kernel on KIVI-4 and KIVI-2 layers, the PyTorch fallback
 (dequantise in chunks, ``chunked_attention``) on the KIVI-4 layers, SDPA over fp32 layers (the dense
-path's attention), the paged kernel over 1/8 of the pages (Quest's selection shape) and the PyTorch gather
-of the same pages (``attend_slots``). SmolLM2-135M's shapes: 9 query heads, 3 KV heads, D = 64, batch 1.
+path's attention), the paged kernel over 1/8 of the pages (Quest's selection shape: each query head its own
+pages) and the PyTorch gather of the same pages (``attend_slots``), and the paged kernel over 1/8 of the
+pages shared by the 3 query heads of each KV head (``quest:selection=group``: each row read once for them).
+SmolLM2-135M's shapes: 9 query heads, 3 KV heads, D = 64, batch 1.
 
 Bytes a kernel must read: the packed codes, scales and offsets, the position index and the full-precision
 residual (KIVI: up to 128 tokens) of the layer; the paged kernel: the selected K and V rows per query head
-and their index entries. Bound = bytes / copy bandwidth; efficiency = bound / time (1.0: as fast as the
-copy moves bytes). Medians over rounds.
+(shared: per KV head) and their index entries. Bound = bytes / copy bandwidth; efficiency = bound / time
+(1.0: as fast as the copy moves bytes). Medians over rounds.
 """.lstrip("\n")
 
 N_LAYERS = 30  # SmolLM2's layers: the caches of one decode step
@@ -512,6 +514,7 @@ def micro(lengths: list[int], rounds: int) -> dict[str, Any]:
     def runs(T: int) -> dict[str, Any]:
         s = setups[T]
         qpos, index, slots = s["qpos"], s["index"], s["slots"]
+        shared = slots[:, :: H // H_KV].contiguous()  # [1, H_kv, S]: one list per KV head
 
         def chunked(ql):
             return chunked_attention(q, qpos[:, None], ql.index,
@@ -527,6 +530,8 @@ def micro(lengths: list[int], rounds: int) -> dict[str, Any]:
                                   for k, v in s["kv"]],
             "gather-1/8": lambda: [attend_slots(q, k, v, index, qpos[:, None], D**-0.5, slots)
                                    for k, v in s["kv"]],
+            "paged-shared-1/8": lambda: [qdecode.paged_decode(q, k, v, index, qpos, shared, D**-0.5)
+                                         for k, v in s["kv"]],
         }
 
     def nbytes(T: int, name: str) -> int:
@@ -537,8 +542,8 @@ def micro(lengths: list[int], rounds: int) -> dict[str, Any]:
             return _read_bytes(s["q2"][0])
         if name == "sdpa-fp32":
             return 2 * H_KV * T * D * 4
-        n = s["slots"].shape[-1]  # per query head: its K and V rows and their index entries
-        return H * n * (2 * D * 4 + 4)
+        n = s["slots"].shape[-1]  # per query head (shared: per KV head) its K and V rows and index entries
+        return (H_KV if name == "paged-shared-1/8" else H) * n * (2 * D * 4 + 4)
 
     times: dict[tuple[int, str], list[float]] = {}
     copy_bw: list[float] = []

@@ -281,6 +281,43 @@ def test_quest_small_budget_reads_top_pages_plus_the_last(tiny):
     assert not torch.allclose(_decode_logits(tiny, "quest:budget=64", prompt, 4), full)
 
 
+def test_quest_group_selection_takes_each_kv_heads_pages_by_its_groups_largest_bound():
+    """selection=group: one page set per KV head, the top pages by max_j U_p over the group's query heads
+    (hand-made: one head of the group bounds page 4 far above everything, so the group reads page 4 although
+    its other head ranks it last); every head of the group gets the same pages."""
+    B, H, H_kv, P, D = 1, 4, 2, 4, 2
+    n = 6  # complete pages before the last one
+    T = n * P + 2
+
+    class Layer:
+        pass
+
+    class Ctx:
+        pass
+
+    keys = torch.zeros(B, H_kv, T, D)
+    for p in range(n):  # KV head 0: page p holds keys (p, -p); page 4 also (50, -50) in channel 0
+        keys[0, :, p * P:(p + 1) * P] = torch.tensor([float(p), -float(p)])
+    keys[0, 0, 4 * P] = torch.tensor([50.0, -50.0])
+    ctx = Ctx()
+    ctx.layer = Layer()
+    ctx.layer.keys, ctx.layer.index = keys, torch.arange(T, dtype=torch.int32).expand(B, H_kv, T).clone()
+    ctx.k = keys
+    ctx.q = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [1.0, 0.0]]).reshape(B, H, 1, D)
+    head = Quest(budget=3 * P, page_size=P)  # K = 3: two pages by score + the last
+    group = Quest(budget=3 * P, page_size=P, selection="group")
+    _, per_head = head.select(ctx)
+    _, shared = group.select(ctx)
+    u = page_scores(ctx.q[:, :, 0], page_summary(ctx.layer, P, n))  # [B, H, n]
+    assert per_head[0, 1].tolist() == [0, 1]  # head 1 (q = e_2): the pages with the largest -p... least p
+    assert per_head[0, 0].tolist() == [4, 5]
+    best = u.reshape(B, H_kv, 2, n).amax(2).topk(2).indices.sort().values  # the rule, recomputed
+    assert torch.equal(shared, best.repeat_interleave(2, 1))
+    assert shared[0, 0].tolist() == shared[0, 1].tolist() == [4, 5]  # page 4: head 0's bound of 50
+    worst = u.reshape(B, H_kv, 2, n).amin(2).topk(2).indices.sort().values
+    assert not torch.equal(shared[:, ::2], worst)  # the inverted rule (the group's smallest bound) differs
+
+
 # ---------------------------------------------------------------------------------------- RetroAttention
 def test_retro_merge_of_disjoint_key_sets_equals_attention_over_the_union():
     B, H, t, T, D = 2, 3, 4, 30, 8

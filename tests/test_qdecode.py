@@ -189,8 +189,10 @@ def _masked_dense(q, k, v, index, qpos, slots, scaling):
     g = H // k.shape[1]
     kk, vv = k.double().repeat_interleave(g, 1), v.double().repeat_interleave(g, 1)
     idx = index.long().repeat_interleave(g, 1)
-    allowed = torch.zeros(B, H, k.shape[2], dtype=torch.bool)
-    allowed.scatter_(-1, slots.clamp_min(0), slots >= 0)
+    T = k.shape[2]
+    allowed = torch.zeros(B, H, T + 1, dtype=torch.bool)  # column T: where the -1 slots land
+    allowed.scatter_(-1, torch.where(slots >= 0, slots, T), True)
+    allowed = allowed[..., :T]
     vis = (allowed & (idx >= 0) & (idx <= qpos[:, None, None]))[:, :, None, :]
     logits = (q.double() @ kk.transpose(-1, -2) * scaling).masked_fill(~vis, float("-inf"))
     lse = torch.logsumexp(logits, -1)
@@ -224,7 +226,36 @@ def test_paged_decode_equals_the_masked_dense_reference(B, H, H_kv, T):
     assert torch.equal(out0, torch.zeros_like(out0)) and bool(torch.isinf(lse0).all())
 
 
+@pytest.mark.parametrize("D", [32, 48, 64, 128])
+def test_paged_decode_tiles_any_slot_list_at_every_head_size(D):
+    """Slot lists in any order, with -1, out-of-range and hidden slots scattered through the tiles (so a
+    tile's visible rows are not a multiple of 8 or 16), longer than several tiles, at the head sizes the
+    register paths take (32 / 64 / 128) and one they do not (48): equal to the masked dense reference."""
+    g = torch.Generator().manual_seed(D)
+    B, H, H_kv, T, S = 2, 6, 2, 700, 301
+    k, v = torch.randn(B, H_kv, T, D, generator=g), torch.randn(B, H_kv, T, D, generator=g)
+    index = torch.arange(T, dtype=torch.int32).expand(B, H_kv, T).clone()
+    index[:, :, torch.randperm(T, generator=g)[:90]] = -1  # evicted slots
+    qpos = torch.tensor([T - 1, T - 200])  # row 1 cannot see its last 199 positions
+    slots = torch.stack([torch.randperm(T, generator=g)[:S] for _ in range(B * H)]).reshape(B, H, S)
+    slots[:, :, ::13] = -1
+    slots[:, :, 5::29] = T + 3  # out of range: skipped
+    q = torch.randn(B, H, 1, D, generator=g) * 2
+    out, lse = qdecode.paged_decode(q, k, v, index, qpos, slots, D ** -0.5)
+    ref, ref_lse = _masked_dense(q, k, v, index, qpos, slots.masked_fill(slots >= T, -1), D ** -0.5)
+    assert (out - ref).abs().max() <= 2e-5 and (lse - ref_lse).abs().max() <= 2e-5
+    # one list per KV head, shared by its 3 query heads (read once for them): as if each head had it
+    shared = slots[:, ::3].contiguous()  # [B, H_kv, S]
+    out, lse = qdecode.paged_decode(q, k, v, index, qpos, shared, D ** -0.5)
+    each = shared.repeat_interleave(3, 1)
+    ref, ref_lse = _masked_dense(q, k, v, index, qpos, each.masked_fill(each >= T, -1), D ** -0.5)
+    assert (out - ref).abs().max() <= 2e-5 and (lse - ref_lse).abs().max() <= 2e-5
+    with pytest.raises(RuntimeError, match="slots"):
+        qdecode.paged_decode(q, k, v, index, qpos, slots[:, :4].contiguous(), D ** -0.5)
+
+
 @pytest.mark.parametrize("recipe", ["quest:budget=64,page_size=8",
+                                    "quest:budget=64,page_size=8,selection=group",
                                     "retro:budget=64,page_size=8,refresh=false"])
 def test_quest_and_retro_read_their_pages_with_the_paged_kernel(recipe, monkeypatch):
     # decode steps of a 300-token layer: the fused page read equals the PyTorch gather (attend_slots) step

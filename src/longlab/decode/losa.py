@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..attention import dense_attention, lse_merge
+from ..attention import layer_attention, lse_merge
 from ..recipe import Method, register
 from ..registry import MAX_BLOCK, MAX_TOKENS, param
 
@@ -105,7 +105,7 @@ class LoSA(Method):
     def attend(self, ctx) -> torch.Tensor:  # q [B, H, n, D] -> [B, H, n, D]
         layer = ctx.layer
         if layer is None or ctx.sliding_window is not None:
-            return dense_attention(ctx.q, ctx.k, ctx.v, ctx.mask(), ctx.scaling)
+            return layer_attention(ctx, None)
         q = ctx.q
         n = q.shape[-2]
         T = ctx.key_index.shape[-1]

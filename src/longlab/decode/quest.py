@@ -25,6 +25,13 @@ built): each query head reads only its own pages' K/V rows, in place, with an on
 (``fused=false``, no compiler, ``LONGLAB_QDECODE=0``) :func:`attend_slots` gathers those rows in PyTorch.
 Both return the output and the log-sum-exp RetroAttention merges by.
 
+Grouped-query attention: the paper's models have one query head per KV head. With ``g`` query heads per KV
+head, per-head selection (``selection=head``, the paper's rule) lets the ``g`` heads pick different pages,
+so a step reads up to ``g * K`` pages of each KV head. ``selection=group`` picks one set of ``K - 1`` pages
+per KV head by the group's largest bound, ``max_j U_p^(j)`` (still an upper bound on any of the group's
+logits in page ``p``), and the kernel reads those pages once for the ``g`` heads: ``K`` pages per KV head,
+the budget.
+
 Page summaries are computed once per complete page and kept in ``layer.state`` (``quest.*``), so
 :meth:`Stream.fork <longlab.engine.stream.Stream.fork>` and batch selection carry them and ``nbytes`` counts
 them; they are recomputed if an eviction repacks the layer.
@@ -37,7 +44,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..attention import dense_attention
+from ..attention import layer_attention
 from ..ops import qdecode
 from ..recipe import Method, register
 from ..registry import MAX_BLOCK, MAX_LAYERS, MAX_TOKENS, param
@@ -184,7 +191,9 @@ def attend_slots(
 class Quest(Method):
     """Quest (Tang et al. 2024, arXiv:2406.10774): per query head, attend over the top pages by
     ``U_p = sum_c max(q_c m_pc, q_c M_pc)`` plus the last page; ``budget`` tokens, pages of ``page_size``;
-    ``fused``: the selected pages are read by the paged kernel (:mod:`longlab.ops.qdecode`) where it runs."""
+    ``selection``: ``head`` (per query head, the paper) or ``group`` (one page set per KV head, by
+    ``max_j U_p^(j)`` over its query heads); ``fused``: the selected pages are read by the paged kernel
+    (:mod:`longlab.ops.qdecode`) where it runs."""
 
     kind: ClassVar[str] = "decode"
     paper = "arXiv:2406.10774"
@@ -192,6 +201,7 @@ class Quest(Method):
     page_size: int = param(16, low=1, high=MAX_BLOCK, integer=True)
     min_pages: int = param(3, low=2, high=MAX_TOKENS, integer=True)
     dense_layers: int = param(2, low=0, high=MAX_LAYERS, integer=True)
+    selection: str = param("head", choices=("head", "group"))
     fused: bool = param(True, choices=(True, False))
 
     @property
@@ -216,7 +226,13 @@ class Quest(Method):
             return None, None
         summary = page_summary(ctx.layer, self.page_size, n_cand, ctx.k)
         u = page_scores(ctx.q[:, :, -1], summary)  # [B, H, n_cand]
-        pages = u.topk(k, dim=-1).indices.sort(dim=-1).values  # [B, H, k]
+        g = ctx.q.shape[1] // ctx.k.shape[1]
+        if self.selection == "group" and g > 1:
+            B, H, n = u.shape
+            u = u.reshape(B, H // g, g, n).amax(2)  # [B, H_kv, n_cand]: the group's largest bound
+            pages = u.topk(k, dim=-1).indices.sort(dim=-1).values.repeat_interleave(g, 1)  # [B, H, k]
+        else:
+            pages = u.topk(k, dim=-1).indices.sort(dim=-1).values  # [B, H, k]
         return page_slots(pages, self.page_size, T), pages
 
     def attend_lse(self, ctx) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -225,7 +241,9 @@ class Quest(Method):
         k, v = ctx.k, ctx.v
         if slots is not None and self.uses_fused(ctx.q, k):
             qpos = ctx.query_index[:, -1]
-            out, lse = qdecode.paged_decode(ctx.q, k, v, ctx.key_index, qpos, slots, ctx.scaling)
+            g = ctx.q.shape[1] // k.shape[1]
+            read = slots[:, ::g] if self.selection == "group" and g > 1 else slots  # shared: once per KV head
+            out, lse = qdecode.paged_decode(ctx.q, k, v, ctx.key_index, qpos, read, ctx.scaling)
             return out, lse, slots, pages
         out, lse = attend_slots(ctx.q, k, v, ctx.key_index, ctx.query_index, ctx.scaling, slots)
         return out.to(ctx.q.dtype), lse, slots, pages
@@ -237,5 +255,5 @@ class Quest(Method):
 
     def attend(self, ctx) -> torch.Tensor:  # [B, H, T_q, D]
         if not self.is_sparse_layer(ctx) or ctx.q.shape[-2] != 1:
-            return dense_attention(ctx.q, ctx.k, ctx.v, ctx.mask(), ctx.scaling)
+            return layer_attention(ctx, None)
         return self.attend_lse(ctx)[0]

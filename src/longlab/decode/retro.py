@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from ..attention import dense_attention, lse_merge
+from ..attention import layer_attention, lse_merge
 from ..recipe import register
 from ..registry import MAX_TOKENS, param
 from .quest import Quest, attend_slots
@@ -214,7 +214,7 @@ class RetroAttention(Quest):
 
     def attend(self, ctx) -> torch.Tensor:  # [B, H, 1, D]
         if not self.is_sparse_layer(ctx) or ctx.q.shape[-2] != 1:
-            return dense_attention(ctx.q, ctx.k, ctx.v, ctx.mask(), ctx.scaling)
+            return layer_attention(ctx, None)
         refresh = self.refresh and self._hooks_ready(ctx)
         st = _Window(ctx.layer)
         out, lse, slots, pages = self.attend_lse(ctx)  # [B, H, 1, D], [B, H, 1]

@@ -888,8 +888,192 @@ at::Tensor quant_decode(const at::Tensor& q, const at::Tensor& index, const at::
   return out;
 }
 
+// ---- paged sparse decode -----------------------------------------------------------------------------------
+// Register-blocked tile steps for head dim D = NV vectors and GH query heads per KV head (the rows of a tile are
+// gathered slots, so they are addressed through tb[]): logits with 8 (AVX2) or 16 (AVX-512) rows per
+// transposed reduction, values in passes of VB vectors whose GH x VB accumulators stay in registers.
+using PagedScoresFn = void (*)(const float*, const float*, int64_t, const int64_t*, int64_t, float*);
+using PagedValuesFn = void (*)(const float*, int64_t, const int64_t*, int64_t, const float*, float*);
+
+template <int NV, int GH>
+void paged_scores(const float* qs, const float* K, int64_t kt, const int64_t* tb, int64_t n, float* sb) {
+  constexpr int L = Vec::size();
+  constexpr int64_t D = NV * L;
+  auto row = [&](int64_t r, Vec (&a)[GH]) {
+    const float* kr = K + tb[r] * kt;
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) a[j] = Vec(0.0f);
+#pragma GCC unroll 32
+    for (int c = 0; c < NV; ++c) {
+      const Vec x = Vec::loadu(kr + c * L);
+#pragma GCC unroll 16
+      for (int j = 0; j < GH; ++j) a[j] = at::vec::fmadd(Vec::loadu(qs + j * D + c * L), x, a[j]);
+    }
+  };
+  int64_t r0 = 0;
+#if defined(__AVX512F__)
+  for (; r0 + 16 <= n; r0 += 16) {
+    __m512 red[GH][16];
+    for (int r = 0; r < 16; ++r) {
+      Vec a[GH];
+      row(r0 + r, a);
+#pragma GCC unroll 16
+      for (int j = 0; j < GH; ++j) red[j][r] = a[j];
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) _mm512_storeu_ps(sb + j * TILE + r0, reduce16(red[j]));
+  }
+#elif defined(__AVX2__)
+  for (; r0 + 8 <= n; r0 += 8) {
+    __m256 red[GH][8];
+    for (int r = 0; r < 8; ++r) {
+      Vec a[GH];
+      row(r0 + r, a);
+#pragma GCC unroll 16
+      for (int j = 0; j < GH; ++j) red[j][r] = a[j];
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j) _mm256_storeu_ps(sb + j * TILE + r0, reduce8(red[j]));
+  }
+#endif
+  for (; r0 < n; ++r0) {
+    Vec a[GH];
+    row(r0, a);
+    for (int j = 0; j < GH; ++j) sb[j * TILE + r0] = hsum(a[j]);
+  }
+}
+
+template <int NV, int GH>
+void paged_values(const float* V, int64_t vt, const int64_t* tb, int64_t n, const float* p, float* acc) {
+  constexpr int L = Vec::size();
+  constexpr int64_t D = NV * L;
+  constexpr int VB = value_pass<NV, GH>();
+#pragma GCC unroll 16
+  for (int v0 = 0; v0 < NV; v0 += VB) {
+    Vec ar[GH][VB];
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j)
+#pragma GCC unroll 16
+      for (int v = 0; v < VB; ++v) ar[j][v] = Vec::loadu(acc + j * D + (v0 + v) * L);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* vr = V + tb[i] * vt + v0 * L;
+      Vec xs[VB];
+#pragma GCC unroll 16
+      for (int v = 0; v < VB; ++v) xs[v] = Vec::loadu(vr + v * L);
+#pragma GCC unroll 16
+      for (int j = 0; j < GH; ++j) {
+        const Vec w(p[j * TILE + i]);
+#pragma GCC unroll 16
+        for (int v = 0; v < VB; ++v) ar[j][v] = at::vec::fmadd(w, xs[v], ar[j][v]);
+      }
+    }
+#pragma GCC unroll 16
+    for (int j = 0; j < GH; ++j)
+#pragma GCC unroll 16
+      for (int v = 0; v < VB; ++v) ar[j][v].store(acc + j * D + (v0 + v) * L);
+  }
+}
+
+template <int NV>
+std::pair<PagedScoresFn, PagedValuesFn> paged_runs_for_heads(int64_t g) {
+  switch (g) {
+    case 1: return {paged_scores<NV, 1>, paged_values<NV, 1>};
+    case 2: return {paged_scores<NV, 2>, paged_values<NV, 2>};
+    case 3: return {paged_scores<NV, 3>, paged_values<NV, 3>};
+    case 4: return {paged_scores<NV, 4>, paged_values<NV, 4>};
+    case 5: return {paged_scores<NV, 5>, paged_values<NV, 5>};
+    case 6: return {paged_scores<NV, 6>, paged_values<NV, 6>};
+    case 7: return {paged_scores<NV, 7>, paged_values<NV, 7>};
+    case 8: return {paged_scores<NV, 8>, paged_values<NV, 8>};
+    default: return {nullptr, nullptr};
+  }
+}
+
+// the register-blocked tile steps for head dim D and g heads sharing a slot list (nullptr: the generic loop)
+std::pair<PagedScoresFn, PagedValuesFn> paged_runs(int64_t D, int64_t g) {
+  if (D % Vec::size() != 0) return {nullptr, nullptr};
+  const int64_t nv = D / Vec::size();
+  if (nv == 4) return paged_runs_for_heads<4>(g);
+  if (nv == 8) return paged_runs_for_heads<8>(g);
+  if (nv == 16) return paged_runs_for_heads<16>(g);
+  return {nullptr, nullptr};
+}
+
+// The g query heads of one KV head over one slot list (g = 1: one query head over its own list; g > 1: the
+// list the group shares, Quest's selection=group, so every K/V row is read from memory once for the g heads).
+// TILE slots per online-softmax step: the tile's visible slots are gathered, their logits computed, then one
+// max, one rescale and one vectorised exp per tile and head, then the values accumulated.
+// qs: [g, D] (scaled); acc: [g, D]; m, l: [g] (running max, sum of exp(logit - m)).
+void paged_group(const float* qs, int64_t g, const float* K, const float* V, const int32_t* I, int64_t kt,
+                 int64_t vt, int64_t it, const int64_t* sl, int64_t S, int64_t T, int64_t qpos, int64_t D,
+                 float* acc, float* m, float* l) {
+  const auto runs = paged_runs(D, g);
+  std::vector<float> sb(g * TILE);
+  int64_t tb[TILE];
+  std::fill(acc, acc + g * D, 0.0f);
+  std::fill(m, m + g, NINF);
+  std::fill(l, l + g, 0.0f);
+  constexpr int64_t L = Vec::size();
+  for (int64_t i0 = 0; i0 < S; i0 += TILE) {
+    const int64_t i1 = std::min(S, i0 + TILE);
+    int64_t n = 0;
+    for (int64_t i = i0; i < i1; ++i) {
+      const int64_t t = sl[i];
+      if (t < 0 || t >= T) continue;
+      const int32_t pos = I[t * it];
+      if (pos < 0 || pos > qpos) continue;
+      tb[n++] = t;
+    }
+    if (n == 0) continue;
+    for (int64_t i = i1; i < std::min(S, i1 + TILE); ++i) {  // the next tile's rows: pages are scattered
+      const int64_t t = sl[i];
+      if (t < 0 || t >= T) continue;
+      prefetch(K + t * kt, D * 4);
+      prefetch(V + t * vt, D * 4);
+    }
+    if (runs.first != nullptr) {
+      runs.first(qs, K, kt, tb, n, sb.data());
+    } else {
+      for (int64_t r = 0; r < n; ++r) {
+        const float* kr = K + tb[r] * kt;
+        for (int64_t j = 0; j < g; ++j) sb[j * TILE + r] = dot(qs + j * D, kr, D);
+      }
+    }
+    for (int64_t j = 0; j < g; ++j) {
+      float* row = sb.data() + j * TILE;
+      const float mx = std::max(m[j], row_max(row, n));
+      const float alpha = std::exp(m[j] - mx);  // 0 when m was -inf
+      int64_t i = 0;
+      Vec vs(0.0f);
+      const Vec vm(mx);
+      for (; i + L <= n; i += L) {
+        const Vec e = (Vec::loadu(row + i) - vm).exp_u20();
+        e.store(row + i);
+        vs = vs + e;
+      }
+      float sum = hsum(vs);
+      for (; i < n; ++i) {
+        row[i] = std::exp(row[i] - mx);
+        sum += row[i];
+      }
+      if (alpha != 1.0f) scale(alpha, acc + j * D, D);
+      l[j] = l[j] * alpha + sum;
+      m[j] = mx;
+    }
+    if (runs.second != nullptr) {
+      runs.second(V, vt, tb, n, sb.data(), acc);
+    } else {
+      for (int64_t r = 0; r < n; ++r) {
+        const float* vr = V + tb[r] * vt;
+        for (int64_t j = 0; j < g; ++j) axpy(sb[j * TILE + r], vr, acc + j * D, D);
+      }
+    }
+  }
+}
+
 // q: [B, H, D] fp32; k, v: [B, H_kv, T, D] fp32 (last dim contiguous); index: [B, H_kv, T] int32;
 // qpos: [B] int64; slots: [B, H, S] int64 (each query head's slots, any order; -1 = none).
+// slots may instead be [B, H_kv, S]: one list shared by the query heads of each KV head (read once for them).
 // Returns (out [B, H, D], lse [B, H]); a head with no visible key gets 0 and -inf.
 std::vector<at::Tensor> paged_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const at::Tensor& index, const at::Tensor& qpos, const at::Tensor& slots,
@@ -901,6 +1085,9 @@ std::vector<at::Tensor> paged_decode(const at::Tensor& q, const at::Tensor& k, c
               "paged: index int32, slots int64");
   const int64_t B = q.size(0), H = q.size(1), D = q.size(2), H_kv = k.size(1), T = k.size(2);
   const int64_t S = slots.size(2), g = H / H_kv;
+  TORCH_CHECK(slots.dim() == 3 && slots.size(0) == B && (slots.size(1) == H || slots.size(1) == H_kv),
+              "paged: slots [B, H, S] or [B, H_kv, S]");
+  const bool shared = slots.size(1) == H_kv && g > 1;
   const float* qp = q.data_ptr<float>();
   const float* kp = k.data_ptr<float>();
   const float* vp = v.data_ptr<float>();
@@ -915,42 +1102,39 @@ std::vector<at::Tensor> paged_decode(const at::Tensor& q, const at::Tensor& k, c
   float* op = out.data_ptr<float>();
   float* lp = lse.data_ptr<float>();
   const float sc = static_cast<float>(scaling);
+  auto finish = [&](int64_t u, const float* acc, float m, float l) {
+    float* dst = op + u * D;
+    if (l > 0.0f) {
+      const float inv = 1.0f / l;
+      for (int64_t c = 0; c < D; ++c) dst[c] = acc[c] * inv;
+      lp[u] = m + std::log(l);
+    } else {
+      std::fill(dst, dst + D, 0.0f);
+      lp[u] = NINF;
+    }
+  };
+  if (shared) {
+    at::parallel_for(0, B * H_kv, 1, [&](int64_t w0, int64_t w1) {
+      std::vector<float> qs(g * D), acc(g * D), m(g), l(g);
+      for (int64_t w = w0; w < w1; ++w) {
+        const int64_t b = w / H_kv, h = w % H_kv, u0 = b * H + h * g;
+        for (int64_t c = 0; c < g * D; ++c) qs[c] = qp[u0 * D + c] * sc;
+        paged_group(qs.data(), g, kp + b * kb + h * kh, vp + b * vb + h * vh, ip + b * ib + h * ih, kt, vt, it,
+                    sp + w * S, S, T, pp[b], D, acc.data(), m.data(), l.data());
+        for (int64_t j = 0; j < g; ++j) finish(u0 + j, acc.data() + j * D, m[j], l[j]);
+      }
+    });
+    return {out, lse};
+  }
   at::parallel_for(0, B * H, 1, [&](int64_t u0, int64_t u1) {
     std::vector<float> qs(D), acc(D);
+    float m, l;
     for (int64_t u = u0; u < u1; ++u) {
-      const int64_t b = u / H, hq = u % H, h = hq / g;
+      const int64_t b = u / H, h = (u % H) / g;
       for (int64_t c = 0; c < D; ++c) qs[c] = qp[u * D + c] * sc;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      float m = NINF, l = 0.0f;
-      const int64_t* sl = sp + u * S;
-      const float* K = kp + b * kb + h * kh;
-      const float* V = vp + b * vb + h * vh;
-      const int32_t* I = ip + b * ib + h * ih;
-      for (int64_t i = 0; i < S; ++i) {
-        const int64_t t = sl[i];
-        if (t < 0 || t >= T) continue;
-        const int32_t pos = I[t * it];
-        if (pos < 0 || pos > pp[b]) continue;
-        const float s = dot(qs.data(), K + t * kt, D);
-        if (s > m) {
-          const float alpha = std::exp(m - s);
-          scale(alpha, acc.data(), D);
-          l *= alpha;
-          m = s;
-        }
-        const float e = std::exp(s - m);
-        l += e;
-        axpy(e, V + t * vt, acc.data(), D);
-      }
-      float* dst = op + u * D;
-      if (l > 0.0f) {
-        const float inv = 1.0f / l;
-        for (int64_t c = 0; c < D; ++c) dst[c] = acc[c] * inv;
-        lp[u] = m + std::log(l);
-      } else {
-        std::fill(dst, dst + D, 0.0f);
-        lp[u] = NINF;
-      }
+      paged_group(qs.data(), 1, kp + b * kb + h * kh, vp + b * vb + h * vh, ip + b * ib + h * ih, kt, vt, it,
+                  sp + u * S, S, T, pp[b], D, acc.data(), &m, &l);
+      finish(u, acc.data(), m, l);
     }
   });
   return {out, lse};

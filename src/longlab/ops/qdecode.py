@@ -125,8 +125,10 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_index: t
     """Attention of each query head over its own slots only (read in place, fp32 math).
 
     q: [B, H, 1, D]; k, v: [B, H_kv, T, D] float32; key_index: [B, H_kv, T] int32; query_pos: [B];
-    slots: [B, H, S] slot ids (-1: none). Returns ``(out [B, H, 1, D] in q.dtype, lse [B, H, 1] fp32)``;
-    a head with no visible key gets 0 and -inf, as :func:`longlab.decode.quest.attend_slots`."""
+    slots: [B, H, S] slot ids (-1: none), or [B, H_kv, S]: one list shared by the query heads of each KV
+    head, whose K/V rows are then read once for all of them. Returns ``(out [B, H, 1, D] in q.dtype,
+    lse [B, H, 1] fp32)``; a head with no visible key gets 0 and -inf, as
+    :func:`longlab.decode.quest.attend_slots`."""
     ext = build.load(KERNEL)
     if ext is None:
         raise RuntimeError(f"paged_decode: {unavailable_reason()}")
