@@ -107,6 +107,22 @@ def test_drift_is_detected(tmp_path: Path) -> None:
     assert page.read_text(encoding="utf-8") == text
 
 
+def test_missing_result_data_is_a_clear_error_naming_the_page(tmp_path: Path, capsys) -> None:
+    """A page whose committed data is gone (here the entropylong JSON) fails with an error that names the
+    page and the data directory, not a traceback."""
+    from longlab.cli import main
+
+    for sub in ("docs/results", "bench/results"):
+        (tmp_path / sub).mkdir(parents=True)
+    shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
+    shutil.copy(ROOT / "docs/results/entropylong.md", tmp_path / "docs/results/entropylong.md")
+    with pytest.raises(LonglabError, match="docs/results/entropylong.md: its result data under"):
+        docs_tables.check_docs(tmp_path, page="entropylong")
+    assert main(["report", "--docs", "--check", "--page", "entropylong", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "entropylong.md" in err and "Traceback" not in err
+
+
 def test_cli_docs_check(capsys: pytest.CaptureFixture[str]) -> None:
     from longlab.cli import main
 

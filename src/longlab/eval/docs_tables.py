@@ -121,7 +121,13 @@ def _run(root: Path, *, write: bool, plots: bool, only: str | None = None) -> li
         if not path.is_file():
             raise LonglabError(f"--docs: {gen.page} not found under {root}")
         text = path.read_text(encoding="utf-8")
-        blocks = gen.render(root, plots)
+        try:
+            blocks = gen.render(root, plots)
+        except (OSError, ValueError, KeyError) as err:  # missing, damaged or foreign result data
+            raise LonglabError(
+                f"--docs: {gen.page}: its result data under {root / 'bench' / 'results'} does not give the "
+                f"page ({type(err).__name__}: {err}); rerun the command its Reproduce section names"
+            ) from None
         new, changed = fill_blocks(text, blocks, page=gen.page)
         if changed:
             diffs.append(PageDiff(gen.page, tuple(changed)))
