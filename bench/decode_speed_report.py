@@ -1,21 +1,22 @@
-"""The fused-kernel accuracy check of ``docs/results/decode-speed.md``: from a ``longlab eval`` results
-directory, per recipe pair ``R`` / ``R:fused=false``, the samples whose predictions are identical, written
-to ``bench/results/decode_speed_accuracy.json``. The page's tables come from
+"""The fused-kernel accuracy check of ``docs/results/decode-speed.md``: from ``longlab eval`` results
+directories, per recipe pair ``R`` / ``R:fused=false``, the samples whose predictions are identical, and per
+``R,selection=group`` / ``R`` (Quest's page selection per KV head against per query head) the paired score
+difference with its 95% paired-bootstrap interval, written to ``bench/results/decode_speed_accuracy.json``.
+A recipe found in several directories is taken from the last one. The page's tables come from
 :mod:`longlab.eval.pages.decode_speed`.
 
-    python bench/decode_speed_report.py --accuracy runs/kernels-acc    # results.sqlite -> compact JSON
-    longlab report --docs --page results/decode-speed                   # JSON files -> the page's tables
+    python bench/decode_speed_report.py --accuracy runs/kernels-acc runs/kernels-acc3   # stores -> JSON
+    longlab report --docs --page results/decode-speed                                     # JSON -> tables
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sqlite3
 import statistics
 from pathlib import Path
 
-from common import ROOT, write_json
+from common import ROOT, read_store, write_json
 
 RESULTS = ROOT / "bench/results"
 
@@ -25,16 +26,18 @@ def _load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def accuracy(run_dir: str) -> Path:
-    """Pairs ``R`` / ``R,fused=false`` (or ``R:fused=false``) of a results directory: identical
-    predictions."""
-    db = Path(run_dir) / "results.sqlite"
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    rows = con.execute("SELECT recipe, task, length, sample_id, prediction, score FROM results").fetchall()
-    con.close()
-    by = {}
-    for recipe, task, length, sample, pred, score in rows:
-        by.setdefault(recipe, {})[(task, length, sample)] = (pred, score)
+def accuracy(run_dirs: list[str]) -> Path:
+    """Pairs ``R`` / ``R,fused=false`` (or ``R:fused=false``): identical predictions; pairs
+    ``R,selection=group`` / ``R``: the paired score difference."""
+    from longlab.eval.stats import paired_difference
+
+    by: dict[str, dict] = {}
+    for run_dir in run_dirs:
+        mine: dict[str, dict] = {}
+        for r in read_store(run_dir)[0]:
+            mine.setdefault(r["recipe"], {})[(r["task"], r["length"], r["sample_id"])] = (r["prediction"],
+                                                                                          r["score"])
+        by.update(mine)  # a later directory's recipe replaces an earlier one's
     def key(recipe: str) -> tuple[str, frozenset]:  # the recipe without its fused=false parameter
         name, _, params = recipe.partition(":")
         return name, frozenset(p for p in params.split(",") if p and p != "fused=false")
@@ -55,12 +58,30 @@ def accuracy(run_dir: str) -> Path:
                       "score_fused": round(statistics.mean(s_on), 4),
                       "score_unfused": round(statistics.mean(s_off), 4),
                       "differing": [list(k) for k in keys if by[recipe][k][0] != by[off][k][0]]})
-    return write_json(RESULTS / "decode_speed_accuracy.json", {"run_dir": str(run_dir), "pairs": pairs})
+    selections = []
+    for recipe in sorted(by):
+        if "selection=group" not in recipe or "fused=false" in recipe:
+            continue
+        name, _, params = recipe.partition(":")
+        head = f"{name}:" + ",".join(p for p in params.split(",") if p != "selection=group")
+        if head not in by:
+            continue
+        keys = sorted(set(by[recipe]) & set(by[head]))
+        d = paired_difference([by[recipe][k][1] for k in keys], [by[head][k][1] for k in keys])
+        selections.append({"recipe": recipe, "baseline": head, "n": len(keys),
+                           "identical": sum(by[recipe][k][0] == by[head][k][0] for k in keys),
+                           "score": round(statistics.mean(by[recipe][k][1] for k in keys), 4),
+                           "score_baseline": round(statistics.mean(by[head][k][1] for k in keys), 4),
+                           "diff": [round(d.mean, 4), round(d.low, 4), round(d.high, 4)],
+                           "significant": d.significant})
+    return write_json(RESULTS / "decode_speed_accuracy.json",
+                      {"run_dirs": [str(d) for d in run_dirs], "pairs": pairs, "selections": selections})
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--accuracy", required=True,
-                   help="a longlab eval results directory: write decode_speed_accuracy.json")
+    p.add_argument("--accuracy", required=True, nargs="+", metavar="DIR",
+                   help="longlab eval results directories (a recipe in several: the last one's): write "
+                        "decode_speed_accuracy.json")
     args = p.parse_args(argv)
     print(f"wrote {accuracy(args.accuracy)}")
     print("the page's tables: longlab report --docs --page results/decode-speed")

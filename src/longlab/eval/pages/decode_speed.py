@@ -136,7 +136,19 @@ def accuracy_table(data: dict) -> list[str]:
     for p in data["pairs"]:
         out.append(f"| `{p['recipe']}` | {p['n']} | {p['identical']} / {p['n']} | {p['score_fused']:.3f} | "
                    f"{p['score_unfused']:.3f} |")
-    return out + [""]
+    out.append("")
+    if data.get("selections"):
+        out += ["Page selection per KV head (`selection=group`) against per query head, same samples "
+                "(paired bootstrap 95% interval of the score difference):", "",
+                "| recipe | against | samples | identical predictions | score | score (against) "
+                "| difference [95% CI] |", "|---|---|---:|---:|---:|---:|---:|"]
+        for p in data["selections"]:
+            m, lo, hi = p["diff"]
+            out.append(f"| `{p['recipe']}` | `{p['baseline']}` | {p['n']} | {p['identical']} / {p['n']} | "
+                       f"{p['score']:.3f} | {p['score_baseline']:.3f} | {m:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+                       f"{'' if p['significant'] else ' n.s.'} |")
+        out.append("")
+    return out
 
 
 def _load_e2e(results: Path) -> dict | None:
