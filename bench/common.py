@@ -160,3 +160,15 @@ def write_json(path: str | Path, result: Any) -> Path:
         tmp.unlink(missing_ok=True)  # only the temporary file this call created
         raise
     return path
+
+
+def read_store(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Rows and whole-model metrics (``layer = head = -1``) of a ``longlab eval`` store: a results
+    directory, its ``results.sqlite`` or the committed ``results.sqlite.gz``, opened read-only and checked
+    by :class:`longlab.eval.store.ResultStore` (a missing or foreign file is a clear error)."""
+    from longlab.eval.store import ResultStore
+
+    path = Path(path)
+    out_dir = path.parent if path.name in ("results.sqlite", "results.sqlite.gz") else path
+    with ResultStore(out_dir, readonly=True, what=str(path)) as store:
+        return store.rows(), store.metrics(layer=-1, head=-1)

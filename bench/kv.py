@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import ROOT, best_of, hardware, write_json
+from common import ROOT, best_of, hardware, read_store, write_json
 
 from longlab.attention import LayerContext, dense_attention
 from longlab.cache import LonglabCache, LonglabLayer
@@ -885,7 +885,7 @@ def indexmem_pairs_main(db: str, out_dir: str) -> None:
 
 def _run_indexmem_pairs() -> object:
     ap = argparse.ArgumentParser(description=DOC_INDEXMEM_PAIRS.split("\n\n")[0])
-    ap.add_argument("db", metavar="RESULTS.sqlite", help="a longlab eval store")
+    ap.add_argument("db", metavar="STORE", help="a longlab eval store (directory, results.sqlite or .gz)")
     ap.add_argument("out_dir", metavar="OUT_DIR", help="where rows.csv and pairs.json go")
     args = ap.parse_args()
     indexmem_pairs_main(args.db, args.out_dir)
@@ -896,7 +896,7 @@ def _run_indexmem_pairs() -> object:
 DOC_EVICTION_PAIRS = """
 OBCache / ReST-KV against their baselines at 2k, from a ``longlab eval`` store (the kv-eviction page).
 
-    .venv/bin/python bench/kv.py eviction-pairs runs/kv24-2k/results.sqlite \\
+    .venv/bin/python bench/kv.py eviction-pairs bench/results/kv_eviction_2k \\
         bench/results/kv_eviction_2k/pairs.json
 
 Per recipe, the average over the three tasks with a stratified bootstrap interval; every method against
@@ -908,10 +908,8 @@ two-sided sign test. The newest row per (recipe, task, sample) counts.
 
 
 def eviction_pairs_main(db: str, out: str) -> dict[str, Any]:
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    sql = "select recipe, task, sample_id, score from results order by created_at, id"
-    rows = conn.execute(sql).fetchall()
-    S = {(r, t, i): float(x) for r, t, i, x in rows if x is not None}  # newest row per (recipe, task, sample)
+    rows, _ = read_store(db)  # insertion order: the newest row per (recipe, task, sample) counts
+    S = {(r["recipe"], r["task"], r["sample_id"]): float(r["score"]) for r in rows if r["score"] is not None}
 
     def ids(recipe: str, task: str) -> set[str]:
         return {i for r, t, i in S if (r, t) == (recipe, task)}
@@ -942,7 +940,7 @@ def eviction_pairs_main(db: str, out: str) -> dict[str, Any]:
 
 def _run_eviction_pairs() -> object:
     ap = argparse.ArgumentParser(description=DOC_EVICTION_PAIRS.split("\n\n")[0])
-    ap.add_argument("db", metavar="RESULTS.sqlite", help="a longlab eval store")
+    ap.add_argument("db", metavar="STORE", help="a longlab eval store (directory, results.sqlite or .gz)")
     ap.add_argument("out", metavar="OUT.json", help="where pairs.json goes")
     args = ap.parse_args()
     eviction_pairs_main(args.db, args.out)

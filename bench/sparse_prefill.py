@@ -22,7 +22,6 @@ import argparse
 import functools
 import json
 import math
-import sqlite3
 import statistics
 import sys
 import time
@@ -33,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import best_of, hardware, write_json
+from common import best_of, hardware, read_store, write_json
 from safetensors.torch import save_file
 
 from longlab import generate
@@ -452,7 +451,7 @@ The recipes of one sample run back to back in one ``longlab eval`` process, so t
 
 Overall and per task. Usage::
 
-    python bench/sparse_prefill.py stats RESULTS.sqlite OUT.json [--length L]
+    python bench/sparse_prefill.py stats STORE OUT.json [--length L]   (directory, results.sqlite or .gz)
 """.lstrip("\n")
 
 def _ci(values: list[float], digits: int = 3) -> dict:
@@ -473,14 +472,10 @@ def stats_main() -> None:
     ap.add_argument("out")
     ap.add_argument("--length", type=int, default=None, help="only rows of this prompt length")
     a = ap.parse_args()
-    con = sqlite3.connect(f"file:{a.db}?mode=ro", uri=True)
-    sql = "select run_key, recipe, task, sample_id, prefill_s, prediction from results"
-    if a.length:
-        rows = con.execute(sql + " where length = ?", (a.length,)).fetchall()
-    else:
-        rows = con.execute(sql).fetchall()
-    metric = {(k, n): v for k, n, v in con.execute(
-        "select run_key, name, value from metrics where layer = -1 and head = -1")}
+    stored, metrics = read_store(a.db)
+    rows = [(r["run_key"], r["recipe"], r["task"], r["sample_id"], r["prefill_s"], r["prediction"])
+            for r in stored if not a.length or r["length"] == a.length]
+    metric = {(m["run_key"], m["name"]): m["value"] for m in metrics}
     by = {(r, s): (key, task, p) for key, r, task, s, p, _ in rows}
     pred = {(r, s): text for _, r, _, s, _, text in rows}
     full = {s: p for (r, s), (_, _, p) in by.items() if r == "full"}
@@ -506,8 +501,7 @@ def stats_main() -> None:
                     q[name][task] = _ci([v for t, v in vals if t == task])
         if q:
             res["mask_quality"][recipe] = q
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=1)
+    write_json(a.out, res)
     print("full prefill median", res["full_prefill_s"])
     for recipe, e in res["ratio_to_full"].items():
         print(recipe, "time/full", "  ".join(
@@ -574,9 +568,8 @@ def prefill_ratios_main(db: str, out: str) -> dict[str, Any]:
     """Per-sample prefill-time ratio recipe / ``full`` from one ``longlab eval`` store (the recipes of one
     sample ran back to back in one process): geometric mean with a seeded bootstrap 95% interval over the
     samples (:func:`bootstrap_ci` on the log ratios) and the median, overall and per task."""
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    t = {(r, s): (task, p) for r, task, s, p in
-         conn.execute("select recipe, task, sample_id, prefill_s from results").fetchall() if p}
+    stored, _ = read_store(db)
+    t = {(r["recipe"], r["sample_id"]): (r["task"], r["prefill_s"]) for r in stored if r["prefill_s"]}
     full = {s: p for (r, s), (_, p) in t.items() if r == "full"}
     if not full:
         raise SystemExit(f"{db}: no full rows with a prefill time to compare against")
@@ -607,7 +600,7 @@ def prefill_ratios_main(db: str, out: str) -> dict[str, Any]:
 def _run_ratios() -> object:
     ap = argparse.ArgumentParser(description="per-sample prefill-time ratios recipe / full of a longlab eval "
                                              "store (the sparse-prefill page's prefill_ratios.json)")
-    ap.add_argument("db", metavar="RESULTS.sqlite", help="a longlab eval store")
+    ap.add_argument("db", metavar="STORE", help="a longlab eval store (directory, results.sqlite or .gz)")
     ap.add_argument("out", metavar="OUT.json", help="where the ratios go")
     args = ap.parse_args()
     prefill_ratios_main(args.db, args.out)
