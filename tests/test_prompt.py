@@ -120,6 +120,7 @@ def test_teacher_forcing_refuses_decode_time_methods():
         with pytest.raises(LonglabError, match="decode-time method"):
             Request(context="a b c", question="q", recipe=recipe, continuation="x").check()
     with pytest.raises(LonglabError, match="--score forced: quest:budget=64 select at decode time"):
-        EvalConfig(model="tiny-llama", recipes=["full", "quest:budget=64"], score="forced", out="x").validate()
+        EvalConfig(model="tiny-llama", recipes=["full", "quest:budget=64"], score="forced",
+                   out="x").validate()
     EvalConfig(model="tiny-llama", recipes=["full", "snapkv@0.5"], score="forced", out="x").validate()
     Request(context="a b c", question="q", recipe="snapkv@0.5", continuation="x").check()  # a KV policy: fine

@@ -344,3 +344,30 @@ def test_write_report_failure_leaves_previous_report(tmp_path: Path, monkeypatch
         write_report(tmp_path)
     assert {k: p.read_bytes() for k, p in first.items()} == before  # old report untouched
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no temporaries
+
+
+def test_report_markdown_is_the_report_text_without_plots_and_reads_a_packed_store(tmp_path: Path) -> None:
+    """report_markdown gives report.md's tables from the store alone (the generated docs pages read the
+    committed results.sqlite.gz through it), writes nothing, and honours the baseline."""
+    import gzip
+    import shutil
+
+    from longlab.eval.report import report_markdown
+
+    live = tmp_path / "live"
+    with ResultStore(live) as store:
+        store.add_many(HAND_ROWS)
+    written = write_report(live, html=False)["markdown"].read_text()
+    text = report_markdown(live)
+    assert text.rstrip() == written.split("## Plots")[0].rstrip() and "## Plots" not in text
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    with open(live / DB_NAME, "rb") as src, gzip.open(packed / f"{DB_NAME}.gz", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    assert _tables(report_markdown(packed)) == _tables(text)
+    assert sorted(p.name for p in packed.iterdir()) == [f"{DB_NAME}.gz"]  # only read
+    vs = _tables(report_markdown(packed, baseline="snapkv@0.5"))
+    title = "m · length 1k · score − snapkv@0.5 (×100, paired on the same samples) [95% CI]"
+    assert vs[title]["full"][1] == "+50.0 [+0.0, +100.0] n.s."
+    with pytest.raises(LonglabError, match="results directory not found"):
+        report_markdown(tmp_path / "nosuch")

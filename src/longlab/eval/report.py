@@ -44,6 +44,7 @@ __all__ = [
     "plot_score_vs_ratio",
     "prefill_table",
     "ratio_of",
+    "report_markdown",
     "score_table",
     "summary_table",
     "write_report",
@@ -92,9 +93,10 @@ def _target_dir(out: Path, report_dir: str | os.PathLike[str] | None, what: str)
 
 def _render(
     out: Path, rows: list[dict[str, Any]], metrics: dict[str, dict[str, float]], *, baseline: str,
-    all_configs: bool, plot_path: Callable[[str], Path],
+    all_configs: bool, plot_path: Callable[[str], Path] | None,
 ) -> tuple[list[str], list[str], dict[str, Path]]:
-    """Markdown lines, HTML parts and the plots written (key -> temporary path)."""
+    """Markdown lines, HTML parts and the plots written (key -> temporary path; none when ``plot_path``
+    is None)."""
     name = out.name or str(out)
     md: list[str] = [f"# longlab report: {name}", ""]
     html_parts: list[str] = [f"<h1>longlab report: {_html.escape(name)}</h1>"]
@@ -132,7 +134,7 @@ def _render(
         md += ["", "## Speculative decoding", "", speculation]
         html_parts += ["<h2>Speculative decoding</h2>", f"<pre>{_html.escape(speculation)}</pre>"]
     figures: list[tuple[str, str]] = []
-    for key, title, fn in _PLOTS:
+    for key, title, fn in _PLOTS if plot_path is not None else ():
         written = fn(kept, plot_path(key))
         if written is not None:
             plots[key] = written
@@ -207,6 +209,22 @@ def _write_report(
                 pass
     order = ["markdown", "html", *(key for key, _, _ in _PLOTS)]
     return {k: files[k][1] for k in order if k in files}, len(rows)
+
+
+def report_markdown(
+    out_dir: str | os.PathLike[str], *, baseline: str = FULL, all_configs: bool = False,
+    what: str = "results directory",
+) -> str:
+    """The text of the ``report.md`` that :func:`write_report` would write for ``out_dir`` (its
+    ``results.sqlite``, or the committed ``results.sqlite.gz``, only read), without the plots and
+    without writing anything: the generated documentation pages take their tables from it."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        raise LonglabError(f"{what}: results directory not found: {out}")
+    rows = load_rows(out, what=what)
+    metrics = load_metrics(out, what=what) if rows else {}
+    md, _, _ = _render(out, rows, metrics, baseline=baseline, all_configs=all_configs, plot_path=None)
+    return "\n".join(md).rstrip() + "\n"
 
 
 def write_report(

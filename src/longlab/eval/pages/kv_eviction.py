@@ -3,9 +3,10 @@ IndexMem on SmolLM2-135M (issues 4 and 10).
 
 Reads the committed results under ``bench/results/``:
 
-* ``kv_eviction_2k/pairs.json`` (task-averaged scores ×100 with stratified-bootstrap 95% intervals, and
-  paired differences ``method − baseline`` on the same 24 samples with an exact sign test) and
-  ``kv_eviction_2k/report.md`` (``longlab report``'s per-task cells and KV bytes);
+* ``kv_eviction_2k/results.sqlite.gz`` (the ``longlab eval`` store: ``longlab report``'s per-task cells and
+  KV bytes, :func:`longlab.eval.report.report_markdown`) and ``kv_eviction_2k/pairs.json`` (from that
+  store: task-averaged scores ×100 with stratified-bootstrap 95% intervals, and paired differences
+  ``method − baseline`` on the same 24 samples with an exact sign test);
 * ``kv_eviction_2k/decode_interleaved*.json`` (``bench/kv.py overhead --parts decode``: per-round
   medians of interleaved decode steps; a recipe's per-round ratio to full attention is paired within the
   round, summarised by the geometric mean and a 95% t-interval over rounds);
@@ -25,6 +26,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from ..report import report_markdown
 from .paired import call, fmt_ci, fmt_p, log_ratio_interval
 
 __all__ = ["COMMANDS", "parse_report_table", "render"]
@@ -36,10 +38,8 @@ RECIPES_2K = (
 )
 COMMANDS = {
     "2k": (
-        "for T in niah_single_1 niah_multikey_1 vt; do bench/heavy.sh .venv/bin/longlab eval "
-        f"--model smollm2-135m --recipes {RECIPES_2K} --tasks $T --lengths 2048 --samples 8 "
-        "--max-new-tokens 24 --query-aware --threads 1 --no-report --no-progress --out runs/kv24-2k; done; "
-        "python bench/kv.py eviction-pairs runs/kv24-2k/results.sqlite "
+        "bench/heavy.sh .venv/bin/longlab eval --config bench/configs/kv-eviction-2k.toml; "
+        "python bench/kv.py eviction-pairs bench/results/kv_eviction_2k "
         "bench/results/kv_eviction_2k/pairs.json"
     ),
     "decode": (
@@ -123,7 +123,7 @@ def _verdict(d: dict[str, Any]) -> str:
 
 def table_scores_2k() -> str:
     p = _pairs_2k()
-    report = (_res("kv_eviction_2k/report.md")).read_text(encoding="utf-8")
+    report = report_markdown(_res("kv_eviction_2k"), what="bench/results/kv_eviction_2k")
     cells = {r["recipe"]: r for r in parse_report_table(report, "### smollm2-135m · length 2k · score ×100")}
     vs_full = {d["method"]: d for d in p["differences"] if d["baseline"] == "full"}
     lines = [
