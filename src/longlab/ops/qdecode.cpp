@@ -186,6 +186,24 @@ inline float row_max(const float* x, int64_t n) {
   return m;
 }
 
+// x <- exp(x - mx) over n floats (vectorised), returning their sum: one online-softmax step's weights
+inline float exp_shift_sum(float* x, int64_t n, float mx) {
+  int64_t i = 0;
+  Vec vs(0.0f);
+  const Vec vm(mx);
+  for (; i + Vec::size() <= n; i += Vec::size()) {
+    const Vec e = (Vec::loadu(x + i) - vm).exp_u20();
+    e.store(x + i);
+    vs = vs + e;
+  }
+  float sum = hsum(vs);
+  for (; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  return sum;
+}
+
 inline void scale(float a, float* y, int64_t n) {
   int64_t c = 0;
   const Vec va(a);
@@ -788,18 +806,7 @@ at::Tensor quant_decode(const at::Tensor& q, const at::Tensor& index, const at::
             continue;
           }
           const float alpha = std::exp(m[j] - mx);  // 0 when m was -inf
-          int64_t i = 0;
-          Vec vs(0.0f), vm(mx);
-          for (; i + Vec::size() <= n; i += Vec::size()) {
-            const Vec e = (Vec::loadu(row + i) - vm).exp_u20();
-            e.store(row + i);
-            vs = vs + e;
-          }
-          float sum = hsum(vs);
-          for (; i < n; ++i) {
-            row[i] = std::exp(row[i] - mx);
-            sum += row[i];
-          }
+          const float sum = exp_shift_sum(row, n, mx);
           if (alpha != 1.0f) {
             scale(alpha, acc.data() + j * D, D);
             for (int64_t r = 0; r < vgr_n; ++r) offacc[j * vgr_n + r] *= alpha;
@@ -892,6 +899,15 @@ at::Tensor quant_decode(const at::Tensor& q, const at::Tensor& index, const at::
 // Register-blocked tile steps for head dim D = NV vectors and GH query heads per KV head (the rows of a tile are
 // gathered slots, so they are addressed through tb[]): logits with 8 (AVX2) or 16 (AVX-512) rows per
 // transposed reduction, values in passes of VB vectors whose GH x VB accumulators stay in registers.
+#if defined(__AVX512F__)
+using RawVec = __m512;
+constexpr int ROWS_PER_REDUCTION = 16;
+inline void store_row_sums(float* dst, const RawVec* r) { _mm512_storeu_ps(dst, reduce16(r)); }
+#elif defined(__AVX2__)
+using RawVec = __m256;
+constexpr int ROWS_PER_REDUCTION = 8;
+inline void store_row_sums(float* dst, const RawVec* r) { _mm256_storeu_ps(dst, reduce8(r)); }
+#endif
 using PagedScoresFn = void (*)(const float*, const float*, int64_t, const int64_t*, int64_t, float*);
 using PagedValuesFn = void (*)(const float*, int64_t, const int64_t*, int64_t, const float*, float*);
 
@@ -911,29 +927,17 @@ void paged_scores(const float* qs, const float* K, int64_t kt, const int64_t* tb
     }
   };
   int64_t r0 = 0;
-#if defined(__AVX512F__)
-  for (; r0 + 16 <= n; r0 += 16) {
-    __m512 red[GH][16];
-    for (int r = 0; r < 16; ++r) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  for (; r0 + ROWS_PER_REDUCTION <= n; r0 += ROWS_PER_REDUCTION) {  // one transposed reduction per head
+    RawVec red[GH][ROWS_PER_REDUCTION];
+    for (int r = 0; r < ROWS_PER_REDUCTION; ++r) {
       Vec a[GH];
       row(r0 + r, a);
 #pragma GCC unroll 16
       for (int j = 0; j < GH; ++j) red[j][r] = a[j];
     }
 #pragma GCC unroll 16
-    for (int j = 0; j < GH; ++j) _mm512_storeu_ps(sb + j * TILE + r0, reduce16(red[j]));
-  }
-#elif defined(__AVX2__)
-  for (; r0 + 8 <= n; r0 += 8) {
-    __m256 red[GH][8];
-    for (int r = 0; r < 8; ++r) {
-      Vec a[GH];
-      row(r0 + r, a);
-#pragma GCC unroll 16
-      for (int j = 0; j < GH; ++j) red[j][r] = a[j];
-    }
-#pragma GCC unroll 16
-    for (int j = 0; j < GH; ++j) _mm256_storeu_ps(sb + j * TILE + r0, reduce8(red[j]));
+    for (int j = 0; j < GH; ++j) store_row_sums(sb + j * TILE + r0, red[j]);
   }
 #endif
   for (; r0 < n; ++r0) {
@@ -1013,7 +1017,6 @@ void paged_group(const float* qs, int64_t g, const float* K, const float* V, con
   std::fill(acc, acc + g * D, 0.0f);
   std::fill(m, m + g, NINF);
   std::fill(l, l + g, 0.0f);
-  constexpr int64_t L = Vec::size();
   for (int64_t i0 = 0; i0 < S; i0 += TILE) {
     const int64_t i1 = std::min(S, i0 + TILE);
     int64_t n = 0;
@@ -1043,19 +1046,7 @@ void paged_group(const float* qs, int64_t g, const float* K, const float* V, con
       float* row = sb.data() + j * TILE;
       const float mx = std::max(m[j], row_max(row, n));
       const float alpha = std::exp(m[j] - mx);  // 0 when m was -inf
-      int64_t i = 0;
-      Vec vs(0.0f);
-      const Vec vm(mx);
-      for (; i + L <= n; i += L) {
-        const Vec e = (Vec::loadu(row + i) - vm).exp_u20();
-        e.store(row + i);
-        vs = vs + e;
-      }
-      float sum = hsum(vs);
-      for (; i < n; ++i) {
-        row[i] = std::exp(row[i] - mx);
-        sum += row[i];
-      }
+      const float sum = exp_shift_sum(row, n, mx);
       if (alpha != 1.0f) scale(alpha, acc + j * D, D);
       l[j] = l[j] * alpha + sum;
       m[j] = mx;
