@@ -318,6 +318,32 @@ def test_quest_group_selection_takes_each_kv_heads_pages_by_its_groups_largest_b
     assert not torch.equal(shared[:, ::2], worst)  # the inverted rule (the group's smallest bound) differs
 
 
+def test_teacher_forcing_reads_a_decode_time_method_one_token_at_a_time(tiny):
+    """A forced answer (``continuation=``) goes through a decode-time method the way decoding does, one
+    query at a time: Quest with a budget covering the context equals full attention, Quest with a small
+    budget does not (fed in one forward pass, the answer would be a prefill chunk, attended densely, and
+    every recipe would score exactly as full attention)."""
+    from longlab import Engine, Request
+    from longlab.models import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    context = " ".join(f"w{i}" for i in range(300))
+    answer = " ".join(f"w{i}" for i in range(7, 19))
+
+    def forced(recipe):
+        (res,) = Engine(tiny, tok).run([Request(context=context, question="which words?", recipe=recipe,
+                                                 continuation=answer)])
+        assert res.finish_reason == "forced" and len(res.forced_ids) > 4
+        return res.forced_logprobs
+
+    full = forced("full")
+    torch.testing.assert_close(forced("quest:budget=4096"), full, atol=1e-4, rtol=1e-4)
+    sparse = forced("quest:budget=32,page_size=8")
+    torch.testing.assert_close(sparse[0], full[0])  # the prompt's own last position: before any decoding
+    kl = (full[1:].exp() * (full[1:] - sparse[1:])).sum(-1)
+    assert float(kl.max()) > 1e-4  # read sparsely along the answer
+
+
 # ---------------------------------------------------------------------------------------- RetroAttention
 def test_retro_merge_of_disjoint_key_sets_equals_attention_over_the_union():
     B, H, t, T, D = 2, 3, 4, 30, 8

@@ -108,19 +108,3 @@ def test_eval_runner_uses_each_samples_layout(tiny_models, chat_tokenizer, tmp_p
     assert seen["chat"] == (len(ctx), len(q))
     assert seen["chat-sep"] == (len(ctx), len(q) + 2)  # the two "\n" bytes
     assert seen["plain"][0] == len(CONTEXT * 4)  # one token per byte, no chat header
-
-
-def test_teacher_forcing_refuses_decode_time_methods():
-    """Forced scoring feeds the answer in one forward pass; Quest/RetroAttention/LoSA select per decode
-    query and would attend that pass densely, scoring as full attention: the eval and the request refuse."""
-    from longlab import Request
-    from longlab.recipe import LonglabError
-
-    for recipe in ("quest:budget=64", "retro:budget=64", "kivi4+quest:budget=64"):
-        with pytest.raises(LonglabError, match="decode-time method"):
-            Request(context="a b c", question="q", recipe=recipe, continuation="x").check()
-    with pytest.raises(LonglabError, match="--score forced: quest:budget=64 select at decode time"):
-        EvalConfig(model="tiny-llama", recipes=["full", "quest:budget=64"], score="forced",
-                   out="x").validate()
-    EvalConfig(model="tiny-llama", recipes=["full", "snapkv@0.5"], score="forced", out="x").validate()
-    Request(context="a b c", question="q", recipe="snapkv@0.5", continuation="x").check()  # a KV policy: fine

@@ -248,12 +248,6 @@ class Request:
                 "continuation= scores an answer by teacher forcing: it does not decode, so "
                 "speculative= does not apply"
             )
-        if self.continuation is not None and recipe.decode is not None:
-            raise LonglabError(
-                f"continuation= feeds the answer in one forward pass, which the decode-time method "
-                f"{REGISTRY.format(recipe.decode)!r} (one query at a time) attends densely: it would score "
-                "as full attention; decode instead"
-            )
         return parsed
 
     def _check_response_format(self, spec: bool, recipe: Recipe) -> str | None:

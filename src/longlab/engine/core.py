@@ -503,7 +503,13 @@ class Engine:
         )
         t0 = time.perf_counter()
         steps = [logits.reshape(1, -1)]
-        if len(ids) > 1:
+        recipe = getattr(stream.cache, "recipe", None)
+        if len(ids) > 1 and getattr(recipe, "decode", None) is not None:
+            # a decode-time method (Quest, RetroAttention, LoSA) selects per decode query: feed the answer
+            # one token at a time, as decoding does (one forward pass would be a prefill chunk, attended
+            # densely, and would score as full attention)
+            steps += [stream.feed([[tok]], 1, compress="none").reshape(1, -1) for tok in ids[:-1]]
+        elif len(ids) > 1:
             out = stream.feed([ids[:-1]], len(ids), compress="none", every_position=True)  # [1, T, V]
             steps.append(out[0])
         scores = torch.cat(steps).float()  # [T, V]: the logits before each continuation token

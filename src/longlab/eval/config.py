@@ -215,14 +215,6 @@ class EvalConfig:
         for bad, message in rules:
             if bad:
                 raise LonglabError(message)
-        if self.score == "forced":  # the answer goes in one forward pass: a decode method sees a prefill
-            stepwise = [r for r in self.recipes if parse_recipe(r).decode is not None]
-            if stepwise:
-                raise LonglabError(
-                    f"--score forced: {', '.join(stepwise)} select at decode time, one query at a time, but "
-                    "teacher forcing feeds the answer in one forward pass, which they attend densely (they "
-                    "would score as full attention): score them with --score decode"
-                )
 
     def cells(self) -> list[Cell]:
         """Every cell of a sample: recipes x reuse methods x (plain + drafts x verifiers); checked."""
