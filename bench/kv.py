@@ -166,11 +166,8 @@ its output cache, page table and K/V refresh of the layer above). With ``--round
 streams live side by side and take turns (order rotated each round), ``--steps`` steps each per round,
 so a change of machine load hits all three alike; the value is the median over all rounds' steps.
 
-**Fidelity** (``--parts fidelity``): on a real ``--fidelity-length`` context, full attention decodes
-``--fidelity-steps`` tokens greedily; Quest and RetroAttention (``--fidelity-budget``) then decode the
-same tokens (teacher forcing); reported: mean ``KL(full || method)`` of the next-token distributions
-and top-1 agreement. RetroAttention's claim is that its refreshed past states bring sparse decoding
-closer to full attention than Quest at the same budget.
+(Decode fidelity of Quest and RetroAttention against full attention, once a loop here, is a ``longlab eval``
+run: ``bench/configs/decode-fidelity.toml``, teacher-forced rows with ``extra.kl_vs_full``.)
 
 Writes JSON to ``--out`` (default ``bench/results/kv_overhead.json``) with a hardware header.
 """.lstrip("\n")
@@ -332,36 +329,6 @@ def bench_decode(model, length: int, budget: int, steps: int, rounds: int = 1) -
     return out
 
 
-def bench_fidelity(model, tokenizer, length: int, budget: int, steps: int) -> dict[str, Any]:
-    """Teacher-forced decode on a real context: how far Quest and RetroAttention drift from full attention.
-
-    ``steps`` tokens are decoded greedily with the full cache; each sparse recipe then decodes the same
-    tokens (teacher forcing) and the per-step ``KL(full || method)`` and top-1 agreement are averaged."""
-    ids = _context_ids(tokenizer, length)
-    out: dict[str, Any] = {"length": length, "budget": budget, "steps": steps, "recipes": {}}
-    ref_logits, tokens = [], []
-    for template in DECODE_RECIPES:
-        recipe = template.format(budget=budget)
-        stream = Stream(model, LonglabCache(recipe), 1)
-        logits = stream.feed([ids], 1024, compress="none")
-        kls, agree = [], []
-        for i in range(steps):
-            if recipe == "full":
-                ref_logits.append(logits[0].float())
-                tokens.append(int(logits[0].argmax()))
-            else:
-                ref = ref_logits[i].log_softmax(-1)
-                cur = logits[0].float().log_softmax(-1)
-                kls.append(float((ref.exp() * (ref - cur)).sum()))
-                agree.append(float(int(cur.argmax()) == tokens[i]))
-            logits = stream.feed([[tokens[i]]], compress="none")
-        if recipe != "full":
-            out["recipes"][recipe] = {"kl": statistics.mean(kls), "top1_agreement": statistics.mean(agree)}
-            print(f"  fidelity {length:>6} {recipe:<22} KL {statistics.mean(kls):.4f}  "
-                  f"top-1 agreement {statistics.mean(agree):.3f}", flush=True)
-    return out
-
-
 def overhead_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=DOC_OVERHEAD.splitlines()[0])
     p.add_argument("--model", default="smollm2-135m")
@@ -374,10 +341,7 @@ def overhead_main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--rounds", type=int, default=1, help="decode: interleaved rounds of --steps per recipe")
     p.add_argument("--threads", type=int)
-    p.add_argument("--parts", default="decode,compression,fidelity", help="which measurements to run")
-    p.add_argument("--fidelity-length", type=int, default=2048)
-    p.add_argument("--fidelity-budget", type=int, default=256)
-    p.add_argument("--fidelity-steps", type=int, default=48)
+    p.add_argument("--parts", default="decode,compression", help="which measurements to run")
     p.add_argument("--quick", action="store_true", help="tiny model, short lengths (smoke test)")
     p.add_argument("--out", default="bench/results/kv_overhead.json")
     args = p.parse_args(argv)
@@ -388,19 +352,17 @@ def overhead_main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.model, args.lengths, args.decode_lengths = "tiny-llama", "512", "256,512"
         args.budget, args.steps = 64, 3
-        args.fidelity_length, args.fidelity_budget, args.fidelity_steps = 512, 64, 6
     lengths = [int(x) for x in args.lengths.split(",") if x]
     decode_lengths = [int(x) for x in args.decode_lengths.split(",") if x]
     parts = set(args.parts.split(","))
+    if parts - {"decode", "compression"}:
+        raise SystemExit(f"--parts: decode and/or compression, got {args.parts!r} (fidelity is "
+                         "bench/configs/decode-fidelity.toml)")
     result: dict[str, Any] = {"hardware": hardware(), "config": vars(args), "compression": [], "decode": []}
     threads = torch.get_num_threads()
     print(f"# kv overhead: {args.model}, torch {torch.__version__}, {threads} threads", flush=True)
     with torch.inference_mode():
         model, tokenizer = load_model(args.model)
-        if "fidelity" in parts:
-            result["fidelity"] = bench_fidelity(
-                model, tokenizer, args.fidelity_length, args.fidelity_budget, args.fidelity_steps
-            )
         for n in decode_lengths if "decode" in parts else ():
             result["decode"].append(bench_decode(model, n, args.budget, args.steps, args.rounds))
         model = _truncate(model, args.layers)

@@ -10,7 +10,9 @@ Reads the committed results under ``bench/results/``:
 * ``kv_eviction_2k/decode_interleaved*.json`` (``bench/kv.py overhead --parts decode``: per-round
   medians of interleaved decode steps; a recipe's per-round ratio to full attention is paired within the
   round, summarised by the geometric mean and a 95% t-interval over rounds);
-* ``kv_overhead.json`` (compression step as a fraction of prefill, decode fidelity: one run each);
+* ``kv_overhead.json`` (compression step as a fraction of prefill: one run);
+* ``decode_fidelity/results.sqlite.gz`` (``bench/configs/decode-fidelity.toml``: Quest / RetroAttention
+  teacher-forced against full attention, per sample);
 * ``kv_memory_4k.json``, ``kv_memory_32k.json`` (``bench/kv.py memory``: cache bytes and peak RSS);
 * ``indexmem_24/pairs.json``, ``rows.csv``, ``weights-manifest.json`` (``bench/kv.py indexmem-pairs``).
 
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..report import report_markdown
-from .paired import call, fmt_ci, fmt_p, log_ratio_interval
+from .paired import call, fmt_ci, fmt_p, log_ratio_interval, sign_test
 
 __all__ = ["COMMANDS", "parse_report_table", "render"]
 
@@ -56,6 +58,7 @@ COMMANDS = {
         "python bench/kv.py overhead --layers 4 --threads 1 --repeats 5 --steps 6 "
         "--out bench/results/kv_overhead.json"
     ),
+    "fidelity": "bench/heavy.sh .venv/bin/longlab eval --config bench/configs/decode-fidelity.toml",
     "memory": (
         "python bench/kv.py memory --model smollm2-135m --lengths 4096 --budget 1024 --recipes full,snapkv "
         "--out bench/results/kv_memory_4k.json; python bench/kv.py memory --model smollm2-135m "
@@ -363,17 +366,50 @@ def table_overhead() -> str:
     return "\n".join(lines)
 
 
+FIDELITY_DIR = "decode_fidelity"
+
+
 def table_fidelity() -> str:
-    f = _json("kv_overhead.json")["fidelity"]
+    """Per recipe: mean KL(full || recipe) over the forced answer and top-1 agreement with full, each with a
+    bootstrap 95% interval over samples; each sparse recipe against ``quest:budget=256`` (per query head),
+    paired on the same samples."""
+    from ..stats import paired_difference, score_estimate
+    from ..store import ResultStore
+
+    with ResultStore(_res(FIDELITY_DIR), readonly=True, what=f"bench/results/{FIDELITY_DIR}") as store:
+        rows = [r for r in store.rows() if r["recipe"] != "full"]
+    by: dict[str, dict[str, dict[str, float]]] = {}
+    for r in rows:
+        by.setdefault(r["recipe"], {})[f"{r['task']}/{r['sample_id']}"] = {
+            "kl": float(r["extra"]["kl_vs_full"]), "top1": float(r["extra"]["fidelity"])}
+    base = "quest:budget=256"
+    n = {len(v) for v in by.values()}
     lines = [
-        f"One {f['length']}-token RULER context, budget {f['budget']}, {f['steps']} teacher-forced tokens "
-        "decoded greedily by full attention; no interval (n = 1 context).",
+        f"SmolLM2-135M, {', '.join(sorted({r['task'] for r in rows}))} at 2,048 tokens, budget 256; each "
+        "answer teacher-forced one token at a time through the method; mean over samples with a bootstrap "
+        f"95% interval (n = {', '.join(map(str, sorted(n)))} per recipe); differences paired on the same "
+        "samples.",
         "",
-        "| method | mean KL(full ‖ method) | top-1 agreement with full |",
-        "|---|---:|---:|",
+        "| method | mean KL(full ‖ method), nats | top-1 agreement with full "
+        f"| KL(`{base}`) − KL(method) [paired 95% CI] | closer / farther | sign test p | verdict |",
+        "|---|---:|---:|---:|---:|---:|---|",
     ]
-    for r, x in f["recipes"].items():
-        lines.append(f"| {_code(r)} | {x['kl']:.4f} | {x['top1_agreement']:.3f} |")
+    for recipe in sorted(by, key=lambda r: (r != base, r)):
+        keys = sorted(by[recipe])
+        kl = score_estimate([by[recipe][k]["kl"] for k in keys])
+        top1 = score_estimate([by[recipe][k]["top1"] for k in keys])
+        cells = ["—"] * 4
+        if recipe != base:  # positive: the method's distributions are closer to full's than Quest's
+            common = sorted(set(keys) & set(by[base]))
+            gain = [by[base][k]["kl"] - by[recipe][k]["kl"] for k in common]
+            d = paired_difference([by[base][k]["kl"] for k in common], [by[recipe][k]["kl"] for k in common])
+            up, down = sum(x > 0 for x in gain), sum(x < 0 for x in gain)
+            p = sign_test(up, down)
+            cells = [fmt_ci(d.mean, d.low, d.high, sign=True, nd=4), f"{up} / {down}", fmt_p(p),
+                     call(d.low, d.high, p).replace("better", "closer to full").replace("worse", "farther")]
+        lines.append(f"| {_code(recipe)} | {fmt_ci(kl.mean, kl.low, kl.high, nd=4)} | "
+                     f"{fmt_ci(top1.mean, top1.low, top1.high, nd=3)} | " + " | ".join(cells) + " |")
+    lines += ["", f"Reproduce: `{COMMANDS['fidelity']}`."]
     return "\n".join(lines)
 
 
