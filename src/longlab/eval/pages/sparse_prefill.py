@@ -3,11 +3,12 @@ and Gemma3-270M (issues 10 and 16).
 
 Reads the committed results under ``bench/results/``:
 
-* ``sparse_prefill_4k/report.md`` and ``stats.json`` (``longlab report`` and ``bench/sparse_prefill.py
-  stats`` of the 4k run: scores with Wilson / bootstrap intervals, paired differences against ``full``,
-  per-sample prefill-time ratios as a geometric mean with a bootstrap 95% interval, answer agreement, mask
-  quality);
-* ``sparse_prefill_24/report.md``, ``vs_snapkv/report.md`` and ``prefill_ratios.json`` (the 2k run);
+* ``sparse_prefill_4k/results.sqlite.gz`` and ``stats.json`` (the ``longlab eval`` store, read through
+  :func:`longlab.eval.report.report_markdown`, and ``bench/sparse_prefill.py stats`` of it; the 4k run:
+  scores with Wilson / bootstrap intervals, paired differences against ``full``, per-sample prefill-time
+  ratios as a geometric mean with a bootstrap 95% interval, answer agreement, mask quality);
+* ``sparse_prefill_24/results.sqlite.gz`` (against ``full`` and against ``snapkv@0.5``) and
+  ``prefill_ratios.json`` (the 2k run);
 * ``sparse_prefill_backends.json`` (``bench/sparse_prefill.py backends``: interleaved repeats, so each
   repeat's ratio is paired);
 * ``prefill_attention.json``, ``prefill_attention_32k.json`` (synthetic q/k/v) and
@@ -26,6 +27,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from ..report import report_markdown
 from .kv_eviction import parse_report_table
 from .paired import fmt_ci, log_ratio_interval
 
@@ -34,22 +36,13 @@ __all__ = ["COMMANDS", "parse_diff", "render", "speed_call"]
 TASKS = ("niah_multikey_1", "niah_single_1", "vt")
 COMMANDS = {
     "4k": (
-        "for a in 'niah_single_1 4' 'niah_multikey_1 8' 'vt 8' 'niah_single_1,niah_multikey_1 16'; do set "
-        "-- $a; "
-        "bench/heavy.sh timeout 700 .venv/bin/longlab eval --config bench/configs/sparse-prefill-4k.toml "
-        "--tasks $1 --limit $2; done; longlab report runs/sparse4k --no-html --report-dir "
-        "bench/results/sparse_prefill_4k; python bench/sparse_prefill.py stats runs/sparse4k/results.sqlite "
+        "bench/heavy.sh .venv/bin/longlab eval --config bench/configs/sparse-prefill-4k.toml; "
+        "python bench/sparse_prefill.py stats bench/results/sparse_prefill_4k/results.sqlite "
         "bench/results/sparse_prefill_4k/stats.json"
     ),
     "2k": (
-        "A=full,ashape,blocktopk,sale,snapkv@0.5; AB=$A,prism+snapkv@0.5,vslash+snapkv@0.5; "
-        "run() { bench/heavy.sh .venv/bin/longlab eval --model smollm2-135m --recipes $1 --tasks $2 "
-        "--lengths 2048 --samples 8 $3 --max-new-tokens 24 --threads 1 --no-report --no-progress "
-        "--out runs/sparse24b; }; run $A niah_single_1; run $AB niah_multikey_1; run $AB vt; "
-        "longlab report runs/sparse24b --no-html --report-dir bench/results/sparse_prefill_24; "
-        "longlab report runs/sparse24b --no-html --baseline snapkv@0.5 "
-        "--report-dir bench/results/sparse_prefill_24/vs_snapkv; python bench/sparse_prefill.py ratios "
-        "runs/sparse24b/results.sqlite "
+        "bench/heavy.sh .venv/bin/longlab eval --config bench/configs/sparse-prefill-2k.toml; "
+        "python bench/sparse_prefill.py ratios bench/results/sparse_prefill_24/results.sqlite "
         "bench/results/sparse_prefill_24/prefill_ratios.json"
     ),
     "backends": (
@@ -118,8 +111,9 @@ def _mean_ci(e: dict[str, Any]) -> str:
     return f"{e['mean']:.3f} [{e['ci95'][0]:.3f}, {e['ci95'][1]:.3f}]"
 
 
-def _report(rel: str, heading: str) -> dict[str, dict[str, str]]:
-    text = _res(rel).read_text(encoding="utf-8")
+def _report(rel: str, heading: str, baseline: str = "full") -> dict[str, dict[str, str]]:
+    """The rows of one ``longlab report`` table of the committed store ``bench/results/REL``."""
+    text = report_markdown(_res(rel), baseline=baseline, what=f"bench/results/{rel}")
     return {r["recipe"]: r for r in parse_report_table(text, heading)}
 
 
@@ -139,8 +133,8 @@ def _avg_n(row: dict[str, str]) -> int:
 
 
 def _4k() -> tuple[dict, dict, dict]:
-    scores = _report("sparse_prefill_4k/report.md", "### smollm2-135m · length 4k · score ×100")
-    diffs = _report("sparse_prefill_4k/report.md", "### smollm2-135m · length 4k · score − full")
+    scores = _report("sparse_prefill_4k", "### smollm2-135m · length 4k · score ×100")
+    diffs = _report("sparse_prefill_4k", "### smollm2-135m · length 4k · score − full")
     return scores, diffs, _json("sparse_prefill_4k/stats.json")
 
 
@@ -227,9 +221,9 @@ def verdicts_4k() -> str:
 
 def _2k() -> tuple[dict, dict, dict, dict]:
     h = "### smollm2-135m · length 2k · "
-    scores = _report("sparse_prefill_24/report.md", h + "score ×100")
-    vs_full = _report("sparse_prefill_24/report.md", h + "score − full")
-    vs_snap = _report("sparse_prefill_24/vs_snapkv/report.md", h + "score − snapkv@0.5")
+    scores = _report("sparse_prefill_24", h + "score ×100")
+    vs_full = _report("sparse_prefill_24", h + "score − full")
+    vs_snap = _report("sparse_prefill_24", h + "score − snapkv@0.5", baseline="snapkv@0.5")
     return scores, vs_full, vs_snap, _json("sparse_prefill_24/prefill_ratios.json")
 
 
