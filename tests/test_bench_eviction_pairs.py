@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import runpy
-import sqlite3
 import sys
 from pathlib import Path
 
@@ -16,22 +15,20 @@ TASKS = ("niah_single_1", "niah_multikey_1", "vt")
 
 
 def _store(path: Path, better: str, worse: str) -> None:
-    conn = sqlite3.connect(path)
-    conn.execute("create table results (id integer primary key, recipe text, task text, sample_id text, "
-                 "score real, created_at real)")
-    rows = [(r, t, f"{t}-{i}", 1.0 if r == better else 0.0, float(i))
-            for r in (better, worse) for t in TASKS for i in range(4)]
-    conn.executemany("insert into results (recipe, task, sample_id, score, created_at) values (?,?,?,?,?)",
-                     rows)
-    conn.commit()
-    conn.close()
+    """A longlab results store: ``better`` scores 1 and ``worse`` 0 on 4 samples of each task."""
+    from longlab.eval.store import ResultStore
+
+    with ResultStore(path) as store:
+        store.add_many([{"model": "m", "recipe": r, "method": r.split("@")[0], "task": t, "length": 2048,
+                         "sample_id": f"{t}-{i}", "score": 1.0 if r == better else 0.0}
+                        for r in (better, worse) for t in TASKS for i in range(4)])
 
 
 @pytest.mark.parametrize(("better", "worse", "sign"), [("snapkv@0.5", "restkv@0.5", -1),
                                                         ("restkv@0.5", "snapkv@0.5", 1)])
 def test_eviction_pairs_direction(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                   better: str, worse: str, sign: int) -> None:
-    db, out = tmp_path / "r.sqlite", tmp_path / "pairs.json"
+    db, out = tmp_path / "store", tmp_path / "pairs.json"
     _store(db, better, worse)
     monkeypatch.syspath_prepend(str(ROOT / "bench"))
     monkeypatch.setattr(sys, "argv", ["kv.py"])
