@@ -5,8 +5,8 @@
 copies the rows of each run store into ``bench/results/memory-hgmem``, ``bench/results/memory_cdic`` and
 ``bench/results/memory_persist`` as ``results.sqlite.gz`` (a new store, VACUUMed and gzipped; HGMem's
 per-question memory dumps and chunk lists are dropped, its loop trace is kept as the plan decisions, the
-number of memory points and of failed JSON calls — what the page reports; run keys are cut to 16 hex
-digits), then rewrites the generated blocks
+number of memory points and of failed JSON calls — what the page reports; packed by
+``bench/pack_store.py``, run keys cut to 16 hex digits), then rewrites the generated blocks
 of ``docs/results/memory-{hgmem,cdic,persistbench}.md`` (``longlab.eval.pages.memory``; the same as
 ``longlab report --docs --page memory-hgmem`` etc.). A destination that exists and was not written by this
 script is refused.
@@ -15,12 +15,12 @@ script is refused.
 from __future__ import annotations
 
 import argparse
-import gzip
 import shutil
-import sqlite3
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from pack_store import pack
 
 from longlab.errors import LonglabError
 from longlab.eval.docs_tables import generate_docs
@@ -62,25 +62,13 @@ def export(sources: list[str], dest: str) -> int:
                 rows[r["run_key"]] = r
     if not rows:
         raise LonglabError(f"no rows in {sources}")
-    # the run key shortened to 16 hex digits (64 bits; checked unique): half the committed bytes
-    short = {k[:16] for k in rows}
-    if len(short) != len(rows):
-        raise LonglabError("two run keys share their first 16 hex digits; cannot shorten them")
-    for r in rows.values():
-        r["run_key"] = r["run_key"][:16]
     with tempfile.TemporaryDirectory() as tmp:
         with ResultStore(tmp) as st:
             st.add_many(rows.values())
-        con = sqlite3.connect(Path(tmp) / "results.sqlite")
-        con.execute("PRAGMA journal_mode=DELETE")
-        con.execute("VACUUM")
-        con.close()
+        pack(tmp, [], short_keys=True)  # VACUUM, run keys cut to 16 hex digits, gzip with mtime 0
         out.mkdir(parents=True, exist_ok=True)
         (out / MARK).write_text("written by bench/memory_docs.py\n")
-        packed = out / "results.sqlite.gz"
-        with open(Path(tmp) / "results.sqlite", "rb") as src, open(packed, "wb") as raw:
-            with gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:  # mtime 0: same rows, same bytes
-                shutil.copyfileobj(src, gz)
+        shutil.copyfile(Path(tmp) / "results.sqlite.gz", out / "results.sqlite.gz")
     return len(rows)
 
 
