@@ -253,8 +253,9 @@ def test_memory_safety_over_an_hgmem_memory_on_the_tiny_model(tmp_path, capsys):
 
 
 def test_persist_safety_hgmem_flags_are_read_recorded_and_a_mixed_store_is_refused(tmp_path, capsys):
-    """``--hgmem-*`` reach the HGMem loop (the rows record them), are range-checked, are refused without
-    ``--memory-system hgmem``, and a store built with one configuration refuses rows of another."""
+    """The HGMem flags (`--max-rounds`, `--json-tokens`, ...) reach the HGMem loop (the rows record them), are
+    range-checked, are refused without ``--memory-system hgmem``, and a store built with one configuration
+    refuses rows of another."""
     from longlab.cli import main
     from longlab.eval.store import ResultStore
 
@@ -262,22 +263,22 @@ def test_persist_safety_hgmem_flags_are_read_recorded_and_a_mixed_store_is_refus
     base = ["memory", "persist", "safety", "--model", "tiny-llama", "--out", out, "--n", "1",
             "--max-tokens", "2", "--kinds", "leakage"]
     hg = [*base, "--memory-system", "hgmem"]
-    assert main([*hg, "--hgmem-rounds", "1", "--hgmem-json-tokens", "8"]) == 0
+    assert main([*hg, "--max-rounds", "1", "--json-tokens", "8"]) == 0
     with ResultStore(out, readonly=True) as st:
         (row,) = st.rows(recipe="hgmem-memories")
     cfg = row["extra"]["hgmem_config"]
     assert cfg["max_rounds"] == 1 and cfg["extract_tokens"] == 8 and cfg["plan_tokens"] == 8
     assert cfg["top_chunks"] == 2 and row["extra"]["hgmem"]["rounds"] <= 1
     capsys.readouterr()
-    assert main([*hg, "--hgmem-rounds", "2", "--hgmem-json-tokens", "8"]) == 2  # another configuration
+    assert main([*hg, "--max-rounds", "2", "--json-tokens", "8"]) == 2  # another configuration
     err = capsys.readouterr().err
     assert "another HGMem configuration" in err and "max_rounds=1 (now 2)" in err
-    assert main([*hg, "--hgmem-rounds", "1", "--hgmem-json-tokens", "8"]) == 0  # same: resumes, 0 rows
+    assert main([*hg, "--max-rounds", "1", "--json-tokens", "8"]) == 0  # same: resumes, 0 rows
     assert "0 rows written" in capsys.readouterr().out
-    assert main([*base, "--hgmem-rounds", "1"]) == 2
-    assert "--hgmem-rounds: only with --memory-system hgmem" in capsys.readouterr().err
-    assert main([*hg, "--hgmem-hops", "9"]) == 2
-    assert "--hgmem-hops must be an integer in [0, 8], got 9" in capsys.readouterr().err
+    assert main([*base, "--max-rounds", "1"]) == 2
+    assert "--max-rounds: only with --memory-system hgmem" in capsys.readouterr().err
+    assert main([*hg, "--hops", "9"]) == 2
+    assert "--hops must be an integer in [0, 8], got 9" in capsys.readouterr().err
 
 
 def test_persist_hgmem_default_configuration_is_the_one_old_rows_were_built_with():
@@ -289,3 +290,19 @@ def test_persist_hgmem_default_configuration_is_the_one_old_rows_were_built_with
     P._check_same_hgmem_config([{"extra": {}}], cfg, "d")  # a legacy row pairs with the default
     with pytest.raises(LonglabError, match="another HGMem configuration"):
         P._check_same_hgmem_config([{"extra": {}}], P.persist_hgmem_config(max_rounds=3), "d")
+
+
+def test_memory_run_and_persist_share_the_hgmem_flags_and_their_checks(tmp_path, capsys):
+    """One set of HGMem flags: `memory run|eval` and `memory persist safety` take the same names, with the
+    same range checks naming the flag; only the defaults differ (persist: PERSIST_HGMEM)."""
+    from longlab.cli import main
+
+    doc = tmp_path / "doc.txt"
+    doc.write_text("Ada lives in Paris. Paris is in France.")
+    run = ["memory", "run", "--doc", str(doc), "--question", "where?", "--model", "tiny-llama"]
+    assert main([*run, "--max-rounds", "0"]) == 2
+    assert "--max-rounds must be an integer in [1, 16], got 0" in capsys.readouterr().err
+    assert main([*run, "--json-tokens", "0"]) == 2
+    assert "--json-tokens must be an integer in [1, 4096], got 0" in capsys.readouterr().err
+    assert P.persist_hgmem_config(max_rounds=3).max_rounds == 3
+    assert P.persist_hgmem_config().plan_tokens == 96 and P.PERSIST_HGMEM["json_tokens"] == 128

@@ -19,7 +19,10 @@ from typing import Any
 
 from ..errors import LonglabError
 
-__all__ = ["add_memory_parser", "SUBCOMMANDS", "backend_from_args", "add_backend_arguments"]
+__all__ = [
+    "add_memory_parser", "SUBCOMMANDS", "backend_from_args", "add_backend_arguments", "add_hgmem_arguments",
+    "hgmem_config_from_args", "hgmem_flags_given",
+]
 
 #: memory subcommands: (module relative to longlab.cli, function adding its parser to memory's subparsers)
 SUBCOMMANDS: tuple[tuple[str, str], ...] = (
@@ -74,10 +77,7 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--threads", type=_positive(int), help="torch CPU threads")
     h = p.add_argument_group("HGMem")
-    h.add_argument("--max-rounds", type=_positive(int), default=4, help="plan/retrieve/evolve rounds (4)")
-    h.add_argument("--hops", type=int, default=2, help="neighbourhood radius of local investigation (2)")
-    h.add_argument("--top-chunks", type=_positive(int), default=4, help="chunks retrieved per round (4)")
-    h.add_argument("--top-entities", type=_positive(int), default=8, help="entities retrieved per round (8)")
+    add_hgmem_arguments(p, h, max_rounds=4, hops=2, top_chunks=4, top_entities=8, json_tokens=None)
     h.add_argument(
         "--answer-tokens",
         type=_positive(int),
@@ -85,11 +85,48 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
         help="generated tokens of every system's answer (equal budget; 32)",
     )
     h.add_argument("--retries", type=int, default=1, help="re-asks of an invalid JSON reply (1)")
-    h.add_argument(
-        "--json-tokens",
-        type=_positive(int),
-        help="cap the generated tokens of every JSON call (extract/plan/evolve/merge)",
-    )
+
+
+#: the HGMem loop's flags, the same wherever HGMem runs: (flag, HGMemConfig field, help); ranges are
+#: :data:`longlab.memory.hgmem.HGMEM_RANGES`, checked when the command runs (the flag named)
+HGMEM_FLAGS = (
+    ("--max-rounds", "max_rounds", "plan/retrieve/evolve rounds"),
+    ("--hops", "hops", "neighbourhood radius of local investigation"),
+    ("--top-chunks", "top_chunks", "chunks retrieved per round"),
+    ("--top-entities", "top_entities", "entities retrieved per round"),
+    ("--json-tokens", "json_tokens", "cap on each JSON call's generated tokens (extract/plan/evolve/merge)"),
+)
+
+
+def add_hgmem_arguments(p: argparse.ArgumentParser, group: Any, **defaults: int | None) -> None:
+    """The :data:`HGMEM_FLAGS` in ``group``, with this command's ``defaults`` (one per field; ``json_tokens``
+    None: no cap). A flag left out stays None, so :func:`hgmem_flags_given` can tell what was given."""
+    for flag, name, what in HGMEM_FLAGS:
+        shown = "no cap" if defaults[name] is None else defaults[name]
+        group.add_argument(flag, type=int, help=f"{what} (default {shown})")
+    p.set_defaults(hgmem_defaults=dict(defaults))
+
+
+def hgmem_flags_given(args: argparse.Namespace) -> list[str]:
+    return [flag for flag, name, _ in HGMEM_FLAGS if getattr(args, name) is not None]
+
+
+def hgmem_config_from_args(args: argparse.Namespace, **fields: Any) -> Any:
+    """The checked :class:`~longlab.memory.hgmem.HGMemConfig` the HGMem flags name (the command's defaults
+    where one is left out; a value outside its range is an error naming the flag), plus ``fields``."""
+    from ..errors import check_range
+    from ..memory.hgmem import HGMEM_RANGES, HGMemConfig
+
+    values: dict[str, Any] = {}
+    for flag, name, _ in HGMEM_FLAGS:
+        value = getattr(args, name)
+        value = args.hgmem_defaults[name] if value is None else value
+        if value is not None:
+            low, high = HGMEM_RANGES.get(name, HGMEM_RANGES["extract_tokens"])  # json_tokens: a JSON call's
+            check_range(flag, value, low, high, integer=True)
+        values[name] = value
+    json_tokens = values.pop("json_tokens")
+    return HGMemConfig.capped(json_tokens, **values, **fields)
 
 
 def backend_from_args(args: argparse.Namespace) -> Any:
@@ -119,20 +156,7 @@ def backend_from_args(args: argparse.Namespace) -> Any:
 
 
 def config_from_args(args: argparse.Namespace) -> Any:
-    from ..memory.hgmem import HGMemConfig
-
-    cfg = HGMemConfig(
-        max_rounds=args.max_rounds,
-        hops=args.hops,
-        top_chunks=args.top_chunks,
-        top_entities=args.top_entities,
-        answer_tokens=args.answer_tokens,
-        retries=args.retries,
-    )
-    if args.json_tokens:
-        for name in ("extract_tokens", "plan_tokens", "evolve_tokens", "merge_tokens"):
-            setattr(cfg, name, min(getattr(cfg, name), args.json_tokens))
-    return cfg.check()
+    return hgmem_config_from_args(args, answer_tokens=args.answer_tokens, retries=args.retries)
 
 
 def _tokenizer_for(backend: Any) -> Any:

@@ -46,12 +46,14 @@ def add_persist_parser(subparsers: Any) -> None:
         default="raw",
         choices=("raw", "hgmem"),
         help="raw: the memories verbatim, with and without (default); hgmem: the memory points of an HGMem "
-        "memory the model builds per item (the --hgmem-* settings), recipe hgmem-memories",
+        "memory the model builds per item (the HGMem flags below), recipe hgmem-memories",
     )
     s.add_argument("--embedder", default="hash", choices=("minilm", "hash"), help="HGMem's embedder (hash)")
+    from ..memory.persist import PERSIST_HGMEM
+    from .memory import add_hgmem_arguments
+
     h = s.add_argument_group("HGMem loop (with --memory-system hgmem; recorded in every row)")
-    for flag, default, (low, high), what in _HGMEM_FLAGS:
-        h.add_argument(flag, type=int, help=f"{what}, {low}-{high} (default {default})")
+    add_hgmem_arguments(s, h, **PERSIST_HGMEM)
     s.set_defaults(func=_persist_safety)
 
     g = sub.add_parser("generate", help="generations on a PersistBench JSONL, stored for an external judge")
@@ -112,39 +114,18 @@ def _write_new(path: str, lines: list[str], flag: str) -> None:
     write_file_atomic(path, "".join(line + "\n" for line in lines), flag)
 
 
-#: ``persist safety``'s HGMem flags: (flag, default, allowed range, help); the defaults are
-#: :func:`longlab.memory.persist.persist_hgmem_config`'s, the ranges :meth:`HGMemConfig.check`'s
-_HGMEM_FLAGS = (
-    ("--hgmem-rounds", 2, (1, 16), "plan/retrieve/evolve rounds"),
-    ("--hgmem-top-chunks", 2, (1, 256), "chunks retrieved per round"),
-    ("--hgmem-top-entities", 8, (1, 256), "entities retrieved per round"),
-    ("--hgmem-hops", 2, (0, 8), "neighbourhood radius of local investigation"),
-    ("--hgmem-json-tokens", 128, (1, 4096), "generated tokens of each JSON call (extract/plan/evolve/merge)"),
-)
-
-
 def _persist_hgmem_config(args: argparse.Namespace) -> Any:
-    """The HGMem configuration the ``--hgmem-*`` flags name (each checked against its range); the flags
+    """The HGMem configuration of ``--memory-system hgmem`` (the same HGMem flags as ``memory run|eval``,
+    with this command's smaller defaults, :func:`longlab.memory.persist.persist_hgmem_config`'s); the flags
     are refused with ``--memory-system raw``, where nothing would read them."""
-    from ..errors import check_range
+    from .memory import hgmem_config_from_args, hgmem_flags_given
 
-    given = {f: getattr(args, f[2:].replace("-", "_")) for f, _, _, _ in _HGMEM_FLAGS}
-    given = {f: v for f, v in given.items() if v is not None}
+    given = hgmem_flags_given(args)
     if args.memory_system != "hgmem":
         if given:
             raise LonglabError(f"{', '.join(given)}: only with --memory-system hgmem")
         return None
-    value = {}
-    for flag, default, (low, high), _ in _HGMEM_FLAGS:
-        value[flag] = given.get(flag, default)
-        check_range(flag, value[flag], low, high, integer=True)
-    from ..memory.persist import persist_hgmem_config
-
-    return persist_hgmem_config(
-        max_rounds=value["--hgmem-rounds"], top_chunks=value["--hgmem-top-chunks"],
-        top_entities=value["--hgmem-top-entities"], hops=value["--hgmem-hops"],
-        json_tokens=value["--hgmem-json-tokens"],
-    )
+    return hgmem_config_from_args(args)
 
 
 def _persist_safety(args: argparse.Namespace) -> int:

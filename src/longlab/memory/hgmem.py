@@ -143,6 +143,26 @@ MERGE_SCHEMA: dict = {
 }
 
 
+#: HGMemConfig's fields and their allowed ranges (integers), checked by :meth:`HGMemConfig.check`
+HGMEM_RANGES: dict[str, tuple[int, int]] = {
+    "chunk_tokens": (16, 4096),
+    "overlap": (0, 2048),
+    "max_rounds": (1, 16),
+    "hops": (0, 8),
+    "top_entities": (1, 256),
+    "top_chunks": (1, 256),
+    "answer_chunks": (1, 256),
+    "answer_context_tokens": (64, 1 << 17),
+    "extract_tokens": (1, 4096),
+    "plan_tokens": (1, 4096),
+    "evolve_tokens": (1, 4096),
+    "merge_tokens": (1, 4096),
+    "answer_tokens": (1, 4096),
+    "retries": (0, 8),
+}
+JSON_CALLS = ("extract_tokens", "plan_tokens", "evolve_tokens", "merge_tokens")  # the schema-bound calls
+
+
 @dataclass
 class HGMemConfig:
     """Defaults as the official code where it has them (chunks 200/50, 4 rounds, 2 hops, ≤ 50 answer
@@ -163,23 +183,19 @@ class HGMemConfig:
     answer_tokens: int = 32
     retries: int = 1
 
+    @classmethod
+    def capped(cls, json_tokens: int | None = None, **fields: Any) -> HGMemConfig:
+        """A checked config with ``fields``; ``json_tokens`` caps every schema-bound call's generated
+        tokens (extract/plan/evolve/merge: each ``min(default, json_tokens)``)."""
+        cfg = cls(**fields)
+        if json_tokens is not None:
+            check_range("json_tokens", json_tokens, 1, HGMEM_RANGES["extract_tokens"][1], integer=True)
+            for name in JSON_CALLS:
+                setattr(cfg, name, min(getattr(cfg, name), json_tokens))
+        return cfg.check()
+
     def check(self) -> HGMemConfig:
-        for name, low, high in (
-            ("chunk_tokens", 16, 4096),
-            ("overlap", 0, 2048),
-            ("max_rounds", 1, 16),
-            ("hops", 0, 8),
-            ("top_entities", 1, 256),
-            ("top_chunks", 1, 256),
-            ("answer_chunks", 1, 256),
-            ("answer_context_tokens", 64, 1 << 17),
-            ("extract_tokens", 1, 4096),
-            ("plan_tokens", 1, 4096),
-            ("evolve_tokens", 1, 4096),
-            ("merge_tokens", 1, 4096),
-            ("answer_tokens", 1, 4096),
-            ("retries", 0, 8),
-        ):
+        for name, (low, high) in HGMEM_RANGES.items():
             check_range(name, getattr(self, name), low, high, integer=True)
         if self.overlap >= self.chunk_tokens:
             raise LonglabError(

@@ -55,6 +55,7 @@ __all__ = [
     "PersistEntry",
     "continuation_logprobs",
     "fr_table",
+    "PERSIST_HGMEM",
     "persist_hgmem_config",
     "item_messages",
     "run_memory_safety",
@@ -699,20 +700,20 @@ def hgmem_memories(
     return points, info
 
 
-def persist_hgmem_config(
-    *, max_rounds: int = 2, top_chunks: int = 2, top_entities: int = 8, hops: int = 2, json_tokens: int = 128
-) -> Any:
-    """The HGMem configuration of ``longlab memory persist safety --memory-system hgmem``: a smaller loop
-    than the paper's defaults (2 rounds, 2 chunks per round; every JSON call capped at ``json_tokens``, the
-    plan call at min(96, ``json_tokens``)), because it runs once per item. Checked
-    (:meth:`~longlab.memory.hgmem.HGMemConfig.check`); errors name the field."""
+#: ``persist safety --memory-system hgmem``'s HGMem loop, smaller than the paper's defaults because it runs
+#: once per item: 2 rounds, 2 chunks per round, every JSON call capped at 128 tokens (the plan call at 96)
+PERSIST_HGMEM: dict[str, int] = {
+    "max_rounds": 2, "hops": 2, "top_chunks": 2, "top_entities": 8, "json_tokens": 128,
+}
+
+
+def persist_hgmem_config(**overrides: int) -> Any:
+    """:data:`PERSIST_HGMEM` with ``overrides`` as a checked config
+    (:meth:`~longlab.memory.hgmem.HGMemConfig.capped`; errors name the field)."""
     from .hgmem import HGMemConfig
 
-    cfg = HGMemConfig(max_rounds=max_rounds, top_chunks=top_chunks, top_entities=top_entities, hops=hops)
-    check_range("json_tokens", json_tokens, 1, 4096, integer=True)
-    for name in ("extract_tokens", "plan_tokens", "evolve_tokens", "merge_tokens"):
-        setattr(cfg, name, min(getattr(cfg, name), json_tokens))
-    return cfg.check()
+    fields = {**PERSIST_HGMEM, **overrides}
+    return HGMemConfig.capped(fields.pop("json_tokens"), **fields)
 
 
 def _check_same_hgmem_config(rows: list[dict[str, Any]], cfg: Any, out_dir: str) -> None:
