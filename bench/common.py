@@ -163,12 +163,14 @@ def write_json(path: str | Path, result: Any) -> Path:
 
 
 def read_store(path: str | Path) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Rows and whole-model metrics (``layer = head = -1``) of a ``longlab eval`` store: a results
-    directory, its ``results.sqlite`` or the committed ``results.sqlite.gz``, opened read-only and checked
-    by :class:`longlab.eval.store.ResultStore` (a missing or foreign file is a clear error)."""
-    from longlab.eval.store import ResultStore
+    """Rows and whole-model metrics (``layer = head = -1``: ``{run_key, name, value}``) of a ``longlab eval``
+    store given as a results directory, its ``results.sqlite`` or the committed ``results.sqlite.gz``:
+    :func:`longlab.eval.rows.load_rows` / :func:`~longlab.eval.rows.load_metrics` (read-only, checked)."""
+    from longlab.eval.rows import load_metrics, load_rows
 
     path = Path(path)
     out_dir = path.parent if path.name in ("results.sqlite", "results.sqlite.gz") else path
-    with ResultStore(out_dir, readonly=True, what=str(path)) as store:
-        return store.rows(), store.metrics(layer=-1, head=-1)
+    metrics = load_metrics(out_dir, what=str(path))
+    return load_rows(out_dir, what=str(path)), [
+        {"run_key": key, "name": name, "value": value} for key, named in metrics.items()
+        for name, value in named.items()]
