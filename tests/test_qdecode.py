@@ -256,7 +256,8 @@ def test_paged_decode_tiles_any_slot_list_at_every_head_size(D):
 
 @pytest.mark.parametrize("recipe", ["quest:budget=64,page_size=8",
                                     "quest:budget=64,page_size=8,selection=group",
-                                    "retro:budget=64,page_size=8,refresh=false"])
+                                    "retro:budget=64,page_size=8,refresh=false",
+                                    "retro:budget=64,page_size=8,selection=group"])
 def test_quest_and_retro_read_their_pages_with_the_paged_kernel(recipe, monkeypatch):
     # decode steps of a 300-token layer: the fused page read equals the PyTorch gather (attend_slots) step
     # by step (RetroAttention's output cache and page table included), and the kernel is what ran

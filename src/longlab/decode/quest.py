@@ -49,7 +49,9 @@ from ..ops import qdecode
 from ..recipe import Method, register
 from ..registry import MAX_BLOCK, MAX_LAYERS, MAX_TOKENS, param
 
-__all__ = ["Quest", "PageSummary", "page_summary", "page_scores", "attend_slots", "page_slots"]
+__all__ = [
+    "Quest", "PageSummary", "page_summary", "page_scores", "attend_slots", "page_slots", "per_head_slots",
+]
 
 
 @dataclass
@@ -146,6 +148,12 @@ def page_slots(pages: torch.Tensor, page_size: int, T: int) -> torch.Tensor:
     return torch.cat([sel, tail], dim=-1)
 
 
+def per_head_slots(slots: torch.Tensor, H: int) -> torch.Tensor:
+    """Slots [B, H, S] as given, or [B, H_kv, S] (one list per KV head) as [B, H, S]: each query head its
+    group's list."""
+    return slots if slots.shape[1] == H else slots.repeat_interleave(H // slots.shape[1], 1)
+
+
 def attend_slots(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -159,7 +167,8 @@ def attend_slots(
     """Attention of ``q`` over the held keys (``slots=None``) or a per-query-head subset of slots.
 
     q: [B, H, t, D]; k, v: [B, H_kv, T, D]; key_index: [B, H_kv, T]; query_pos: [B, t];
-    slots: [B, H, S] slot ids; allowed: optional extra mask [B, H, t, S or T].
+    slots: [B, H, S] slot ids (or [B, H_kv, S], one list per KV head: :func:`per_head_slots`);
+    allowed: optional extra mask [B, H, t, S or T].
     Returns ``(out [B, H, t, D], lse [B, H, t])``; rows with no visible key give out 0 and lse -inf.
     """
     B, H, t, D = q.shape
@@ -171,6 +180,7 @@ def attend_slots(
         kpos = key_index.repeat_interleave(g, dim=1)[:, :, None, :]  # [B, H, 1, T]
         vals = v.float().repeat_interleave(g, dim=1)  # [B, H, T, D]
     else:
+        slots = per_head_slots(slots, H)
         b = torch.arange(B, device=q.device)[:, None, None]
         h = (torch.arange(H, device=q.device) // g)[None, :, None]
         ks, vals = k[b, h, slots].float(), v[b, h, slots].float()  # [B, H, S, D]
@@ -218,7 +228,9 @@ class Quest(Method):
 
     def select(self, ctx) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """``(slots [B, H, S], pages [B, H, K-1])`` for this decode query, or ``(None, None)`` when the
-        held slots span at most ``K`` pages (``T <= K * page_size``: every page is read, dense)."""
+        held slots span at most ``K`` pages (``T <= K * page_size``: every page is read, dense). With
+        ``selection=group`` the slots stay one list per KV head, ``[B, H_kv, S]``, as the kernel reads them
+        (:func:`per_head_slots` gives each query head its group's list)."""
         T = ctx.k.shape[-2]
         n_cand = (T - 1) // self.page_size  # complete pages before the last one
         k = self.n_pages - 1
@@ -230,9 +242,9 @@ class Quest(Method):
         if self.selection == "group" and g > 1:
             B, H, n = u.shape
             u = u.reshape(B, H // g, g, n).amax(2)  # [B, H_kv, n_cand]: the group's largest bound
-            pages = u.topk(k, dim=-1).indices.sort(dim=-1).values.repeat_interleave(g, 1)  # [B, H, k]
-        else:
-            pages = u.topk(k, dim=-1).indices.sort(dim=-1).values  # [B, H, k]
+            shared = u.topk(k, dim=-1).indices.sort(dim=-1).values  # [B, H_kv, k]
+            return page_slots(shared, self.page_size, T), shared.repeat_interleave(g, 1)
+        pages = u.topk(k, dim=-1).indices.sort(dim=-1).values  # [B, H, k]
         return page_slots(pages, self.page_size, T), pages
 
     def attend_lse(self, ctx) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
@@ -240,10 +252,8 @@ class Quest(Method):
         slots, pages = self.select(ctx)
         k, v = ctx.k, ctx.v
         if slots is not None and self.uses_fused(ctx.q, k):
-            qpos = ctx.query_index[:, -1]
-            g = ctx.q.shape[1] // k.shape[1]
-            read = slots[:, ::g] if self.selection == "group" and g > 1 else slots  # shared: once per KV head
-            out, lse = qdecode.paged_decode(ctx.q, k, v, ctx.key_index, qpos, read, ctx.scaling)
+            qpos = ctx.query_index[:, -1]  # shared slots [B, H_kv, S]: each row read once per KV head
+            out, lse = qdecode.paged_decode(ctx.q, k, v, ctx.key_index, qpos, slots, ctx.scaling)
             return out, lse, slots, pages
         out, lse = attend_slots(ctx.q, k, v, ctx.key_index, ctx.query_index, ctx.scaling, slots)
         return out.to(ctx.q.dtype), lse, slots, pages

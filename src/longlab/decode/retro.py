@@ -51,7 +51,7 @@ import torch
 from ..attention import layer_attention, lse_merge
 from ..recipe import register
 from ..registry import MAX_TOKENS, param
-from .quest import Quest, attend_slots
+from .quest import Quest, attend_slots, per_head_slots
 
 __all__ = ["RetroAttention"]
 
@@ -255,6 +255,7 @@ class RetroAttention(Quest):
             page_of = torch.arange(ctx.k.shape[-2], device=new.device) // self.page_size  # [T]
             allowed = new[..., page_of]  # [B, H, m, T]
         else:
+            slots = per_head_slots(slots, H)  # selection=group: one list per KV head
             page_of = (slots // self.page_size)[:, :, None, :].expand(B, H, m, -1)  # [B, H, m, S]
             allowed = new.gather(-1, page_of)
         o2, lse2 = attend_slots(st.q, ctx.k, ctx.v, ctx.key_index, st.pos, ctx.scaling, slots, allowed)
