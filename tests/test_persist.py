@@ -292,10 +292,19 @@ def test_persist_hgmem_default_configuration_is_the_one_old_rows_were_built_with
         P._check_same_hgmem_config([{"extra": {}}], P.persist_hgmem_config(max_rounds=3), "d")
 
 
-def test_memory_run_and_persist_share_the_hgmem_flags_and_their_checks(tmp_path, capsys):
+def test_memory_run_and_persist_share_the_hgmem_flags_and_their_checks(tmp_path, capsys, monkeypatch):
     """One set of HGMem flags: `memory run|eval` and `memory persist safety` take the same names, with the
-    same range checks naming the flag; only the defaults differ (persist: PERSIST_HGMEM)."""
+    same range checks naming the flag; only the defaults differ (persist: PERSIST_HGMEM). The flags are
+    checked before the embedder or the model is loaded (here the embedder cannot be: as without
+    longlab[data], the extra the default minilm embedder needs)."""
+    import longlab.memory.embed as embed
     from longlab.cli import main
+    from longlab.errors import LonglabError
+
+    def unavailable(name):
+        raise LonglabError(f"the {name} embedder is not installed")
+
+    monkeypatch.setattr(embed, "make_embedder", unavailable)
 
     doc = tmp_path / "doc.txt"
     doc.write_text("Ada lives in Paris. Paris is in France.")

@@ -213,17 +213,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .common import read_context_file
 
     parse_system(args.system)
+    config = config_from_args(args)  # flag ranges are checked before anything is loaded
     doc = read_context_file(args.doc, flag="--doc")
     if not args.question.strip():
         raise LonglabError("--question is empty")
+    embedder = make_embedder(args.embedder)
     backend = backend_from_args(args)
     sample = Sample(context=doc, question=args.question, task="memory_run", sample_id="run")
     (row,) = run_systems(
         backend,
         [sample],
         [args.system],
-        embedder=make_embedder(args.embedder),
-        config=config_from_args(args),
+        embedder=embedder,
+        config=config,
         tokenizer=_tokenizer_for(backend),
         log=lambda m: None,
     )
@@ -248,6 +250,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         parse_system(s)
     if args.first_doc < 0:
         raise LonglabError(f"--first-doc must be >= 0, got {args.first_doc}")
+    config = config_from_args(args)  # flag ranges are checked before anything is loaded
+    embedder = make_embedder(args.embedder)
     backend = backend_from_args(args)
     tokenizer = _tokenizer_for(backend)
     if args.data:
@@ -276,9 +280,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
             backend,
             samples,
             args.systems,
-            embedder=make_embedder(args.embedder),
+            embedder=embedder,
             store=store,
-            config=config_from_args(args),
+            config=config,
             seed=args.seed,
             tokenizer=tokenizer,
         )
