@@ -8,13 +8,12 @@ Subcommands (``python bench/position.py SUB --help`` for each one's options):
 - ``heldout``: Held-out next-token loss at the recalibration length (512) for the base model and each
   position variant, untrained and recalibrated: how far the recalibration got back (the windows ``longlab
   train`` holds out).
-- ``long``: Passkey past 16k with a bounded KV cache: chunked prefill that compresses after every chunk.
 - ``longrope-search``: LongRoPE factor search on SmolLM2 at CPU scale, with a cheap proxy objective (issue
   14).
 - ``rerotate``: Cost of dynamic NTK's re-rotation of cached keys: decode ms/token with and without it.
-- ``tasks``: Task rows for chosen position methods only (``longlab eval --positions`` always adds the
-  model's own RoPE, which at 16k costs a ~4-minute prefill per sample; this runs exactly the methods given,
-  ``none`` = own RoPE).
+- ``tasks``: Task rows for chosen position methods only (``longlab eval --positions-only``; ``none`` = own
+  RoPE), also with a KV budget applied after every chunk (``--compress chunk``, 16k-32k), added to the
+  committed copy the position page reads.
 - ``variants``: Keep the training figures of recalibrated variants (runs/ is not committed): copy each
   variant's manifest, without its weights record, into ``bench/results/position/variants.json`` keyed by the
   position spec the sweep evaluates it under (``repo:weights=runs/position/repo-smollm2-s80``).
@@ -26,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
 import math
 import os
@@ -203,86 +201,6 @@ def heldout_main() -> None:
 
 def _run_heldout() -> object:
     heldout_main()
-
-
-# ---- long (was bench/position.py long) ----------------------------------------
-
-DOC_LONG = """
-Passkey past 16k with a bounded KV cache: chunked prefill that compresses after every chunk.
-
-    bench/heavy.sh .venv/bin/python bench/position.py long --length 32768 --positions yarn:factor=4 \\
-        --recipe snapkv:budget=4096 --samples 1 --out bench/results/position/long.json
-
-``longlab eval`` feeds every context token before the last chunk uncompressed (the shared prefix of its
-recipes) and compresses once at the end, so a 32k sample costs a full 32k prefill (~13 min at one thread,
-over a slot). Here each sample goes through ``longlab.generate(..., compress="chunk")`` instead: after
-every 1,024-token chunk the KV policy (e.g. SnapKV with ``budget`` entries per head, scored by the chunk's
-last 32 queries) cuts the cache back to its budget, so every chunk attends to at most ``budget + 1,024``
-keys and the prefill is linear in the length. Samples are ``longlab eval``'s own (same generator, same
-sample ids, same scorer); rows are appended to ``--out`` (JSON), done rows skipped, so pieces resume.
-""".lstrip("\n")
-
-def long_main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--positions", required=True, help="comma-separated position specs; none = own RoPE")
-    ap.add_argument("--recipe", default="snapkv:budget=4096", help="KV policy compressing after every chunk")
-    ap.add_argument("--task", default="passkey")
-    ap.add_argument("--length", type=int, default=32768)
-    ap.add_argument("--samples", type=int, default=1)
-    ap.add_argument("--first", type=int, default=0, help="skip the first N samples (run a later piece)")
-    ap.add_argument("--out", default="bench/results/position/long.json")
-    args = ap.parse_args()
-    import torch
-
-    from longlab import generate, load_model
-    from longlab.eval.config import EvalConfig
-    from longlab.eval.driver import build_samples
-    from longlab.recipe import split_recipes
-    from longlab.tasks import score_sample
-
-    torch.set_num_threads(1)
-    out = Path(args.out)
-    rows = json.loads(out.read_text()) if out.exists() else []
-    done = {(r["position"], r["recipe"], r["length"], r["sample_id"]) for r in rows}
-    config = EvalConfig(
-        out="/tmp/unused", model=args.model, recipes=[args.recipe], tasks=[args.task], lengths=[args.length],
-        samples=args.samples, chunk_size=1024, threads=1, report=False, progress=False,
-    )
-    model, tokenizer = load_model(args.model)
-    samples = build_samples(config, tokenizer)[args.first :]
-    for spec in split_recipes(args.positions):
-        for s in samples:
-            key = (spec, args.recipe, args.length, s.sample_id)
-            if key in done:
-                print(f"{spec} {s.sample_id}: done, skipped", flush=True)
-                continue
-            chat = s.metadata.get("prompt", "chat") != "plain"
-            t0 = time.perf_counter()
-            res = generate(
-                model, tokenizer, s.context, s.question, args.recipe, answer_prefix=s.answer_prefix,
-                max_new_tokens=config.max_new_for(s.max_new_tokens), chunk_size=1024, compress="chunk",
-                chat_template=chat, position=None if spec == "none" else spec,
-            )
-            wall = time.perf_counter() - t0
-            pred = res.texts[0]
-            row = {
-                "position": spec, "recipe": args.recipe, "task": s.task, "length": args.length,
-                "sample_id": s.sample_id, "depth": s.depth, "answers": s.answers, "prediction": pred,
-                "score": score_sample(s, pred), "context_tokens": res.context_tokens[0],
-                "prefill_s": res.prefill_s, "compress_s": res.compress_s, "decode_s": res.decode_s,
-                "wall_s": wall, "kv_bytes_before": res.kv_bytes_before, "kv_bytes_after": res.kv_bytes_after,
-                "load": os.getloadavg()[0],
-            }
-            rows.append(row)
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(rows, indent=1))  # after every sample: a killed piece keeps its rows
-            print(f"{spec} {s.sample_id}: score {row['score']:.2f} pred {pred[:40]!r} "
-                  f"prefill {res.prefill_s:.0f}s wall {wall:.0f}s load {row['load']:.1f}", flush=True)
-
-
-def _run_long() -> object:
-    long_main()
 
 
 # ---- longrope-search (was bench/position.py longrope-search) ----------------------------------------
@@ -558,17 +476,62 @@ def _run_rerotate() -> object:
 # ---- tasks (was bench/position.py tasks) ----------------------------------------
 
 DOC_TASKS = """
-Task rows for chosen position methods only (``longlab eval --positions`` always adds the model's own RoPE,
-which at 16k costs a ~4-minute prefill per sample; this runs exactly the methods given, ``none`` = own RoPE).
+Task rows for chosen position methods only, then kept: ``longlab eval --positions M --positions-only``
+(exactly the methods given, ``none`` = own RoPE; without ``--positions-only`` eval adds own RoPE, which at
+16k costs a ~4-minute prefill per sample), then the new rows are added to the committed copy
+(``--committed``, which the position page reads; runs/ is not committed).
 
     bench/heavy.sh .venv/bin/python bench/position.py tasks --positions yarn:factor=2,dynamic-ntk:factor=2 \\
         --tasks passkey --length 16384 --samples 1
+    bench/heavy.sh .venv/bin/python bench/position.py tasks --positions yarn:factor=4 --tasks passkey \\
+        --length 32768 --samples 1 --recipe snapkv:budget=4096 --compress chunk
 
-Same settings as ``bench/position_sweep.sh``'s ``longlab eval`` (full cache, chunk 1,024, greedy, one
-thread), same results store (``runs/position/eval``), so rows are resumable and paired by sample id.
-With ``--recipe snapkv:budget=4096 --compress chunk`` the cache is cut back to the budget after every
-1,024-token chunk (``longlab eval --compress chunk``: bounded memory and attention work at 16k-32k).
+Same settings as ``bench/configs/position.toml`` (full cache, chunk 1,024, greedy, one thread), same
+results store (``runs/position/eval``), so rows are resumable and paired by sample id. Cells already in
+``--committed`` are not run again (``longlab eval --skip-rows``). With ``--recipe snapkv:budget=4096
+--compress chunk`` the cache is cut back to the budget after every 1,024-token chunk (bounded memory and
+attention work at 16k-32k: every chunk attends to at most budget + 1,024 keys).
 """.lstrip("\n")
+
+#: The fields of a row the committed copy keeps (and ``compress`` when it is ``chunk``).
+KEPT_FIELDS = ("model", "recipe", "task", "length", "sample_id", "score", "prediction", "answers",
+               "context_tokens", "prefill_s", "created_at")
+
+
+def export_rows(config, committed: Path) -> int:
+    """Add the store's rows of this sweep (its configuration hashes, so not another ``--compress``'s rows
+    of the same cells) to the committed JSON list: rows already there are kept as they are; written
+    atomically. Returns the number added."""
+    from longlab.eval.identity import config_hash
+    from longlab.eval.rows import load_rows
+    from longlab.safeio import read_json, write_file_atomic
+
+    specs = list(config.positions)
+    hashes = {config_hash(config.identity(p)) for p in specs}
+    rows = read_json(committed, "--committed") if committed.exists() else []
+    if not isinstance(rows, list):
+        raise SystemExit(f"--committed {committed}: expected a JSON list of rows")
+
+    def key(r: dict) -> tuple:
+        return (r["model"], r["recipe"], r["task"], r["length"], r["sample_id"], r.get("compress", "end"))
+
+    have = {key(r) for r in rows}
+    added = 0
+    for r in load_rows(config.out):
+        if r["config_hash"] not in hashes:
+            continue
+        kept = {k: r[k] for k in KEPT_FIELDS}
+        if config.compress != "end":
+            kept["compress"] = config.compress
+        if key(kept) not in have:
+            rows.append(kept)
+            have.add(key(kept))
+            added += 1
+    if added:
+        text = json.dumps(rows, separators=(",", ":"), ensure_ascii=False) + "\n"  # one line, as committed
+        write_file_atomic(committed, text, "--committed")
+    return added
+
 
 def tasks_main() -> None:
     ap = argparse.ArgumentParser()
@@ -584,24 +547,27 @@ def tasks_main() -> None:
                     help="cap on each sample's own answer limit (longlab eval --max-new-tokens)")
     ap.add_argument("--out", default="runs/position/eval")
     ap.add_argument("--committed", default="bench/results/position/task_rows.json",
-                    help="rows already committed (runs/ is not): longlab eval --skip-rows, their cells "
-                         "are not run again; '' = none")
+                    help="the committed rows: their cells are not run again (longlab eval --skip-rows), and "
+                         "this run's rows are added to them; '' = neither")
     args = ap.parse_args()
     from longlab.eval.config import EvalConfig
     from longlab.eval.driver import run_eval
     from longlab.recipe import split_recipes
 
+    committed = Path(args.committed) if args.committed else None
     config = EvalConfig(
         out=args.out, model=args.model, recipes=[args.recipe], tasks=args.tasks.split(","),
         lengths=[args.length], samples=args.samples, chunk_size=1024, threads=1, report=False, progress=False,
         compress=args.compress, max_new_tokens=args.max_new_tokens,
-        skip_rows=args.committed if args.committed and Path(args.committed).exists() else None,
+        positions=split_recipes(args.positions), positions_only=True,
+        skip_rows=str(committed) if committed is not None and committed.exists() else None,
     )
-    for spec in split_recipes(args.positions):
-        t0 = time.perf_counter()
-        summary = run_eval(dataclasses.replace(config, position=None if spec == "none" else spec))
-        print(f"{spec}@{args.length}: {summary.written} new rows, {summary.skipped} skipped, "
-              f"{time.perf_counter() - t0:.0f}s", flush=True)
+    t0 = time.perf_counter()
+    summary = run_eval(config)
+    print(f"{args.positions}@{args.length}: {summary.written} new rows, {summary.skipped} skipped, "
+          f"{time.perf_counter() - t0:.0f}s", flush=True)
+    if committed is not None:
+        print(f"{export_rows(config, committed)} rows added to {committed}", flush=True)
 
 
 def _run_tasks() -> object:
@@ -883,7 +849,6 @@ def _run_upi() -> object:
 SUBCOMMANDS = {
     "ppl": _run_ppl,
     "heldout": _run_heldout,
-    "long": _run_long,
     "longrope-search": _run_longrope_search,
     "rerotate": _run_rerotate,
     "tasks": _run_tasks,

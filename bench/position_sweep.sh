@@ -72,11 +72,9 @@ case "$1" in
   H-upi2) $PY bench/position.py upi --task passkey --train-len 64 --steps 1200 --seeds 0 1 2 --eval-n 96 --more \
             --mults 1 2 4 8 16 32 --out bench/results/position/upi_passkey_more.json ;;  # wave 9: 30 min
   H16) $PY bench/position.py tasks --positions yarn:factor=2 --tasks passkey --length 16384 --samples 3 ;;  # NOT RUN
-  # 32k: chunked prefill compressing after every chunk (longlab eval would feed 32k uncompressed first)
-  H32) $PY bench/position.py long --length 32768 --positions yarn:factor=4 --recipe snapkv:budget=4096 \
-         --samples 1 --out bench/results/position/long.json ;;   # 475 s prefill, load 2.2
-  H32b) $PY bench/position.py long --length 32768 --positions ntk:factor=4 --recipe snapkv:budget=4096 \
-          --samples 1 --out bench/results/position/long.json ;;  # NOT RUN (no slot time)
+  # 32k: chunked prefill, SnapKV cutting the cache back to 4,096 after every 1,024-token chunk
+  H32) $T --positions yarn:factor=4 --tasks passkey --length 32768 --samples 1 $BUDGET ;;
+  H32b) $T --positions ntk:factor=4 --tasks passkey --length 32768 --samples 1 $BUDGET ;;  # NOT RUN
   # wave 5 (2026-12-02): perplexity with per-block NLL (intervals and paired tests), re-rotation cost
   I1) $PY bench/position.py ppl --methods yarn:factor=2,ntk:factor=2,dynamic-ntk:factor=2 --length 16384 \
         --block 64 --out bench/results/position/ppl_blocks.json ;;

@@ -125,6 +125,20 @@ def test_generate_with_position_is_for_one_call(tokenizer):
         generate(model, tokenizer, ctx, "What?", recipe="full", position="pi:factor=0")
 
 
+def test_a_prompt_beyond_the_positions_runs_with_a_position_method_and_a_note(tokenizer):
+    """Beyond max_position_embeddings: refused without a position method; with one, it runs and the warning
+    names the method that extends the positions instead of predicting degradation."""
+    from longlab.generation import generate
+
+    model = build_tiny_model("tiny-llama", max_position_embeddings=64)
+    ctx = "Alpha beta gamma. " * 20
+    kw = dict(recipe="full", max_new_tokens=2, chat_template=False)
+    with pytest.raises(LonglabError, match="beyond the model's max_position_embeddings=64; quality"):
+        generate(model, tokenizer, ctx, "What?", **kw)
+    with pytest.warns(UserWarning, match="embeddings=64, which the position method yarn extends"):
+        generate(model, tokenizer, ctx, "What?", position="yarn:factor=4", **kw)
+
+
 def test_eval_position_axis_rows(tmp_path):
     from longlab.eval.config import EvalConfig
     from longlab.eval.driver import run_eval
@@ -154,6 +168,24 @@ def test_eval_position_axis_rows(tmp_path):
     assert models == ["tiny-llama", "tiny-llama|pi:factor=2"]
     with pytest.raises(LonglabError, match="factor must be"):
         EvalConfig(out=str(tmp_path), model="tiny-llama", positions=["yarn:factor=0"]).validate()
+
+
+@pytest.mark.parametrize("listed, expected", [
+    (["pi:factor=2"], ["tiny-llama|pi:factor=2"]),  # without own RoPE's rows
+    (["none", "pi:factor=2"], ["tiny-llama", "tiny-llama|pi:factor=2"]),  # none: own RoPE, listed
+])
+def test_eval_positions_only_runs_exactly_the_listed_methods(tmp_path, listed, expected):
+    from longlab.eval.config import EvalConfig
+    from longlab.eval.driver import run_eval
+    from longlab.eval.rows import load_rows
+
+    config = EvalConfig(out=str(tmp_path), model="tiny-llama", recipes=["full"], tasks=["passkey"],
+                        lengths=[400], samples=1, max_new_tokens=2, positions=listed, positions_only=True,
+                        report=False, progress=False)
+    assert run_eval(config, log=lambda m: None).written == len(expected)
+    assert sorted({r["model"] for r in load_rows(tmp_path)}) == expected
+    with pytest.raises(LonglabError, match="--positions-only: .* give --positions too"):
+        EvalConfig(out=str(tmp_path), model="tiny-llama", positions_only=True).validate()
 
 
 def test_repo_one_position_per_kv_head():

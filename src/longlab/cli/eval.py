@@ -136,6 +136,11 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
              "NAME|METHOD), plus none: e.g. yarn:factor=2,pi:factor=2,drope:weights=DIR",
     )
     parser.add_argument(
+        "--positions-only", action="store_true",
+        help="with --positions: run exactly the methods listed, not the model's own RoPE besides (list none "
+             "to include it); e.g. when own RoPE's rows at a long length are not needed",
+    )
+    parser.add_argument(
         "--score", choices=("decode", "forced"), default="decode",
         help="decode: the task's metric on the decoded answer (default); forced: teacher forcing, 1 when "
              "greedy decoding would emit the first answer exactly (one forward, no decoding), with each "
@@ -258,7 +263,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         backend=args.backend, workers=args.workers, threads=args.threads, batch_decode=args.batch_decode,
         prefill_metrics=args.prefill_metrics, metric_rows=args.metric_rows, compress=args.compress,
         skip_rows=args.skip_rows, report=not args.no_report, progress=not args.no_progress,
-        positions=args.positions, reuse=args.reuse, num_docs=args.num_docs, speculative=args.speculative,
+        positions=args.positions, positions_only=args.positions_only,
+        reuse=args.reuse, num_docs=args.num_docs, speculative=args.speculative,
         verify=args.verify, gamma=args.gamma, score=args.score, strict=args.strict,
     )
     summary = run_eval(config)

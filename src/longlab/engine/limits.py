@@ -25,8 +25,16 @@ def check_size(model: Any, request: Any, n_prompt: int) -> None:
             f"prompt + max_new_tokens is {total} tokens, beyond the model's max_position_embeddings="
             f"{limit}; quality will degrade"
         )
-        if request.strict and request.parsed.position is None:
-            raise LonglabError(message + " (pass strict=False / --no-strict to run it anyway)")
+        if request.parsed.position is None:
+            if request.strict:
+                raise LonglabError(message + " (pass strict=False / --no-strict to run it anyway)")
+        else:  # the position method is there to extend them: a note, not an alarm
+            from ..registry import REGISTRY
+
+            message = (
+                f"prompt + max_new_tokens is {total} tokens, beyond the model's max_position_embeddings="
+                f"{limit}, which the position method {REGISTRY.format(request.parsed.position)} extends"
+            )
         warnings.warn(message, stacklevel=3)
     free = available_bytes(model)
     need = total * kv_bytes_per_token(model)

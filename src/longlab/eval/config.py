@@ -76,6 +76,7 @@ class EvalConfig:
     report: bool = True
     progress: bool = True
     positions: list[str] | None = None  # position methods as an axis, plus the model's own (longlab.position)
+    positions_only: bool = False  # exactly the listed positions ("none": own RoPE), not own RoPE besides
     compress: str = "end"  # KV policies cut the cache once after the prefill ("end") or after every chunk
     skip_rows: str | None = None  # a JSON list of rows measured elsewhere: their cells are not run again
     reuse: list[str] | None = None  # reuse methods as an axis (multi-document samples)
@@ -207,6 +208,8 @@ class EvalConfig:
              "--score forced scores by teacher forcing, which does not decode: it cannot time --speculative"),
             (self.positions is not None and self.backend == "ray",
              "--positions runs with --backend serial only"),
+            (self.positions_only and self.positions is None,
+             "--positions-only: it limits the --positions axis to the methods listed; give --positions too"),
             (bool(tasks) and self.jsonl is None and bool(self.reuse) and not all(
                 t.startswith("multidoc_") for t in tasks),
              "--tasks: --reuse needs multi-document tasks (multidoc_qa_1, multidoc_qa_2) or a --jsonl of "

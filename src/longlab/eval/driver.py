@@ -214,6 +214,10 @@ def check_lengths(
         )
         if config.strict and not config.positions:
             raise LonglabError(f"{message} (--no-strict runs them anyway; --positions extends the positions)")
+        if config.positions:
+            message = message.replace("; quality will degrade", ", which --positions extend")
+            if not config.positions_only or "none" in config.positions:
+                message += " (the model's own RoPE rows run there too, and will degrade)"
         warn(f"longlab eval: {message}")
 
 
@@ -249,7 +253,10 @@ def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) ->
         samples = build_samples(config, tokenizer)
         check_samples(config, samples, tokenizer, model)
         cells = config.cells()
-        positions = ["none"] + [p for p in config.positions or [] if p != "none"]
+        # position methods first, the model's own RoPE ("none") last; with --positions-only, exactly the list
+        positions = [p for p in config.positions or [] if p != "none"]
+        if not config.positions_only or "none" in (config.positions or ()):
+            positions.append("none")
         hashes = {p: config_hash(config.identity(p)) for p in positions}
         runner = SampleRunner(model, tokenizer, config, hashes, config.backend)
         store = ResultStore(config.out)
@@ -258,7 +265,7 @@ def run_eval(config: EvalConfig, *, log: Callable[[str], None] | None = None) ->
         elsewhere = config.skipped_cells()  # --skip-rows: measured elsewhere
         todo: list[tuple[Any, list[Cell], str]] = []
         skipped = skipped_elsewhere = 0
-        for position in positions[1:] + positions[:1]:  # position methods first, the model's own RoPE last
+        for position in positions:
             label = EvalConfig.label_of(config.model, position)
             for s in samples:
                 missing = []

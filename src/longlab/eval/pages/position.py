@@ -2,7 +2,8 @@
 
 Reads the committed rows of ``longlab eval --positions`` (``bench/results/position/task_rows.json``,
 ``gemma_rows.json``; model ``smollm2-135m|METHOD``, ``smollm2-135m`` alone being the model's own RoPE, the
-baseline), ``long.json`` (chunked prefill), the perplexity JSONs of ``bench/position_ppl.py``, the UPI runs
+baseline; rows with ``compress: chunk`` cut the cache after every chunk), the perplexity JSONs of
+``bench/position.py ppl``, the UPI runs
 (``upi_passkey*.json``) and the retrained variants' figures (``variants.json``). Scores: mean x100 over
 every task's samples with a 95% interval (Wilson for pass/fail cells, else bootstrap; stratified by task
 when several), and the paired difference to no scaling on the same samples (paired bootstrap; n.s. when
@@ -266,9 +267,9 @@ def _grid_section(rows: list[tuple], plots: str, plt) -> list[str]:
     tasks = sorted({k[1] for k in grid}, key=lambda t: (t != "passkey", t))
     cols = sorted({k[2] for k in grid}, key=lambda c: (c[0], c[1] != "full", c[1]))
     parts = [
-        "Task grid (greedy, chunk 1,024; `runs/position/eval/results.sqlite`, copied to "
-        "`bench/results/position/task_rows.json`, and, for YaRN at 32k, "
-        "`bench/results/position/long.json`). Cell: score ×100, 95% Wilson interval, n = samples. "
+        "Task grid (greedy, chunk 1,024; `runs/position/eval/results.sqlite`, kept in "
+        "`bench/results/position/task_rows.json` by `bench/position.py tasks`). "
+        "Cell: score ×100, 95% Wilson interval, n = samples. "
         "Scaled methods (PI, NTK, dynamic NTK, YaRN, LongRoPE) use s = 2 up to 16k and s = L/8k = 4 at 32k; "
         "a cell with another factor says so. Columns named *SnapKV 4096/chunk*: chunked prefill with "
         "SnapKV cutting every head back to 4,096 cached entries after every 1,024-token chunk "
@@ -650,17 +651,11 @@ def render(root: Path, plots: bool) -> dict[str, str]:
     with tempfile.TemporaryDirectory() as scratch:
         out = root / "docs" / "results" if plots else Path(scratch)
         args = SimpleNamespace(
-            ppl=str(res / "ppl.json"), plots=str(out), vs="none,yarn:factor=2", long=str(res / "long.json"),
+            ppl=str(res / "ppl.json"), plots=str(out), vs="none,yarn:factor=2",
             ppl_blocks=str(res / "ppl_blocks.json"), upi=str(res / "upi_passkey.json"),
             upi_more=str(res / "upi_passkey_more.json"), variants=str(res / "variants.json"),
         )
         rows = _load_rows(res / "task_rows.json")
-        if Path(args.long).exists():  # bench/position_long.py: chunked prefill compressing after every chunk
-            for r in json.loads(Path(args.long).read_text(encoding="utf-8")):
-                model = "smollm2-135m" + ("" if r["position"] == "none" else f"|{r['position']}")
-                recipe = r["recipe"] + " (per chunk)"
-                rows.append((model, recipe, r["task"], r["length"], r["sample_id"], r["score"],
-                             r["prefill_s"]))
         parts: list[str] = []
         if Path(args.variants).exists():
             parts += _variants_section(json.loads(Path(args.variants).read_text(encoding="utf-8")))
