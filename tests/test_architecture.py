@@ -35,7 +35,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine",),  # the one engine: streams, prefill-once planner, decode lanes, submit/step/run
     ("generation",),  # generate(): a thin facade over the engine
     # tools and the harness drive models and pipelines (capture: q/k/v capture for calibration, training)
-    ("capture", "kv.indexmem_train", "quant.calibrate", "eval", "ops.cp_generate",  # CP prefill
+    ("capture", "kv.indexmem_train", "compress.comi_train", "quant.calibrate", "eval",
+     "ops.cp_generate",  # CP prefill; compress.comi_train: `longlab train comi` (COMI's fusion layer)
      "position.train", "lab",  # lab: the layers lab (own LM + trainer), writes to eval.store
      "serve", "data", "memory", "adapter_train"),  # serve: the OpenAI server (drives the engine); data:
     # EntropyLong data; adapter_train: `longlab train lora` (LoRA on EntropyLong data, through peft);

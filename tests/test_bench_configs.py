@@ -114,6 +114,15 @@ def test_forced_kl_by_hand():
     assert forced_kl(None, q) is None
 
 
+def test_answer_nll_by_hand():
+    from longlab.eval.runner import answer_nll
+
+    logprobs = torch.log(torch.tensor([[0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]))
+    assert answer_nll(logprobs, [0, 2]) == pytest.approx(-(math.log(0.5) + math.log(0.8)) / 2, abs=1e-6)
+    assert answer_nll(logprobs, [1, 0]) == pytest.approx(-(math.log(0.25) + math.log(0.1)) / 2, abs=1e-6)
+    assert answer_nll(None, [0]) is None and answer_nll(logprobs, []) is None
+
+
 def test_indexmem_fidelity_config_records_agreement_and_kl(tmp_path, capsys):
     out = tmp_path / "fidelity"
     # IndexMem needs trained weights: the tiny run keeps the config's protocol with SnapKV's recipes
@@ -125,7 +134,7 @@ def test_indexmem_fidelity_config_records_agreement_and_kl(tmp_path, capsys):
     assert len(rows) == 6 and all(r["query_aware"] for r in rows)
     for r in rows:
         extra = r["extra"]
-        assert extra["score_mode"] == "forced"
+        assert extra["score_mode"] == "forced" and extra["answer_nll"] > 0
         if r["recipe"] == "full":
             assert extra["fidelity"] == 1 and extra["kl_vs_full"] == pytest.approx(0.0, abs=1e-6)
         else:

@@ -79,3 +79,69 @@ def test_a_bad_fusion_file_is_refused(llama, tokenizer, tmp_path):
                          ["What is the code?"])
     with pytest.raises(LonglabError, match="example"):
         train_fusion(llama, [], steps=3)
+
+
+def test_train_comi_cli_writes_weights_and_manifest_and_never_a_users_file(tmp_path, capsys):
+    """``longlab train comi``: a fusion layer whose recipe runs, with its manifest; a rerun replaces its own
+    files; a user's file of the same name is refused and left as it was; bad settings name the flag."""
+    import json
+
+    from safetensors import safe_open
+
+    from longlab.cli import main
+
+    out = tmp_path / "fusion.safetensors"
+    base = ["train", "comi", "--model", "tiny-llama", "--samples", "2", "--steps", "10", "--seq-len", "256",
+            "--threads", "1"]
+    assert main([*base, "--out", str(out)]) == 0, capsys.readouterr().err
+    manifest = json.loads(out.with_suffix(".json").read_text())
+    assert manifest["format"] == "longlab-comi-fusion" and manifest["ratio"] == 0.875
+    assert manifest["samples"] == 2 and len(manifest["training"]["loss_every_10_steps"]) == 1
+    assert all("-s1000-" in sid for sid in manifest["training"]["sample_ids"])  # never eval's seed-0 samples
+    with safe_open(str(out), "pt") as fh:
+        assert fh.metadata()["format"] == "longlab-comi-fusion"
+    assert f"comi@0.875:fusion={out}" in capsys.readouterr().out
+    model, tok = load_model_tiny()
+    r = generate(model, tok, _context(1), "What is the code of the blue vault?", f"comi@0.875:fusion={out}",
+                 max_new_tokens=2)
+    assert r.context[0]["soft"]
+    assert main([*base, "--out", str(out)]) == 0  # its own files: replaced
+    # the page's table from a teacher-forced eval store of bench/configs/compression-comi-soft.toml
+    from pathlib import Path
+
+    from longlab.eval.pages.compression import comi_soft_table
+
+    config = str(Path(__file__).resolve().parents[1] / "bench" / "configs" / "compression-comi-soft.toml")
+    store = tmp_path / "store"
+    assert main(["eval", "--config", config, "--model", "tiny-llama",
+                 "--lengths", "256", "--samples", "2", "--out", str(store),
+                 "--recipes", f"full,comi@0.875,comi@0.875:fusion={out}"]) == 0
+    text = comi_soft_table(store, manifest)
+    assert "| COMI-hard (training-free) (`comi@0.875`) | 2 |" in text and "COMI-soft (trained fusion)" in text
+    assert "Soft − hard, paired on the same 2 samples" in text and "2 `redundant_niah` samples" in text
+    hard_only = tmp_path / "hard"
+    assert main(["eval", "--config", config, "--model", "tiny-llama", "--lengths", "256", "--samples", "1",
+                 "--out", str(hard_only), "--recipes", "comi@0.875"]) == 0
+    with pytest.raises(LonglabError, match="needs a comi@r row and a comi@r:fusion=PATH row"):
+        comi_soft_table(hard_only)
+    users = tmp_path / "mine.safetensors"
+    users.write_bytes(b"my data")
+    assert main([*base, "--out", str(users)]) == 2
+    assert "longlab did not write it" in capsys.readouterr().err and users.read_bytes() == b"my data"
+    manifest_only = tmp_path / "notes.safetensors"
+    (tmp_path / "notes.json").write_text('{"mine": 1}')
+    assert main([*base, "--out", str(manifest_only)]) == 2
+    assert "manifest" in capsys.readouterr().err and not manifest_only.exists()
+    for extra, message in [
+        (["--ratio", "1"], "--ratio must be"), (["--samples", "0"], "--samples must be"),
+        (["--task", "nope"], "--task must be one of"), (["--minutes", "3"], "--minutes: an option of"),
+        (["--rank", "4"], "--rank: an option of lora"), (["--out", str(tmp_path / "f.bin")], ".safetensors"),
+    ]:
+        assert main([*base, *extra]) == 2, extra
+        assert message in capsys.readouterr().err, extra
+
+
+def load_model_tiny():
+    from longlab.models import load_model
+
+    return load_model("tiny-llama")

@@ -232,7 +232,7 @@ def test_a_store_that_cannot_be_made_leaves_no_empty_database_in_a_users_directo
 @pytest.mark.parametrize(
     "argv, words",
     [
-        (["train", "indexmem", "--steps", "5"], "--steps: an option of drope, ropeid, repo and lora, not of"),
+        (["train", "indexmem", "--steps", "5"], "--steps: an option of drope, ropeid, repo, comi and lora"),
         (["train", "indexmem", "--params", "cycles=2"], "--params: an option of drope, ropeid and repo"),
         (["train", "indexmem", "--data", "pydoc"], "--data: an option of drope, ropeid, repo and lora"),
         (["train", "drope", "--inner-steps", "2"], "--inner-steps: an option of indexmem, not of train"),

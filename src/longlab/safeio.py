@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -42,9 +43,31 @@ __all__ = [
     "tensor_list",
     "write_file_atomic",
     "os_error",
+    "json_format_is",
+    "safetensors_format_is",
 ]
 
 Owned = Callable[[Path], bool]
+
+
+def json_format_is(path: Path, fmt: str) -> bool:
+    """Whether ``path`` is a JSON object whose ``format`` is ``fmt`` (a file longlab wrote as such)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == fmt
+
+
+def safetensors_format_is(path: Path, fmt: str) -> bool:
+    """Whether ``path`` is a safetensors file whose metadata ``format`` is ``fmt``."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), "pt") as fh:
+            return (fh.metadata() or {}).get("format") == fmt
+    except Exception:  # not a safetensors file at all: not ours
+        return False
 
 
 def os_error(exc: OSError, flag: str, path: Path | str, doing: str = "write") -> LonglabError:

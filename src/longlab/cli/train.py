@@ -1,8 +1,10 @@
-"""``longlab train indexmem|drope|ropeid|repo|lora``: train a learned method's weights, or a LoRA adapter.
+"""``longlab train indexmem|drope|ropeid|repo|comi|lora``: train a learned method's weights, or a LoRA
+adapter.
 
 The argparse of every training tool lives here; the work is the libraries' (:func:`longlab.kv.indexmem_train.
 train_indexmem`, :func:`longlab.position.train.recalibrate` and :func:`~longlab.position.train.save_variant`,
-:func:`longlab.adapter_train.train_lora` on an EntropyLong dataset). An option of one method given to another
+:func:`longlab.compress.comi_train.train_comi`, :func:`longlab.adapter_train.train_lora` on an EntropyLong
+dataset). An option of one method given to another
 is refused, naming the option and the methods it belongs to."""
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_train_parser", "train_indexmem_main", "train_position_main", "train_lora_main"]
+__all__ = ["add_train_parser", "train_indexmem_main", "train_position_main", "train_comi_main",
+           "train_lora_main"]
 
 POSITION_METHODS = ("drope", "ropeid", "repo")  # longlab.position.train.TRAINABLE (checked by a test)
 INDEXMEM_ONLY = {"inner_steps": "--inner-steps", "lr_memory": "--lr-memory", "max_steps": "--max-steps"}
@@ -22,26 +25,31 @@ POSITION_ONLY = {
 }
 LORA_ONLY = {"rank": "--rank", "lora_alpha": "--lora-alpha", "targets": "--targets",
              "grad_checkpointing": "--grad-checkpointing", "restart": "--restart"}
+COMI_ONLY = {"ratio": "--ratio", "task": "--task", "samples": "--samples"}
 # dest -> (flag, the methods that take it)
 OPTION_METHODS: dict[str, tuple[str, tuple[str, ...]]] = {
     **{d: (f, ("indexmem",)) for d, f in INDEXMEM_ONLY.items()},
     **{d: (f, POSITION_METHODS) for d, f in POSITION_ONLY.items()},
     **{d: (f, ("lora",)) for d, f in LORA_ONLY.items()},
+    **{d: (f, ("comi",)) for d, f in COMI_ONLY.items()},
+    "minutes": ("--minutes", ("indexmem", *POSITION_METHODS, "lora")),
 }
-for _dest in ("steps", "heldout_windows", "data"):  # shared by the position methods and lora
+for _dest in ("heldout_windows", "data"):  # shared by the position methods and lora
     OPTION_METHODS[_dest] = (OPTION_METHODS[_dest][0], (*POSITION_METHODS, "lora"))
+OPTION_METHODS["steps"] = ("--steps", (*POSITION_METHODS, "comi", "lora"))
 INDEXMEM_LR, INDEXMEM_LR_MEMORY, INDEXMEM_INNER_STEPS = 1e-4, 2e-3, 4
 POSITION_STEPS, POSITION_BATCH, POSITION_HELD_OUT = 50, 1, 2
 
 
 def add_train_parser(sub: Any) -> None:
-    t = sub.add_parser("train", help="train a learned method's weights (IndexMem; DroPE, RoPE-ID, RePo) or a "
-                       "LoRA adapter on EntropyLong data (lora)")
-    t.add_argument("method", choices=("indexmem", *POSITION_METHODS, "lora"), help="method to train")
+    t = sub.add_parser("train", help="train a learned method's weights (IndexMem; DroPE, RoPE-ID, RePo; "
+                       "COMI's fusion layer) or a LoRA adapter on EntropyLong data (lora)")
+    t.add_argument("method", choices=("indexmem", *POSITION_METHODS, "comi", "lora"), help="method to train")
     t.add_argument("--model", default="smollm2-135m", help="model name or path (default: smollm2-135m)")
     t.add_argument("--minutes", type=float, default=None,
                    help="wall-clock training budget (default 15; lora: none)")
-    t.add_argument("--seq-len", type=int, default=1024, help="tokens per training text (default 1024)")
+    t.add_argument("--seq-len", type=int, default=1024,
+                   help="tokens per training text (comi: per generated sample; default 1024)")
     t.add_argument(
         "--lr",
         type=float,
@@ -54,7 +62,7 @@ def add_train_parser(sub: Any) -> None:
     t.add_argument(
         "--out",
         default=None,
-        help="indexmem: a weights file .safetensors; drope/ropeid/repo: a variant directory; lora: an "
+        help="indexmem, comi: a weights file .safetensors; drope/ropeid/repo: a variant directory; lora: an "
         "adapter directory (default: the longlab cache); never one longlab did not write",
     )
     g = t.add_argument_group("indexmem only")
@@ -65,9 +73,10 @@ def add_train_parser(sub: Any) -> None:
     g.add_argument(
         "--lr-memory", type=float, default=None, help=f"memory lr (default {INDEXMEM_LR_MEMORY:g})"
     )
-    g = t.add_argument_group("drope / ropeid / repo (and lora: --steps, --heldout-windows, --data)")
+    g = t.add_argument_group(
+        "drope / ropeid / repo (and lora: --steps, --heldout-windows, --data; comi: --steps)")
     g.add_argument("--steps", type=int, default=None,
-                   help=f"optimizer steps (default {POSITION_STEPS}; lora 300)")
+                   help=f"optimizer steps (default {POSITION_STEPS}; lora 300; comi 160)")
     g.add_argument("--batch", type=int, default=None, help=f"windows per step (default {POSITION_BATCH})")
     g.add_argument("--params", default=None, help="the method's parameters, e.g. qk_norm=true or cycles=2")
     g.add_argument(
@@ -95,6 +104,13 @@ def add_train_parser(sub: Any) -> None:
                    help="recompute activations in the backward pass (less memory at long --seq-len, slower)")
     g.add_argument("--restart", action="store_const", const=True, default=None,
                    help="ignore OUT.checkpoint (saved every 25 steps; a rerun resumes from it), start over")
+    g = t.add_argument_group(
+        "comi only (COMI's soft variant, arXiv 2602.01719: a fusion layer, the model frozen)")
+    g.add_argument("--ratio", type=float, default=None, help="COMI's compression ratio r, in (0, 1) "
+                   "(default 0.875: 1/8 kept; evaluate with the recipe comi@r:fusion=OUT)")
+    g.add_argument("--task", default=None, help="generated task the training samples come from (default "
+                   "redundant_niah; seed 1000 + --seed, disjoint from longlab eval's samples)")
+    g.add_argument("--samples", type=int, default=None, help="training samples (default 40)")
     t.set_defaults(func=_train_main)
 
 
@@ -111,6 +127,8 @@ def _train_main(args: argparse.Namespace) -> int:
         raise LonglabError(f"{', '.join(flags)}: an option of {owner}, not of train {args.method}")
     if args.method == "lora":
         return train_lora_main(args)
+    if args.method == "comi":
+        return train_comi_main(args)
     if args.minutes is None:
         args.minutes = 15.0
     return train_position_main(args) if args.method in POSITION_METHODS else train_indexmem_main(args)
@@ -232,6 +250,47 @@ def train_position_main(args: argparse.Namespace) -> int:
             flush=True,
         )
     print(f"load it: load_model({str(out)!r}) or --model {out}", flush=True)
+    return 0
+
+
+def train_comi_main(args: argparse.Namespace) -> int:
+    """``longlab train comi``: settings and ``--out`` checked before the model loads."""
+    from ..compress.comi_train import (
+        COMI_DEFAULTS,
+        check_comi_settings,
+        fusion_output_path,
+        manifest_path,
+        train_comi,
+        write_fusion,
+    )
+    from ..models import load_model
+    from ..paths import cache_dir
+
+    d = COMI_DEFAULTS
+    ratio = d["ratio"] if args.ratio is None else args.ratio
+    task = d["task"] if args.task is None else args.task
+    samples = d["samples"] if args.samples is None else args.samples
+    steps = d["steps"] if args.steps is None else args.steps
+    lr = d["lr"] if args.lr is None else args.lr
+    settings = dict(ratio=ratio, task=task, samples=samples, steps=steps, lr=lr, seq_len=args.seq_len,
+                    seed=args.seed)
+    check_comi_settings(**settings)
+    key = Path(str(args.model)).name.replace(".gguf", "")
+    out = Path(args.out) if args.out else cache_dir() / "comi" / f"{key}-comi-r{ratio:g}-{task}.safetensors"
+    out = fusion_output_path(out)
+    _threads(args)
+    model, tokenizer = load_model(args.model)
+    _check_model_positions(model, args.seq_len)
+    import torch
+
+    print(f"longlab train comi: {args.model}, comi@{ratio:g}, {samples} {task} samples of {args.seq_len} "
+          f"tokens, {steps} steps, lr {lr:g}, threads {torch.get_num_threads()}", flush=True)
+    fusion, record = train_comi(model, tokenizer, **settings, log=lambda m: print(m, flush=True))
+    write_fusion(out, fusion, {"model": str(args.model), **settings, "training": record})
+    log = record["loss_every_10_steps"]
+    shown = f"training loss {log[0]:.3f} (first 10 steps) -> {log[-1]:.3f} (last 10); " if log else ""
+    print(f"{shown}wrote {out} and {manifest_path(out).name}", flush=True)
+    print(f"use the recipe comi@{ratio:g}:fusion={out}", flush=True)
     return 0
 
 

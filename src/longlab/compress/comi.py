@@ -19,7 +19,7 @@ question's hidden states and ``cos`` the cosine similarity:
 
 **Soft variant** (``comi@r:fusion=PATH``): COMI trains a fusion layer that turns merged encoder states
 into the decoder's memory vectors. Here a :class:`Fusion` layer, trained on longlab's own generated
-samples with the target model frozen (``bench/compression.py comi-soft``; weights in a safetensors file,
+samples with the target model frozen (``longlab train comi``; weights in a safetensors file,
 never a pickle), maps each group's MIG-merged input embedding ``m_g`` and MIG-merged hidden state
 ``z_g = sum_t w_t h_t`` to ``m_g + W [m_g; z_g rms(m_g) / rms(z_g)] + b`` (``W``, ``b`` zero at
 initialisation, so an untrained layer is the hard variant exactly). COMI's LoRA-tuned decoder is not

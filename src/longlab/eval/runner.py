@@ -149,6 +149,7 @@ class SampleRunner:
                          num_docs=len(sample.metadata.get("documents") or ()))
         if res.forced is not None:
             extra["score_mode"] = "forced"
+            extra["answer_nll"] = answer_nll(res.forced_logprobs, res.forced_ids)
             if ref is not None and ref.forced is not None:
                 extra["fidelity"] = sum(a == b for a, b in zip(res.forced, ref.forced)) / len(res.forced)
                 extra["kl_vs_full"] = forced_kl(ref.forced_logprobs, res.forced_logprobs)
@@ -169,6 +170,17 @@ class SampleRunner:
             row["extra"]["metrics_s"] = res.metrics.seconds
             row[METRICS_KEY] = res.metrics.items()
         return row
+
+
+def answer_nll(logprobs: Any, ids: list[int]) -> float | None:
+    """Mean negative log-likelihood per token of a teacher-forced answer, in nats: ``-1/T sum_t
+    log p_t(ids[t])``, ``logprobs``: ``[T, V]`` (``Result.forced_logprobs``). ``None`` when missing."""
+    if logprobs is None or not ids:
+        return None
+    import torch
+
+    index = torch.tensor(ids, dtype=torch.long)[:, None]
+    return float(-logprobs.float().gather(-1, index).mean())
 
 
 def forced_kl(reference: Any, other: Any) -> float | None:

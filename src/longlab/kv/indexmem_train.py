@@ -33,7 +33,7 @@ import torch
 
 from ..capture import capture_attention
 from ..recipe import LonglabError, check_range, shorten
-from ..safeio import check_output_file, file_record, os_error
+from ..safeio import check_output_file, file_record, json_format_is, os_error, safetensors_format_is
 from .indexmem import (
     D_FEATURE,
     D_INDEX,
@@ -344,21 +344,11 @@ def train_indexmem(
 
 
 def _owned_json(path: Path) -> bool:
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(manifest, dict) and manifest.get("format") == FORMAT
+    return json_format_is(path, FORMAT)
 
 
 def _owned_weights(path: Path) -> bool:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), "pt") as fh:
-            return (fh.metadata() or {}).get("format") == FORMAT
-    except Exception:  # not a safetensors file at all: not ours
-        return False
+    return safetensors_format_is(path, FORMAT)
 
 
 def output_path(out: str | Path | None, key: str) -> Path:

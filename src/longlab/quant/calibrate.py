@@ -31,7 +31,6 @@ The allocation is written as JSON (never pickle) and loaded by the recipe ``pmkv
 
 from __future__ import annotations
 
-import json
 import random
 import time
 from collections.abc import Sequence
@@ -429,8 +428,6 @@ def calibrate_pmkvq(
 
 def is_allocation_file(path: Path) -> bool:
     """An allocation file ``longlab calibrate`` wrote (the only kind of file ``--out`` may replace)."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("format") == ALLOCATION_FORMAT
+    from ..safeio import json_format_is
+
+    return json_format_is(path, ALLOCATION_FORMAT)

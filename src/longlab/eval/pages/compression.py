@@ -12,10 +12,15 @@ InftyThink (Yan et al., arXiv 2503.06692) against one long context on ``lookup_c
 (:data:`INFTYTHINK`, the ``longlab eval`` store of ``bench/configs/compression-inftythink.toml``): accuracy
 with Wilson intervals, paired bootstrap against ``full``, tokens generated, peak KV and iterations
 (:func:`inftythink_rows`, :func:`inftythink_table`, :func:`inftythink_plot`).
+
+COMI's soft variant against its hard variant and the full prompt (:data:`COMI_SOFT`, the teacher-forced store
+of ``bench/configs/compression-comi-soft.toml``, with the fusion layer's committed training record):
+:func:`comi_soft_table`.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import tempfile
 from collections import defaultdict
@@ -25,8 +30,8 @@ from pathlib import Path
 from ..stats import paired_difference, score_estimate
 from ..store import ResultStore
 
-__all__ = ["GRIDS", "INFTYTHINK", "Grid", "inftythink_plot", "inftythink_rows", "inftythink_table", "load",
-           "plot", "render", "table"]
+__all__ = ["GRIDS", "INFTYTHINK", "COMI_SOFT", "Grid", "comi_soft_table", "inftythink_plot",
+           "inftythink_rows", "inftythink_table", "load", "plot", "render", "table"]
 
 TOKEN = ("llmlingua", "longllmlingua", "hico", "tpp", "comi")
 # token dropping inside the prefill forward (hico-forward@r, query-aware); --alias names its variants
@@ -378,6 +383,79 @@ def inftythink_plot(rows: list[dict], path: Path, model: str = "") -> None:
     plt.close(fig)
 
 
+COMI_SOFT = "compression/comi_soft"  # the store of bench/configs/compression-comi-soft.toml
+COMI_SOFT_BLOCK = "compression-comi-soft"
+COMI_FUSION_MANIFEST = "compression/comi_fusion_r0.875.json"  # `longlab train comi`'s record, committed
+
+
+def _comi_label(recipe: str) -> str:
+    if recipe == "full":
+        return "full prompt"
+    return "COMI-soft (trained fusion)" if ":fusion=" in recipe else "COMI-hard (training-free)"
+
+
+def comi_soft_table(directory: str | Path, manifest: dict | None = None) -> str:
+    """COMI's soft variant against its hard variant and the full prompt, from a teacher-forced ``longlab
+    eval`` store: per recipe the accuracy (greedy would emit the answer; Wilson 95%), the answer's NLL per
+    token (``extra.answer_nll``; median and bootstrap mean) and the KL to full; then soft - hard, paired on
+    the same samples (bootstrap). ``manifest``: the fusion layer's training record (``train comi``)."""
+    from ...errors import LonglabError
+    from ..rows import load_rows
+
+    rows = load_rows(directory, what="COMI soft store")
+    by: dict[str, dict[str, dict]] = defaultdict(dict)
+    for r in rows:
+        if (r["extra"] or {}).get("score_mode") != "forced":
+            raise LonglabError(f"{directory}: row {r['recipe']} / {r['sample_id']} is not teacher-forced")
+        by[r["recipe"]][str(r["sample_id"])] = r
+    order = sorted(by, key=lambda rec: (rec != "full", ":fusion=" in rec))
+    soft = next((rec for rec in order if ":fusion=" in rec), None)
+    hard = next((rec for rec in order if rec != "full" and ":fusion=" not in rec), None)
+    if soft is None or hard is None:
+        raise LonglabError(f"{directory}: needs a comi@r row and a comi@r:fusion=PATH row")
+    lines = ["| recipe | n | accuracy [95% CI] | answer NLL / token: median, mean [95% CI] "
+             "| KL to full (mean) |", "|---|---|---|---|---|"]
+    for rec in order:
+        got = list(by[rec].values())
+        acc = score_estimate([r["score"] for r in got])
+        nll = [r["extra"]["answer_nll"] for r in got]
+        est = score_estimate(nll)
+        kls = [r["extra"].get("kl_vs_full") for r in got if r["extra"].get("kl_vs_full") is not None]
+        kl = f"{statistics.fmean(kls):.2f}" if kls and rec != "full" else "—"
+        lines.append(f"| {_comi_label(rec)} (`{rec}`) | {len(got)} | {acc.mean:.2f} [{acc.low:.2f}, "
+                     f"{acc.high:.2f}] | {statistics.median(nll):.2f}, {est.mean:.2f} [{est.low:.2f}, "
+                     f"{est.high:.2f}] | {kl} |")
+    common = sorted(set(by[soft]) & set(by[hard]))
+    d_acc = paired_difference([by[soft][i]["score"] for i in common], [by[hard][i]["score"] for i in common])
+    d_nll = paired_difference([by[soft][i]["extra"]["answer_nll"] for i in common],
+                              [by[hard][i]["extra"]["answer_nll"] for i in common])
+
+    def verdict(d) -> str:
+        sig = "significant" if d.low > 0 or d.high < 0 else "not significant"
+        return f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}] ({sig})"
+
+    lines += ["", f"Soft − hard, paired on the same {len(common)} samples (bootstrap): accuracy "
+              f"{verdict(d_acc)}; answer NLL per token {verdict(d_nll)}."]
+    preds = [by[soft][i]["prediction"] for i in common[:3]]
+    if any(preds):
+        lines.append("")
+        def shown(text: str) -> str:
+            return "`" + repr(text).replace("`", "'") + "`"
+
+        lines.append("Greedy argmax along the answer, first samples: soft " + ", ".join(map(shown, preds))
+                     + "; hard " + ", ".join(shown(by[hard][i]["prediction"]) for i in common[:3]) + ".")
+    if manifest:
+        t = manifest.get("training") or {}
+        log = t.get("loss_every_10_steps") or []
+        lines += ["", f"Fusion layer (`{COMI_FUSION_MANIFEST.split('/')[-1]}`, `longlab train comi`): "
+                  f"{manifest.get('samples')} `{manifest.get('task')}` samples of {manifest.get('seq_len')} "
+                  f"tokens, {manifest.get('steps')} steps, lr {manifest.get('lr')}, {t.get('params'):,} "
+                  f"parameters; merging {t.get('prep_s', 0):.0f} s, training {t.get('train_s', 0):.0f} s; "
+                  "training loss per 10 steps " + " → ".join(f"{x:.2f}" for x in log[:2])
+                  + (f" … {log[-1]:.2f}" if len(log) > 2 else "") + " nats per answer token."]
+    return "\n".join(lines)
+
+
 def render(root: Path, plots: bool) -> dict[str, str]:
     """One block per :data:`GRIDS` entry and the InftyThink block; with ``plots`` each PNG goes to
     ``docs/results/NAME.png``."""
@@ -398,4 +476,7 @@ def render(root: Path, plots: bool) -> dict[str, str]:
         if plots:
             inftythink_plot(rows, root / "docs" / "results" / image, "Qwen2.5-Coder-0.5B-Instruct")
         out[INFTYTHINK_BLOCK] = f"{inftythink_table(rows)}\n\n![peak KV vs tokens generated]({image})"
+    manifest_file = results / COMI_FUSION_MANIFEST
+    manifest = json.loads(manifest_file.read_text(encoding="utf-8")) if manifest_file.is_file() else None
+    out[COMI_SOFT_BLOCK] = comi_soft_table(results / COMI_SOFT, manifest)
     return out
