@@ -143,3 +143,23 @@ def test_indexmem_fidelity_config_records_agreement_and_kl(tmp_path, capsys):
                 assert extra["kl_vs_full"] > 0
     # a cache cut to a tenth changes the next-token distributions: the KL is measured, not a placeholder 0
     assert sum(r["extra"]["kl_vs_full"] for r in rows if r["recipe"] == "snapkv@0.9") > 0
+
+
+def test_compression_page_tables_from_hand_made_data(tmp_path):
+    """The compression page's HiCo-forward and InftyThink-speed blocks read the bench JSON as written: the
+    paired interval that excludes 0 is starred, the one that holds 0 is not; the speed ratio is shown."""
+    from longlab.eval.pages.compression import hico_forward_table, inftythink_speed_table
+
+    data = {"rows": [{"sample_id": "a"}, {"sample_id": "b"}], "summary": {
+        "plain": {"accuracy": [0.5, 0.1, 0.9], "kv_fraction": 1.0, "prefill_s_median": 4.0},
+        "hico-forward@0.5": {"accuracy": [0.5, 0.1, 0.9], "kv_fraction": 0.74, "prefill_s_median": 3.0,
+                             "time_ratio_median_ci": [0.75, 0.7, 0.8], "minus_plain": [-0.1, -0.3, 0.1]},
+        "hico-forward@0.75": {"accuracy": [0.1, 0.0, 0.4], "kv_fraction": 0.59, "prefill_s_median": 2.0,
+                              "time_ratio_median_ci": [0.5, 0.45, 0.55], "minus_plain": [-0.4, -0.6, -0.2]}}}
+    text = hico_forward_table(data)
+    assert text.startswith("n = 2 samples")
+    assert "| HiCoForward r = 0.5 | 3.00 | **0.750 [0.700, 0.800]** | 0.740 |" in text
+    assert text.count(" * |") == 1 and "-0.40 [-0.60, -0.20] * |" in text
+    rows = [{"sample_id": "s", "prompt_tokens": 9, "iterations": 2, "once_s": [2.0, 2.2],
+             "refill_s": [3.0, 3.2], "speedup": 1.45, "same_tokens": False, "load": 1.0}]
+    assert "| `s` (9) | 2 | 2.0, 2.2 | 3.0, 3.2 | **1.45x** | no | 1.0 |" in inftythink_speed_table(rows)

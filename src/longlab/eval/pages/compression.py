@@ -30,8 +30,9 @@ from pathlib import Path
 from ..stats import paired_difference, score_estimate
 from ..store import ResultStore
 
-__all__ = ["GRIDS", "INFTYTHINK", "COMI_SOFT", "Grid", "comi_soft_table", "inftythink_plot",
-           "inftythink_rows", "inftythink_table", "load", "plot", "render", "table"]
+__all__ = ["GRIDS", "INFTYTHINK", "COMI_SOFT", "Grid", "cite_table", "comi_soft_table", "hico_forward_table",
+           "inftythink_plot", "inftythink_rows", "inftythink_speed_table", "inftythink_table", "load", "plot",
+           "render", "table"]
 
 TOKEN = ("llmlingua", "longllmlingua", "hico", "tpp", "comi")
 # token dropping inside the prefill forward (hico-forward@r, query-aware); --alias names its variants
@@ -456,6 +457,100 @@ def comi_soft_table(directory: str | Path, manifest: dict | None = None) -> str:
     return "\n".join(lines)
 
 
+HICO_FORWARD = "compression/hico_forward.json"  # bench/compression.py hico-forward
+INFTYTHINK_SPEED = "compression/inftythink_speed.json"  # bench/compression.py inftythink-speed
+CITE = {"compression-cite": "compression/cite_qa", "compression-cite-qwen": "compression/cite_qa_qwen"}
+
+
+def _ci(t: list[float] | tuple[float, ...], sign: str = "") -> str:
+    return f"{t[0]:{sign}.2f} [{t[1]:{sign}.2f}, {t[2]:{sign}.2f}]"
+
+
+def hico_forward_table(data: dict) -> str:
+    """HiCo inside the prefill forward vs a plain prefill (``bench/compression.py hico-forward``'s JSON):
+    median prefill time, time ratio to plain (median, bootstrap 95% CI), KV held, accuracy (Wilson) and the
+    paired difference to plain (bootstrap; * = the interval excludes 0)."""
+    summary = data["summary"]
+    n = len({r["sample_id"] for r in data.get("rows", [])}) or data.get("args", {}).get("samples")
+    lines = [f"n = {n} samples. *: the paired interval excludes 0.", "",
+             "| prefill | median prefill s | time / plain [95% CI] | KV held / full | accuracy [95% CI] "
+             "| − plain (paired) |", "|---|---|---|---|---|---|"]
+    for name, rec in summary.items():
+        label = "plain (one forward)" if name == "plain" else f"HiCoForward r = {name.split('@')[1]}"
+        t = rec.get("time_ratio_median_ci")
+        ratio = f"**{t[0]:.3f} [{t[1]:.3f}, {t[2]:.3f}]**" if t else "1"
+        diff = ""
+        if "minus_plain" in rec:
+            d = rec["minus_plain"]
+            diff = _ci(d, "+") + (" *" if d[1] > 0 or d[2] < 0 else "")
+        lines.append(f"| {label} | {rec['prefill_s_median']:.2f} | {ratio} | {rec['kv_fraction']:.3f} "
+                     f"| {_ci(rec['accuracy'])} | {diff} |")
+    return "\n".join(lines)
+
+
+def inftythink_speed_table(rows: list[dict]) -> str:
+    """InftyThink's prompt prefilled once and forked per iteration vs refilled every iteration
+    (``bench/compression.py inftythink-speed``'s JSON): each repeat's seconds, the ratio of the medians,
+    and whether both produced the same tokens."""
+    lines = ["| sample (prompt tokens) | iterations | once (s), per repeat | refill (s), per repeat "
+             "| refill / once (medians) | same tokens | load |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        once = ", ".join(f"{x:.1f}" for x in r["once_s"])
+        refill = ", ".join(f"{x:.1f}" for x in r["refill_s"])
+        lines.append(f"| `{r['sample_id']}` ({r['prompt_tokens']}) | {r['iterations']} | {once} | {refill} "
+                     f"| **{r['speedup']:.2f}x** | {'yes' if r['same_tokens'] else 'no'} | {r['load']:.1f} |")
+    return "\n".join(lines)
+
+
+def cite_table(directory: str | Path, base: str = "full") -> str:
+    """Citation scores per recipe on ``cite_qa`` from a ``longlab eval`` store: answer correctness
+    (Wilson), citation precision / recall / F1 (bootstrap) by :func:`longlab.tasks.compression.
+    citation_scores` over the samples every recipe answered, how many answers write a ``[k]`` marker,
+    Guidance's forced sentences per sample; then each recipe minus ``base`` on the same samples (paired
+    bootstrap; * = the interval excludes 0)."""
+    from ...errors import LonglabError
+    from ...tasks.compression import citation_scores
+    from ..rows import load_rows
+
+    rows: dict[str, dict[str, dict]] = defaultdict(dict)
+    for row in load_rows(directory, what="cite_qa store"):
+        rows[row["recipe"]][str(row["sample_id"])] = row
+    if not rows:
+        raise LonglabError(f"{directory}: no rows")
+    ids = sorted(set.intersection(*(set(r) for r in rows.values())))  # samples every recipe answered
+    parts = ("correct", "precision", "recall", "f1")
+    scores = {rc: {i: citation_scores(rows[rc][i]["prediction"], rows[rc][i]["answers"]) for i in ids}
+              for rc in rows}
+    lines = [f"n = {len(ids)} samples answered by every recipe. Intervals: Wilson for correctness, bootstrap "
+             "for precision / recall / F1.", "",
+             "| recipe | answer correct | citation precision | recall | F1 | writes a `[k]` marker "
+             "| forced sentences / sample |", "|---|---|---|---|---|---|---|"]
+    for rc in rows:
+        cells = []
+        for part in parts:
+            e = score_estimate([scores[rc][i][part] for i in ids])
+            cells.append(f"{e.mean:.2f} [{e.low:.2f}, {e.high:.2f}]")
+        cites = sum("[" in (rows[rc][i]["prediction"] or "") for i in ids)
+        forced = [(rows[rc][i]["extra"] or {}).get("context", {}).get("forced_sentences") for i in ids]
+        known = [f for f in forced if f is not None]
+        forced_txt = f"{sum(known) / len(ids):.1f} ({sum(known)} in all)" if known else "—"
+        lines.append(f"| `{rc}` | {' | '.join(cells)} | {cites}/{len(ids)} | {forced_txt} |")
+    if base in rows and len(rows) > 1:
+        lines += ["", f"Each recipe − `{base}` on the same samples (paired bootstrap; *: the interval "
+                  "excludes 0):", "", "| recipe | answer correct | precision | recall | F1 |",
+                  "|---|---|---|---|---|"]
+        for rc in rows:
+            if rc == base:
+                continue
+            cells = []
+            for part in parts:
+                d = paired_difference([scores[rc][i][part] for i in ids],
+                                      [scores[base][i][part] for i in ids])
+                cells.append(f"{d.mean:+.2f} [{d.low:+.2f}, {d.high:+.2f}]{' *' if d.significant else ''}")
+            lines.append(f"| `{rc}` | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def render(root: Path, plots: bool) -> dict[str, str]:
     """One block per :data:`GRIDS` entry and the InftyThink block; with ``plots`` each PNG goes to
     ``docs/results/NAME.png``."""
@@ -479,4 +574,10 @@ def render(root: Path, plots: bool) -> dict[str, str]:
     manifest_file = results / COMI_FUSION_MANIFEST
     manifest = json.loads(manifest_file.read_text(encoding="utf-8")) if manifest_file.is_file() else None
     out[COMI_SOFT_BLOCK] = comi_soft_table(results / COMI_SOFT, manifest)
+    out["compression-hico-forward"] = hico_forward_table(
+        json.loads((results / HICO_FORWARD).read_text(encoding="utf-8")))
+    out["compression-inftythink-speed"] = inftythink_speed_table(
+        json.loads((results / INFTYTHINK_SPEED).read_text(encoding="utf-8")))
+    for block, store in CITE.items():
+        out[block] = cite_table(results / store)
     return out
