@@ -85,9 +85,7 @@ def page(result: dict[str, Any], timing: dict[str, Any] | None = None,
         f"Size run: **{size['docs']} documents, {size['cards']} cards** (seed {size['seed']}), scorer "
         f"`{result['scorer']}`, retriever `{cfg['retriever']}`, alpha {cfg['alpha']}, merge gap "
         f"{cfg['merge_gap']}, query {cfg['query_tokens']} tokens, top-k {cfg['top_k']}, chunks of "
-        f"{cfg['chunk_tokens']} tokens (a card is one chunk), delta {cfg['delta']}. The issue's size "
-        f"({size['issue_size']['docs']} documents, {size['issue_size']['cards']} cards) was **not run** "
-        f"(one CPU core: {result['seconds_per_doc']} s per document here).",
+        f"{cfg['chunk_tokens']} tokens (a card is one chunk), delta {cfg['delta']}. " + _size_note(result),
         "",
         "Precision and recall are pooled over documents (sum of hits / sum of selected, / sum of true "
         "cards); "
@@ -146,6 +144,23 @@ def page(result: dict[str, Any], timing: dict[str, Any] | None = None,
     return "\n".join(lines)
 
 
+def _full_size(result: dict[str, Any]) -> bool:
+    size = result["size"]
+    return (size["docs"], size["cards"]) == (size["issue_size"]["docs"], size["issue_size"]["cards"])
+
+
+def _size_note(result: dict[str, Any]) -> str:
+    """Whether the run has the issue's size, and its time per document (on one core)."""
+    per = f"{result['seconds_per_doc']} s per document on one core"
+    if _full_size(result):
+        resumed = result.get("resumed_docs") or 0
+        piece = f" (the last piece, resumed after {resumed} documents)" if resumed else ""
+        return f"This is the issue's size; {per}{piece}."
+    issue = result["size"]["issue_size"]
+    return (f"The issue's size ({issue['docs']} documents, {issue['cards']} cards) was **not run** "
+            f"({per} here).")
+
+
 def finetune_text(result: dict[str, Any], timing: dict[str, Any] | None,
                   finetune: dict[str, Any] | None) -> list[str]:
     """The page's lines on item 4 (does the data help?): the stored comparison, or what was not run and
@@ -168,12 +183,14 @@ def finetune_text(result: dict[str, Any], timing: dict[str, Any] | None,
             sig = "significant" if c["low"] > 0 or c["high"] < 0 else "not significant"
             lines.append(f"| {c['variant']} | {c['task']} | {c['length']} | {c['n']} | {c['adapter']:.3f} | "
                          f"{c['base']:.3f} | {c['diff']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] | {sig} |")
-        lines += ["", "```bash", finetune["command"], "```", "",
-                  "Not done here: the issue's full size (500 documents, 5k cards).", ""]
+        lines += ["", "```bash", finetune["command"], "```", ""]
+        if not _full_size(result):
+            lines += ["Not done here: the issue's full size (500 documents, 5k cards).", ""]
         return lines
-    lines = ["Not done here: the issue's full size (500 documents, 5k cards), and its fine-tune comparison "
-             "(item 4: ~300 LoRA steps of SmolLM2 at 2k tokens on each of the three data variants, then "
-             "vt and niah at 2k and 4k against the base model)."]
+    missing = "" if _full_size(result) else "the issue's full size (500 documents, 5k cards), and "
+    lines = [f"Not done here: {missing}the fine-tune comparison (item 4: ~300 LoRA steps of SmolLM2 at 2k "
+             "tokens on each of the three data variants, then vt and niah at 2k and 4k against the base "
+             "model)."]
     if timing:
         per, steps = timing["seconds_per_step"], timing["steps_estimated"]
         hours = per * steps / 3600
