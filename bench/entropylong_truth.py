@@ -203,7 +203,8 @@ def finetune(args: argparse.Namespace) -> dict[str, Any]:
 
 def finetune_analysis(args: argparse.Namespace) -> dict[str, Any]:
     """Per data variant, task and length: the adapter's mean score minus the base model's on the same samples
-    (paired bootstrap 95% interval), with each adapter's training record."""
+    (paired bootstrap 95% interval); the verification adapter minus each other adapter, paired the same way;
+    and each adapter's training record."""
     from longlab.eval.stats import paired_difference
     from longlab.eval.store import ResultStore
 
@@ -229,6 +230,16 @@ def finetune_analysis(args: argparse.Namespace) -> dict[str, Any]:
             cells.append({"variant": v, "task": task, "length": length, "n": len(keys),
                           "adapter": sum(a) / len(a), "base": sum(b) / len(b),
                           "diff": d.mean, "low": d.low, "high": d.high})
+    pairs: list[dict[str, Any]] = []  # does verified data help more than the other variants' data?
+    verified = by_model.get(str(work / "lora-verification"), {})
+    for other in VARIANTS[1:]:
+        theirs = by_model.get(str(work / f"lora-{other}"), {})
+        for task, length in sorted({k[:2] for k in verified} & {k[:2] for k in theirs}):
+            keys = sorted(k for k in verified if k[:2] == (task, length) and k in theirs)
+            a, b = [verified[k] for k in keys], [theirs[k] for k in keys]
+            d = paired_difference(a, b)
+            pairs.append({"variant": "verification", "other": other, "task": task, "length": length,
+                          "n": len(keys), "diff": d.mean, "low": d.low, "high": d.high})
     training = {}
     for v in VARIANTS:
         manifest = work / f"lora-{v}" / "adapter.json"
@@ -241,7 +252,7 @@ def finetune_analysis(args: argparse.Namespace) -> dict[str, Any]:
             "model": args.model,
             "size": {"docs": args.ft_docs, "cards": args.ft_cards, "steps": args.ft_steps,
                      "seq_len": args.ft_seq_len, "samples": args.ft_samples},
-            "cells": cells, "training": training}
+            "cells": cells, "pairs": pairs, "training": training}
 
 
 def _merge_check(model: Any, tensors: dict[str, Any], stats: dict[str, Any], args: argparse.Namespace,

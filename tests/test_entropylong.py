@@ -521,3 +521,26 @@ def test_a_foreign_partial_file_beside_out_is_never_removed(llama, tokenizer, tm
         with pytest.raises(LonglabError, match="longlab did not write"):
             build_dataset(corpus, llama, tokenizer, tmp_path / name, _small_cfg(), progress=False)
         assert partial.read_text() == "a user's notes\n" and not (tmp_path / name).exists()
+
+
+def test_page_finetune_block_renders_base_and_variant_pairs_with_their_significance():
+    """The results page's item-4 block: adapter - base per cell, verification - other adapters, training
+    records; an interval that excludes 0 reads 'significant', one that spans it 'not significant'."""
+    from longlab.eval.pages.entropylong import finetune_text
+
+    cell = {"task": "vt", "length": 2048, "n": 24}
+    ft = {"model": "smollm2-135m", "command": "bench/heavy.sh x --finetune",
+          "size": {"docs": 200, "cards": 2000, "steps": 300, "seq_len": 2048, "samples": 24},
+          "cells": [{**cell, "variant": "verification", "adapter": 0.5, "base": 0.25, "diff": 0.25,
+                     "low": 0.1, "high": 0.4}],
+          "pairs": [{**cell, "variant": "verification", "other": "random", "diff": -0.05, "low": -0.2,
+                     "high": 0.1}],
+          "training": {"verification": {"steps_done": 300, "heldout_loss_before": 2.6,
+                                        "heldout_loss_after": 2.1, "loss_first_10pct": 2.55,
+                                        "loss_last_10pct": 2.0, "seconds_per_step": 52.3}}}
+    size = {"docs": 500, "cards": 5000}
+    text = "\n".join(finetune_text({"size": {**size, "issue_size": size}}, None, ft))
+    assert "| verification | vt | 2048 | 24 | 0.500 | 0.250 | +0.250 [+0.100, +0.400] | significant |" in text
+    assert "| verification - random | vt | 2048 | 24 | -0.050 [-0.200, +0.100] | not significant |" in text
+    assert "| verification | 300 | 2.6000 | 2.1000 | 2.5500 | 2.0000 | 52.3 |" in text
+    assert "bench/heavy.sh x --finetune" in text

@@ -161,6 +161,10 @@ def _size_note(result: dict[str, Any]) -> str:
             f"({per} here).")
 
 
+def _sig(c: dict[str, Any]) -> str:
+    return "significant" if c["low"] > 0 or c["high"] < 0 else "not significant"
+
+
 def finetune_text(result: dict[str, Any], timing: dict[str, Any] | None,
                   finetune: dict[str, Any] | None) -> list[str]:
     """The page's lines on item 4 (does the data help?): the stored comparison, or what was not run and
@@ -180,9 +184,27 @@ def finetune_text(result: dict[str, Any], timing: dict[str, Any] | None,
             "|---|---|---|---|---|---|---|---|",
         ]
         for c in finetune["cells"]:
-            sig = "significant" if c["low"] > 0 or c["high"] < 0 else "not significant"
             lines.append(f"| {c['variant']} | {c['task']} | {c['length']} | {c['n']} | {c['adapter']:.3f} | "
-                         f"{c['base']:.3f} | {c['diff']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] | {sig} |")
+                         f"{c['base']:.3f} | {c['diff']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] | "
+                         f"{_sig(c)} |")
+        pairs = finetune.get("pairs") or []
+        if pairs:
+            lines += ["", "Verified data against the other variants' data (the two adapters on the same "
+                      "samples, [95% paired bootstrap]):", "",
+                      "| adapters | task | length | n | difference | |", "|---|---|---|---|---|---|"]
+            for c in pairs:
+                lines.append(f"| {c['variant']} - {c['other']} | {c['task']} | {c['length']} | {c['n']} | "
+                             f"{c['diff']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] | {_sig(c)} |")
+        training = finetune.get("training") or {}
+        if training:
+            lines += ["", "Training (from each adapter's record): language-model loss on the 4 held-out "
+                      "sequences before and after, and the time per step on this machine.", "",
+                      "| data variant | steps | held-out loss before | after | training loss, first 10% | "
+                      "last 10% | s per step |", "|---|---|---|---|---|---|---|"]
+            for v, t in training.items():
+                lines.append(f"| {v} | {t['steps_done']} | {t['heldout_loss_before']:.4f} | "
+                             f"{t['heldout_loss_after']:.4f} | {t['loss_first_10pct']:.4f} | "
+                             f"{t['loss_last_10pct']:.4f} | {t['seconds_per_step']:.1f} |")
         lines += ["", "```bash", finetune["command"], "```", ""]
         if not _full_size(result):
             lines += ["Not done here: the issue's full size (500 documents, 5k cards).", ""]
