@@ -207,6 +207,7 @@ def finetune_analysis(args: argparse.Namespace) -> dict[str, Any]:
     and each adapter's training record."""
     from longlab.eval.stats import paired_difference
     from longlab.eval.store import ResultStore
+    from longlab.safeio import read_json
 
     work = Path(args.ft_dir)
     store = ResultStore(str(work / "eval"))
@@ -217,36 +218,39 @@ def finetune_analysis(args: argparse.Namespace) -> dict[str, Any]:
     by_model: dict[str, dict[tuple[Any, ...], float]] = {}
     for r in rows:
         by_model.setdefault(r["model"], {})[(r["task"], r["length"], str(r["sample_id"]))] = float(r["score"])
+
+    def paired(mine: dict[tuple[Any, ...], float], theirs: dict[tuple[Any, ...], float]
+               ) -> list[tuple[str, int, list[float], list[float], Any]]:
+        """Per (task, length) of ``mine``: both models' scores on the samples they share, and
+        ``paired_difference`` of mine minus theirs."""
+        out = []
+        for task, length in sorted({k[:2] for k in mine}):
+            keys = sorted(k for k in mine if k[:2] == (task, length) and k in theirs)
+            if keys:
+                a, b = [mine[k] for k in keys], [theirs[k] for k in keys]
+                out.append((task, length, a, b, paired_difference(a, b)))
+        return out
+
     base = by_model.get(args.model, {})
     cells: list[dict[str, Any]] = []
     for v in VARIANTS:
-        mine = by_model.get(str(work / f"lora-{v}"), {})
-        for task, length in sorted({k[:2] for k in mine}):
-            keys = sorted(k for k in mine if k[:2] == (task, length) and k in base)
-            a, b = [mine[k] for k in keys], [base[k] for k in keys]
-            if not keys:
-                continue
-            d = paired_difference(a, b)
-            cells.append({"variant": v, "task": task, "length": length, "n": len(keys),
+        for task, length, a, b, d in paired(by_model.get(str(work / f"lora-{v}"), {}), base):
+            cells.append({"variant": v, "task": task, "length": length, "n": d.n,
                           "adapter": sum(a) / len(a), "base": sum(b) / len(b),
                           "diff": d.mean, "low": d.low, "high": d.high})
     pairs: list[dict[str, Any]] = []  # does verified data help more than the other variants' data?
     verified = by_model.get(str(work / "lora-verification"), {})
     for other in VARIANTS[1:]:
-        theirs = by_model.get(str(work / f"lora-{other}"), {})
-        for task, length in sorted({k[:2] for k in verified} & {k[:2] for k in theirs}):
-            keys = sorted(k for k in verified if k[:2] == (task, length) and k in theirs)
-            a, b = [verified[k] for k in keys], [theirs[k] for k in keys]
-            d = paired_difference(a, b)
+        for task, length, _, _, d in paired(verified, by_model.get(str(work / f"lora-{other}"), {})):
             pairs.append({"variant": "verification", "other": other, "task": task, "length": length,
-                          "n": len(keys), "diff": d.mean, "low": d.low, "high": d.high})
+                          "n": d.n, "diff": d.mean, "low": d.low, "high": d.high})
     training = {}
     for v in VARIANTS:
         manifest = work / f"lora-{v}" / "adapter.json"
         if manifest.is_file():
-            t = json.loads(manifest.read_text())["training"]
+            t = read_json(manifest, "--finetune", max_bytes=1 << 24)["training"]
             keep = ("steps_done", "seq_len", "lr", "seconds", "seconds_per_step", "loss_first_10pct",
-                    "loss_last_10pct", "heldout_loss_before", "heldout_loss_after")
+                    "loss_last_10pct", "heldout_sequences", "heldout_loss_before", "heldout_loss_after")
             training[v] = {k: t.get(k) for k in keep}
     return {"what": "LoRA fine-tunes on EntropyLong data variants vs the base model (issue 34 item 4)",
             "model": args.model,

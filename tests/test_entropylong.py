@@ -535,12 +535,48 @@ def test_page_finetune_block_renders_base_and_variant_pairs_with_their_significa
                      "low": 0.1, "high": 0.4}],
           "pairs": [{**cell, "variant": "verification", "other": "random", "diff": -0.05, "low": -0.2,
                      "high": 0.1}],
-          "training": {"verification": {"steps_done": 300, "heldout_loss_before": 2.6,
+          "training": {"verification": {"steps_done": 300, "heldout_sequences": 4, "heldout_loss_before": 2.6,
                                         "heldout_loss_after": 2.1, "loss_first_10pct": 2.55,
                                         "loss_last_10pct": 2.0, "seconds_per_step": 52.3}}}
     size = {"docs": 500, "cards": 5000}
     text = "\n".join(finetune_text({"size": {**size, "issue_size": size}}, None, ft))
     assert "| verification | vt | 2048 | 24 | 0.500 | 0.250 | +0.250 [+0.100, +0.400] | significant |" in text
     assert "| verification - random | vt | 2048 | 24 | -0.050 [-0.200, +0.100] | not significant |" in text
-    assert "| verification | 300 | 2.6000 | 2.1000 | 2.5500 | 2.0000 | 52.3 |" in text
+    assert "| verification | 300 | 4 | 2.6000 | 2.1000 | 2.5500 | 2.0000 | 52.3 |" in text
     assert "bench/heavy.sh x --finetune" in text
+
+
+@pytest.mark.parametrize("better", ["verification", "random"])
+def test_finetune_analysis_pairs_each_adapter_with_the_base_and_verification_with_the_others(
+        tmp_path, monkeypatch, better):
+    """bench/entropylong_truth.py's item-4 analysis on a hand-made store: the adapter that scores 1 where the
+    others score 0 comes out ahead of the base and (as verification - other) with the sign of the swap; only
+    samples both models ran are paired."""
+    import argparse
+    import runpy
+    import sys
+    from pathlib import Path
+
+    from longlab.eval.store import ResultStore
+
+    root = Path(__file__).resolve().parents[1]
+    work = tmp_path / "ft"
+    models = {"smollm2-135m": 0.0, **{str(work / f"lora-{v}"): 1.0 if v == better else 0.0
+                                      for v in ("verification", "retrieval", "random")}}
+    with ResultStore(work / "eval") as store:
+        store.add_many([{"model": m, "recipe": "full", "method": "full", "task": "vt", "length": 2048,
+                         "sample_id": f"vt-{i}", "score": s}
+                        for m, s in models.items() for i in range(6 if m.endswith("random") else 8)])
+    monkeypatch.syspath_prepend(str(root / "bench"))
+    monkeypatch.setattr(sys, "argv", ["entropylong_truth.py"])
+    mod = runpy.run_path(str(root / "bench" / "entropylong_truth.py"))
+    args = argparse.Namespace(ft_dir=str(work), model="smollm2-135m", ft_docs=2, ft_cards=2, ft_steps=3,
+                              ft_seq_len=64, ft_samples=8)
+    out = mod["finetune_analysis"](args)
+    cells = {c["variant"]: c for c in out["cells"]}
+    assert cells[better]["diff"] == pytest.approx(1.0) and cells[better]["low"] > 0
+    assert cells["retrieval"]["diff"] == 0.0 and cells["random"]["n"] == 6 and cells["verification"]["n"] == 8
+    pairs = {p["other"]: p for p in out["pairs"]}
+    assert pairs["random"]["n"] == 6
+    assert pairs["random"]["diff"] == pytest.approx(1.0 if better == "verification" else -1.0)
+    assert pairs["retrieval"]["diff"] == pytest.approx(1.0 if better == "verification" else 0.0)

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from ..stats import Difference
+
 __all__ = ["analyse", "finetune_text", "page", "render"]
 
 METHODS = ("verification", "retrieval-only", "random")
@@ -162,7 +164,13 @@ def _size_note(result: dict[str, Any]) -> str:
 
 
 def _sig(c: dict[str, Any]) -> str:
-    return "significant" if c["low"] > 0 or c["high"] < 0 else "not significant"
+    """A stored paired difference's verdict, by the one rule (``Difference.significant``)."""
+    d = Difference(mean=c["diff"], low=c["low"], high=c["high"], n=c["n"])
+    return "significant" if d.significant else "not significant"
+
+
+def _loss(x: float | None) -> str:
+    return "—" if x is None else f"{x:.4f}"
 
 
 def finetune_text(result: dict[str, Any], timing: dict[str, Any] | None,
@@ -197,14 +205,16 @@ def finetune_text(result: dict[str, Any], timing: dict[str, Any] | None,
                              f"{c['diff']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] | {_sig(c)} |")
         training = finetune.get("training") or {}
         if training:
-            lines += ["", "Training (from each adapter's record): language-model loss on the 4 held-out "
-                      "sequences before and after, and the time per step on this machine.", "",
-                      "| data variant | steps | held-out loss before | after | training loss, first 10% | "
-                      "last 10% | s per step |", "|---|---|---|---|---|---|---|"]
+            lines += ["", "Training (from each adapter's record): language-model loss on the held-out "
+                      "sequences before and after, and the time per step on the machine that trained it.", "",
+                      "| data variant | steps | held-out sequences | held-out loss before | after | "
+                      "training loss, first 10% | last 10% | s per step |",
+                      "|---|---|---|---|---|---|---|---|"]
             for v, t in training.items():
-                lines.append(f"| {v} | {t['steps_done']} | {t['heldout_loss_before']:.4f} | "
-                             f"{t['heldout_loss_after']:.4f} | {t['loss_first_10pct']:.4f} | "
-                             f"{t['loss_last_10pct']:.4f} | {t['seconds_per_step']:.1f} |")
+                lines.append(f"| {v} | {t['steps_done']} | {t.get('heldout_sequences', '?')} | "
+                             f"{_loss(t['heldout_loss_before'])} | {_loss(t['heldout_loss_after'])} | "
+                             f"{_loss(t['loss_first_10pct'])} | {_loss(t['loss_last_10pct'])} | "
+                             f"{t['seconds_per_step']:.1f} |")
         lines += ["", "```bash", finetune["command"], "```", ""]
         if not _full_size(result):
             lines += ["Not done here: the issue's full size (500 documents, 5k cards).", ""]
