@@ -409,6 +409,36 @@ def test_repair_json_keeps_the_complete_items_of_a_cut_reply():
     assert backend.stats.json_repaired == 1 and backend.stats.json_failures == 0
 
 
+def test_repair_json_fills_a_required_array_the_cut_reply_never_reached():
+    """Gemma-3-270M's extraction repeats entities until max_tokens, so ``relations`` is never written: the
+    repaired value keeps the finished entities and an empty relations list; a required array that must
+    not be empty, or a required non-array, is not invented."""
+    from longlab.memory.backend import repair_json
+    from longlab.memory.hgmem import EXTRACT_SCHEMA
+
+    cut = (
+        '{"entities": [{"name": "Tanlorfen", "type": "person", "description": "Sailboat owner"}, '
+        '{"name": "Lorin", "type": "person", "description": "Sail'
+    )
+    assert repair_json(cut, EXTRACT_SCHEMA) == {
+        "entities": [{"name": "Tanlorfen", "type": "person", "description": "Sailboat owner"}],
+        "relations": [],
+    }
+    need_one = {
+        "type": "object",
+        "properties": {"a": {"type": "array", "items": {"type": "integer"}},
+                       "b": {"type": "array", "minItems": 1, "items": {"type": "integer"}}},
+        "required": ["a", "b"],
+    }
+    assert repair_json('{"a": [1, 2, 3', need_one) is None
+    need_str = {
+        "type": "object",
+        "properties": {"a": {"type": "array", "items": {"type": "integer"}}, "s": {"type": "string"}},
+        "required": ["a", "s"],
+    }
+    assert repair_json('{"a": [1, 2, 3', need_str) is None
+
+
 def test_minilm_embedder_missing_package_is_a_clear_error(monkeypatch):
     import importlib.util
 

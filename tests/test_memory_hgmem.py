@@ -20,7 +20,15 @@ from longlab.memory import (
     VectorIndex,
     chunk_text,
 )
-from longlab.memory.hgmem import EXTRACT_SCHEMA, answer_messages
+from longlab.memory.hgmem import (
+    EVOLVE_INSTRUCTION,
+    EXTRACT_SCHEMA,
+    MERGE_INSTRUCTION,
+    PLAN_INSTRUCTION,
+    Trace,
+    answer_messages,
+    copies_instruction,
+)
 from longlab.memory.runner import parse_system, run_systems
 from longlab.tasks.longdoc import load_memory_jsonl, longdoc_multihop
 
@@ -143,7 +151,7 @@ class Scripted:
             return json.dumps(
                 {"decision": "local", "point_ids": [0], "subquery": "Quartz Foundry headquarters"}
             )
-        if "should be merged" in p:
+        if "should become one point" in p:
             ids = [int(i) for i in re.findall(r"^\[(\d+)\]", p, re.M)]
             return json.dumps(
                 {
@@ -215,6 +223,68 @@ def test_hgmem_answer_is_wrong_when_the_loop_cannot_take_the_second_hop(tokenize
         "In which city is the main office of the employer of Alma Larkspur?"
     )
     assert text != "Velstead" and len(record["trace"]["rounds"]) == 1
+
+
+def test_copies_instruction_flags_echoes_of_the_request_not_facts():
+    assert copies_instruction("one sentence taken from the retrieved text", EVOLVE_INSTRUCTION)
+    assert copies_instruction("  Its new description. ", EVOLVE_INSTRUCTION)  # case and punctuation aside
+    assert copies_instruction("", EVOLVE_INSTRUCTION) and copies_instruction(" ", MERGE_INSTRUCTION)
+    assert not copies_instruction("Alma Larkspur works for the Quartz Foundry", EVOLVE_INSTRUCTION)
+    assert not copies_instruction("one sentence taken from the text", EVOLVE_INSTRUCTION)  # not a run of it
+    assert copies_instruction("what to look up next", PLAN_INSTRUCTION)
+    # the loop's instructions carry no sample value a model could copy as a fact
+    for text in (PLAN_INSTRUCTION, EVOLVE_INSTRUCTION, MERGE_INSTRUCTION):
+        assert '"' not in text and "a fact" not in text
+
+
+class Echoing(Scripted):
+    """The scripted model, plus, in every evolve reply, one insert and one update per memory point that
+    echo the instruction, and a sub-query that echoes it (as SmolLM2 and Gemma-3-270M echoed the former
+    sample values)."""
+
+    def chat(self, messages, *, max_tokens=256, json_schema=None, temperature=0.0):
+        p = messages[-1]["content"]
+        if "Is the memory enough" in p:
+            self.prompts.append(p)
+            return json.dumps({"decision": "global", "point_ids": [], "subquery": "what to look up next"})
+        out = super().chat(messages, max_tokens=max_tokens, json_schema=json_schema, temperature=temperature)
+        if "Record what" in p:
+            ops = json.loads(out.split(": ", 1)[1])
+            ops["insert"].append(
+                {"objects": ["Alma Larkspur"], "description": "In one sentence taken from the retrieved text"}
+            )
+            ids = [int(i) for i in re.findall(r"^\[(\d+)\]", p.split("Retrieved:")[0], re.M)]
+            ops["update"] = [{"id": i, "description": "its new description."} for i in ids]
+            out = json.dumps(ops)
+        return out
+
+
+def test_echoed_descriptions_and_subqueries_are_dropped_and_counted(tokenizer):
+    backend = Echoing()
+    index = _index(backend, tokenizer)
+    cfg = HGMemConfig(chunk_tokens=120, overlap=60, top_chunks=2, top_entities=4, max_rounds=2)
+    question = "In which city is the main office of the employer of Alma Larkspur?"
+    memory, trace = HGMem(backend, index, cfg, tokenizer=tokenizer).run_memory(question)
+    assert [p.description for p in memory.points.values()] == ["Alma Larkspur works for the Quartz Foundry."]
+    assert trace.rounds[1]["subquery"] == question  # the echoed sub-query fell back to the question
+    assert [r["inserted"] for r in trace.rounds] == [1, 1] and [r["updated"] for r in trace.rounds] == [0, 0]
+    assert trace.instruction_copies == 4  # 2 inserts, 1 update (round 1 has a point), 1 sub-query
+    # without echoes nothing is dropped
+    _, clean = HGMem(Scripted(), index, cfg, tokenizer=tokenizer).run_memory(question)
+    assert clean.instruction_copies == 0
+
+
+def test_an_echoed_merge_is_dropped_and_a_real_one_applied():
+    m = HypergraphMemory()
+    a = m.insert(["ALICE", "ACME"], "Alice works at Acme", [0])
+    b = m.insert(["ACME", "PARIS"], "Acme is in Paris", [1])
+    trace = Trace()
+    echoed = {"merge": [{"ids": [a, b], "description": "The fact they make together."}]}
+    assert HGMem.merge(m, echoed, trace) == 0
+    assert sorted(m.points) == [a, b] and trace.instruction_copies == 1
+    real = {"merge": [{"ids": [a, b], "description": "Alice works at Acme in Paris"}]}
+    assert HGMem.merge(m, real, trace) == 1
+    assert len(m.points) == 1 and trace.instruction_copies == 1
 
 
 def test_rag_answer_sees_top_k_chunks_only(tokenizer):

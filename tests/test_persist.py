@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import asdict
 from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
@@ -14,6 +15,7 @@ import torch
 from longlab.errors import LonglabError
 from longlab.memory import persist as P
 from longlab.memory.backend import check_base_url
+from longlab.memory.hgmem import PROMPTS_VERSION
 
 
 def test_render_memories_byte_exact_and_placeholder_rule():
@@ -287,9 +289,20 @@ def test_persist_hgmem_default_configuration_is_the_one_old_rows_were_built_with
     cfg = P.persist_hgmem_config()
     assert (cfg.max_rounds, cfg.top_chunks, cfg.extract_tokens, cfg.plan_tokens, cfg.evolve_tokens,
             cfg.merge_tokens) == (2, 2, 128, 96, 128, 128)
-    P._check_same_hgmem_config([{"extra": {}}], cfg, "d")  # a legacy row pairs with the default
+    current = {"extra": {"hgmem_prompts": PROMPTS_VERSION}}  # no config recorded: the default
+    P._check_same_hgmem_config([current], cfg, "d")
     with pytest.raises(LonglabError, match="another HGMem configuration"):
-        P._check_same_hgmem_config([{"extra": {}}], P.persist_hgmem_config(max_rounds=3), "d")
+        P._check_same_hgmem_config([current], P.persist_hgmem_config(max_rounds=3), "d")
+
+
+def test_persist_hgmem_rows_of_other_instructions_are_refused():
+    """Rows built with the former instructions (no recorded version: version 1, whose sample values small
+    models copied into every point) do not pair with rows of the current ones."""
+    cfg = P.persist_hgmem_config()
+    assert PROMPTS_VERSION == 2
+    for old in ({"extra": {}}, {"extra": {"hgmem_prompts": 1, "hgmem_config": asdict(cfg)}}):
+        with pytest.raises(LonglabError, match="version 1 of HGMem's instructions \\(now 2\\)"):
+            P._check_same_hgmem_config([old], cfg, "d")
 
 
 def test_memory_run_and_persist_share_the_hgmem_flags_and_their_checks(tmp_path, capsys, monkeypatch):

@@ -220,7 +220,9 @@ def repair_json(text: str, schema: dict, max_cuts: int = 400) -> Any | None:
     """The longest complete prefix of an unfinished JSON value in ``text`` that is valid under ``schema``,
     or ``None``: cut after the last complete element (at a ``,`` or after a closing bracket, outside
     strings), close the open brackets, parse, validate; earlier cuts are tried until one is valid (at most
-    ``max_cuts``). A small model's extraction that runs past ``max_tokens`` keeps its finished items."""
+    ``max_cuts``). A small model's extraction that runs past ``max_tokens`` keeps its finished items; a
+    required array property of the top-level object that the cut reply never reached (``relations`` after
+    a long ``entities``) is filled with ``[]`` when the schema lets it be empty."""
     start = next((i for i, ch in enumerate(text) if ch in "{["), None)
     if start is None:
         return None
@@ -253,12 +255,24 @@ def repair_json(text: str, schema: dict, max_cuts: int = 400) -> Any | None:
     else:
         for end, closing in reversed(cuts[-max_cuts:]):
             try:
-                value = json.loads(text[start:end] + closing)
+                value = _fill_unreached_arrays(json.loads(text[start:end] + closing), schema)
                 validate_json(value, schema)
                 return value
             except ValueError:
                 continue
     return None
+
+
+def _fill_unreached_arrays(value: Any, schema: dict) -> Any:
+    """``value`` with the top-level object's missing required array properties (minItems 0) set to
+    ``[]`` (for :func:`repair_json`: a cut reply never reached them)."""
+    if isinstance(value, dict) and schema.get("type") == "object":
+        props = schema.get("properties", {})
+        for key in schema.get("required", []):
+            sub = props.get(key, {})
+            if key not in value and sub.get("type") == "array" and sub.get("minItems", 0) == 0:
+                value[key] = []
+    return value
 
 
 def response_format_of(schema: dict, name: str = "output") -> dict:

@@ -28,6 +28,7 @@ the baselines of :mod:`longlab.memory.rag`.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -87,6 +88,45 @@ EXTRACT_PROMPT = (
     'JSON {{"entities": [{{"name", "type", "description"}}], "relations": [{{"source", "target", '
     '"description"}}]}}.\nText: {chunk}'
 )
+#: version of the loop's instructions, recorded with every row so rows of two versions never pair (1: the
+#: instructions up to commit 53ea4fc, with sample values in their JSON; 2: the ones below)
+PROMPTS_VERSION = 2
+# The loop's instructions say what each JSON field holds in words and give no sample values: small models
+# copy a sample value verbatim (with the former `"description": "a fact"` every point Gemma-3-270M and
+# SmolLM2 wrote was "a fact" or "rewritten fact"). A description that repeats these instructions is dropped
+# (:func:`copies_instruction`) and counted in the trace.
+PLAN_INSTRUCTION = (
+    "Is the memory enough to answer the question? Reply with a JSON object. Its field decision is stop when "
+    "the memory answers the question, local to look closer at some memory points, or global to search the "
+    "whole text again. Its field point_ids lists the ids of the memory points to look closer at (for "
+    "local). Its field subquery says in your own words what to look up next."
+)
+EVOLVE_INSTRUCTION = (
+    "Record what the retrieved text says that helps answer the question. Reply with a JSON object. Its "
+    "field insert lists new memory points; each names the entities it links (objects) and states, in one "
+    "sentence taken from the retrieved text, what it says about them (description). Its field update "
+    "lists memory points to rewrite with what the retrieved text adds; each gives the point's id and its "
+    "new description. Leave a list empty when there is nothing for it."
+)
+MERGE_INSTRUCTION = (
+    "Which memory points describe one connected fact and should become one point? Reply with a JSON "
+    "object. Its field merge lists the groups to merge; each gives the ids of two or more points and, in "
+    "one sentence, the fact they make together (description). Leave the list empty when no points belong "
+    "together."
+)
+
+
+def _words(text: str) -> str:
+    return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
+
+
+def copies_instruction(description: str, instruction: str) -> bool:
+    """Whether ``description`` is empty or a run of ``instruction``'s own words (a small model echoing the
+    request instead of stating a fact from the text), compared lower-case on letters and digits."""
+    d = _words(description)
+    return not d or f" {d} " in f" {_words(instruction)} "
+
+
 PLAN_SCHEMA: dict = {
     "type": "object",
     "properties": {
@@ -307,6 +347,7 @@ class Trace:
     points: int = 0
     answer_chunks: int = 0
     json_failures: int = 0
+    instruction_copies: int = 0  # descriptions / sub-queries dropped by :func:`copies_instruction`
 
 
 class HGMem:
@@ -376,10 +417,7 @@ class HGMem:
                 decision, pids, sub = "global", [], question
             else:
                 plan = self._json(
-                    f"Question: {question}\nMemory points:\n{memory.render()}\n\nIs the memory enough to "
-                    f'answer? Reply with JSON {{"decision": "stop" | "local" | "global", "point_ids": '
-                    f'[ids of memory points to investigate, for local], "subquery": "what to look up '
-                    f'next"}}.',
+                    f"Question: {question}\nMemory points:\n{memory.render()}\n\n{PLAN_INSTRUCTION}",
                     PLAN_SCHEMA,
                     cfg.plan_tokens,
                     trace,
@@ -388,7 +426,10 @@ class HGMem:
                     step["decision"] = "stop" if plan else "stop (no valid plan)"
                     trace.rounds.append(step)
                     break
-                decision, sub = plan["decision"], plan["subquery"].strip() or question
+                decision, sub = plan["decision"], plan["subquery"].strip()
+                if copies_instruction(sub, PLAN_INSTRUCTION):
+                    trace.instruction_copies += bool(sub)
+                    sub = question
                 pids = [p for p in plan["point_ids"] if p in memory.points]
                 if decision == "local" and not pids:
                     decision = "global"
@@ -400,38 +441,44 @@ class HGMem:
             )
             evolve = self._json(
                 f"Question: {question}\nSub-query: {sub}\nMemory points:\n{memory.render()}\n\nRetrieved:\n"
-                f"{self.context_of(ents, chunks)}\n\nRecord what the retrieved text says that helps answer. "
-                f'Reply with JSON {{"insert": [{{"objects": [entity names], "description": "a fact"}}], '
-                f'"update": [{{"id": memory point id, "description": "rewritten fact"}}]}}.',
+                f"{self.context_of(ents, chunks)}\n\n{EVOLVE_INSTRUCTION}",
                 EVOLVE_SCHEMA,
                 cfg.evolve_tokens,
                 trace,
             )
             if evolve is not None:
-                step["inserted"], step["updated"] = self.evolve(memory, evolve, chunks)
+                step["inserted"], step["updated"] = self.evolve(memory, evolve, chunks, trace)
             if len(memory) >= 2:
                 merge = self._json(
-                    f"Question: {question}\nMemory points:\n{memory.render()}\n\nWhich points describe one "
-                    f'connected fact and should be merged? Reply with JSON {{"merge": [{{"ids": [two or '
-                    f'more ids], "description": "the merged fact"}}]}} (an empty list if none).',
+                    f"Question: {question}\nMemory points:\n{memory.render()}\n\n{MERGE_INSTRUCTION}",
                     MERGE_SCHEMA,
                     cfg.merge_tokens,
                     trace,
                 )
                 if merge is not None:
-                    step["merged"] = self.merge(memory, merge)
+                    step["merged"] = self.merge(memory, merge, trace)
             trace.rounds.append(step)
         trace.points = len(memory)
         return memory, trace
 
-    def evolve(self, memory: HypergraphMemory, ops: dict, chunks: list[int]) -> tuple[int, int]:
+    def evolve(
+        self, memory: HypergraphMemory, ops: dict, chunks: list[int], trace: Trace | None = None
+    ) -> tuple[int, int]:
         """Apply insert/update operations; entities new to the graph are added to it and to the entity index.
-        A point's chunks are the retrieved chunks that mention one of its objects (else all retrieved)."""
+        A point's chunks are the retrieved chunks that mention one of its objects (else all retrieved).
+        A description that echoes the instruction (:func:`copies_instruction`) is dropped and counted."""
         graph = self.index.graph
         inserted = updated = 0
+
+        def echoed(description: str) -> bool:
+            bad = copies_instruction(description, EVOLVE_INSTRUCTION)
+            if bad and trace is not None and description.strip():
+                trace.instruction_copies += 1
+            return bad
+
         for op in ops["insert"]:
             names = [n for n in (norm_name(o) for o in op["objects"]) if n]
-            if not names or not op["description"].strip():
+            if not names or echoed(op["description"]):
                 continue
             new = [n for n in names if n not in graph.entities]
             for n in new:
@@ -442,17 +489,23 @@ class HGMem:
             memory.insert(names, op["description"], support or chunks)
             inserted += 1
         for op in ops["update"]:
-            if op["id"] in memory.points and op["description"].strip():
+            if op["id"] in memory.points and not echoed(op["description"]):
                 memory.update(op["id"], op["description"], chunks=chunks)
                 updated += 1
         return inserted, updated
 
     @staticmethod
-    def merge(memory: HypergraphMemory, ops: dict) -> int:
+    def merge(memory: HypergraphMemory, ops: dict, trace: Trace | None = None) -> int:
+        """Apply merge operations (two or more known ids each); an echoed description is dropped and
+        counted."""
         done = 0
         for op in ops["merge"]:
             ids = [i for i in dict.fromkeys(op["ids"]) if i in memory.points]
-            if len(ids) >= 2 and op["description"].strip():
+            if copies_instruction(op["description"], MERGE_INSTRUCTION):
+                if trace is not None and op["description"].strip():
+                    trace.instruction_copies += 1
+                continue
+            if len(ids) >= 2:
                 memory.merge(ids, op["description"])
                 done += 1
         return done

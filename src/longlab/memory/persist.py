@@ -683,7 +683,8 @@ def hgmem_memories(
     HGMem's extraction and its plan → retrieve → evolve → merge loop run for ``query``
     (:class:`longlab.memory.hgmem.HGMem`), and its memory points, one string each (the point's
     description; HGMem's answer context would add the supporting chunks, which here are the raw memories
-    themselves). Returns ``(points, {"points", "entities", "rounds", "json_failures"})``."""
+    themselves). Returns ``(points, info)``, info with ``points``, ``entities``, ``rounds``, ``json_failures``
+    and ``instruction_copies``."""
     from .hgmem import DocumentIndex, HGMem, HGMemConfig
 
     cfg = (config or HGMemConfig()).check()
@@ -696,6 +697,7 @@ def hgmem_memories(
         "entities": len(index.graph.entities),
         "rounds": len(trace.rounds),
         "json_failures": trace.json_failures + index.extract_failures,
+        "instruction_copies": trace.instruction_copies,
     }
     return points, info
 
@@ -718,13 +720,22 @@ def persist_hgmem_config(**overrides: int) -> Any:
 
 def _check_same_hgmem_config(rows: list[dict[str, Any]], cfg: Any, out_dir: str) -> None:
     """Refuse to add rows built with ``cfg`` to a store whose ``hgmem-memories`` rows were built with
-    another HGMem configuration (rows written before the configuration was recorded count as
-    :func:`persist_hgmem_config`'s defaults, the only one the command had then)."""
+    another HGMem configuration or another version of HGMem's instructions (rows written before the
+    configuration was recorded count as :func:`persist_hgmem_config`'s defaults, the only one the command
+    had then; rows without an instructions version have version 1)."""
     from dataclasses import asdict
+
+    from .hgmem import PROMPTS_VERSION
 
     want = asdict(cfg)
     legacy = asdict(persist_hgmem_config())
     for r in rows:
+        version = (r.get("extra") or {}).get("hgmem_prompts", 1)
+        if version != PROMPTS_VERSION:
+            raise LonglabError(
+                f"{out_dir}: its hgmem-memories rows were built with version {version} of HGMem's "
+                f"instructions (now {PROMPTS_VERSION}); they would not pair: give another --out"
+            )
         have = (r.get("extra") or {}).get("hgmem_config") or legacy
         if have != want:
             diff = ", ".join(f"{k}={have.get(k)} (now {v})" for k, v in want.items() if have.get(k) != v)
@@ -760,6 +771,7 @@ def run_memory_safety_hgmem(
     from ..eval.store import ResultStore
     from ..models import load_model
     from .embed import HashEmbedder
+    from .hgmem import PROMPTS_VERSION
 
     for k in kinds:
         check_choice("--kinds", k, ("leakage", "sycophancy"))
@@ -793,6 +805,7 @@ def run_memory_safety_hgmem(
                     "n_memories": len(points),
                     "hgmem": info,
                     "hgmem_config": asdict(cfg),
+                    "hgmem_prompts": PROMPTS_VERSION,
                     "hgmem_points": points,
                     "prefill_s": built,
                 }

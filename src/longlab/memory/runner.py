@@ -26,7 +26,7 @@ from ..errors import LonglabError, shorten
 from ..tasks.registry import score_sample
 from ..tasks.sample import Sample
 from .backend import ChatBackend, LocalBackend
-from .hgmem import DocumentIndex, HGMem, HGMemConfig
+from .hgmem import PROMPTS_VERSION, DocumentIndex, HGMem, HGMemConfig
 
 __all__ = ["parse_system", "run_systems", "SYSTEM_KINDS", "MAX_SAMPLES"]
 
@@ -107,7 +107,9 @@ def run_systems(
             raise LonglabError(f"system {spec} needs the local engine (--model NAME), not an endpoint")
     tokenizer = tokenizer if tokenizer is not None else getattr(backend, "tokenizer", None)
     say = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    chash = config_hash({"hgmem": asdict(cfg), "embedder": type(embedder).__name__})
+    chash = config_hash(
+        {"hgmem": asdict(cfg), "embedder": type(embedder).__name__, "prompts": PROMPTS_VERSION}
+    )
     rows: list[dict[str, Any]] = []
     for group in _groups(samples):
         doc = group[0].context
