@@ -96,6 +96,23 @@ def test_persist_verdict_over_hgmem_gives_rates_and_both_paired_differences(tmp_
     assert "HGMem − no memories = +5.0 pp [+0.0, +15.0] (not significant)" in via
 
 
+def test_persist_verdict_says_which_hgmem_instructions_built_the_rows() -> None:
+    """Version-1 rows (no recorded version): how many points are the former sample values (any case and
+    punctuation); version-2 rows: how many echoed descriptions were dropped."""
+    v1 = [
+        {"extra": {"hgmem_points": ["A fact.", "rewritten fact", "Tanlorfen is a sailboat"]}},
+        {"extra": {"hgmem_points": ["the merged fact"]}},
+    ]
+    note = M._instructions_note(v1)
+    assert note.startswith("built with version 1 of HGMem's instructions: 3 of its 4 points"), note
+    v2 = [
+        {"extra": {"hgmem_prompts": 2, "hgmem": {"instruction_copies": 2}, "hgmem_points": ["a fact"]}},
+        {"extra": {"hgmem_prompts": 2, "hgmem": {"instruction_copies": 1}, "hgmem_points": []}},
+    ]
+    note = M._instructions_note(v2)
+    assert note == "built with version 2 of HGMem's instructions; 3 echoed descriptions dropped", note
+
+
 def test_missing_stores_say_so_and_pages_are_registered(tmp_path: Path) -> None:
     for render in (M.render_hgmem, M.render_cdic, M.render_persist):
         assert all("No committed results" in v for v in render(tmp_path, False).values())

@@ -91,6 +91,8 @@ EXTRACT_PROMPT = (
 #: version of the loop's instructions, recorded with every row so rows of two versions never pair (1: the
 #: instructions up to commit 53ea4fc, with sample values in their JSON; 2: the ones below)
 PROMPTS_VERSION = 2
+#: the sample values of the version-1 instructions' JSON, which small models copied as their facts
+V1_SAMPLE_VALUES = ("a fact", "rewritten fact", "the merged fact")
 # The loop's instructions say what each JSON field holds in words and give no sample values: small models
 # copy a sample value verbatim (with the former `"description": "a fact"` every point Gemma-3-270M and
 # SmolLM2 wrote was "a fact" or "rewritten fact"). A description that repeats these instructions is dropped
@@ -117,6 +119,7 @@ MERGE_INSTRUCTION = (
 
 
 def _words(text: str) -> str:
+    """``text`` lower-case, letters and digits only, words joined by one space."""
     return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
 

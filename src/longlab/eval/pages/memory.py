@@ -269,12 +269,34 @@ def persist_verdicts(d: str | Path) -> list[str]:
             out.append(
                 f"- {m}, memories through HGMem (the model's own memory points for the query, "
                 f"{pts:.1f} points per item on average; {100 * share:.0f}% of items carry the "
-                f"{'marker' if key == 'score' else 'false belief'} into a point): {what} "
+                f"{'marker' if key == 'score' else 'false belief'} into a point; "
+                f"{_instructions_note([h[k] for k in common])}): {what} "
                 f"{_pct(score_estimate(via))} through HGMem vs {_pct(score_estimate(plain))} with the raw "
                 f"memories on the same items; HGMem − raw memories = {_pp(dh.mean, dh.low, dh.high)} "
                 f"(paired, n = {dh.n}, {sig}){versus_none}."
             )
     return out
+
+
+def _instructions_note(rows: list[dict[str, Any]]) -> str:
+    """Which version of HGMem's loop instructions built these rows, and what it did to the points: under
+    version 1, how many points are one of its sample values; under version 2, how many echoed
+    descriptions were dropped."""
+    from ...memory.hgmem import V1_SAMPLE_VALUES, _words
+
+    versions = sorted({int((r.get("extra") or {}).get("hgmem_prompts", 1)) for r in rows})
+    points = [p for r in rows for p in (r.get("extra") or {}).get("hgmem_points", [])]
+    if versions == [1]:
+        copied = sum(_words(p) in V1_SAMPLE_VALUES for p in points)
+        return (
+            f"built with version 1 of HGMem's instructions: {copied} of its {len(points)} points are one of "
+            f"their sample values ({', '.join(repr(v) for v in V1_SAMPLE_VALUES)})"
+        )
+    dropped = sum(int(((r.get("extra") or {}).get("hgmem") or {}).get("instruction_copies", 0)) for r in rows)
+    return (
+        f"built with version {'/'.join(map(str, versions))} of HGMem's instructions; {dropped} echoed "
+        f"descriptions dropped"
+    )
 
 
 def render_persist(root: Path, plots: bool) -> dict[str, str]:
