@@ -438,4 +438,5 @@ def test_page_is_generated_from_the_stored_rows(tokenizer, tmp_path):
     low, high = wilson_interval(int(sum(hg)), len(hg))
     assert f"| hgmem | {sum(hg) / len(hg):.3f} [{low:.3f}, {high:.3f}] | 4 |" in text
     assert "| hgmem - rag:k=1 |" in text and "hgmem internals:" in text
+    assert "HGMem's instructions: version 2, 0 echoed descriptions or sub-queries dropped." in text
     assert main(["memory", "page", str(tmp_path / "missing"), "--out", str(out)]) == 2

@@ -109,6 +109,8 @@ def page_markdown(
                 points = _mean([float(e["trace"].get("points", 0)) for e in hg])
                 jf = sum(int(e["trace"].get("json_failures", 0)) for e in hg)
                 constrained = Counter(str(e.get("constrained")) for e in hg)
+                versions = sorted({int(e.get("hgmem_prompts", 1)) for e in hg})
+                copies = sum(int(e["trace"].get("instruction_copies", 0)) for e in hg)
                 out += [
                     f"{reference} internals: extraction gave no valid JSON for {failed} of {chunks} chunks "
                     f"({ents} entities in the graphs of {len(docs)} documents); loop calls without a valid "
@@ -116,7 +118,13 @@ def page_markdown(
                     f"{', '.join(f'{k} {v}' for k, v in sorted(decisions.items()))}; memory points at "
                     f"answer time: {points:.1f} on average; grammar-constrained decoding: "
                     f"{', '.join(f'{k} x{v}' for k, v in sorted(constrained.items()))} (False: parse and "
-                    f"retry).",
+                    f"retry); HGMem's instructions: version {'/'.join(map(str, versions))}"
+                    + (
+                        " (sample values in their JSON, which small models copy as facts)"
+                        if versions == [1]
+                        else f", {copies} echoed descriptions or sub-queries dropped"
+                    )
+                    + ".",
                     "",
                 ]
     if notes:

@@ -216,6 +216,7 @@ def run_systems(
                     "doc": s.metadata.get("doc"),
                     "backend": type(backend).__name__,
                     "embedder": type(embedder).__name__,
+                    "hgmem_prompts": PROMPTS_VERSION,
                     **offline,
                     **{
                         k: v for k, v in rec.items() if k in ("trace", "memory", "chunks", "stored", "pieces")
