@@ -118,7 +118,7 @@ MERGE_INSTRUCTION = (
 )
 
 
-def _words(text: str) -> str:
+def plain_words(text: str) -> str:
     """``text`` lower-case, letters and digits only, words joined by one space."""
     return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
@@ -126,8 +126,8 @@ def _words(text: str) -> str:
 def copies_instruction(description: str, instruction: str) -> bool:
     """Whether ``description`` is empty or a run of ``instruction``'s own words (a small model echoing the
     request instead of stating a fact from the text), compared lower-case on letters and digits."""
-    d = _words(description)
-    return not d or f" {d} " in f" {_words(instruction)} "
+    d = plain_words(description)
+    return not d or f" {d} " in f" {plain_words(instruction)} "
 
 
 PLAN_SCHEMA: dict = {

@@ -282,12 +282,12 @@ def _instructions_note(rows: list[dict[str, Any]]) -> str:
     """Which version of HGMem's loop instructions built these rows, and what it did to the points: under
     version 1, how many points are one of its sample values; under version 2, how many echoed
     descriptions were dropped."""
-    from ...memory.hgmem import V1_SAMPLE_VALUES, _words
+    from ...memory.hgmem import V1_SAMPLE_VALUES, plain_words
 
     versions = sorted({int((r.get("extra") or {}).get("hgmem_prompts", 1)) for r in rows})
     points = [p for r in rows for p in (r.get("extra") or {}).get("hgmem_points", [])]
     if versions == [1]:
-        copied = sum(_words(p) in V1_SAMPLE_VALUES for p in points)
+        copied = sum(plain_words(p) in V1_SAMPLE_VALUES for p in points)
         return (
             f"built with version 1 of HGMem's instructions: {copied} of its {len(points)} points are one of "
             f"their sample values ({', '.join(repr(v) for v in V1_SAMPLE_VALUES)})"
