@@ -25,6 +25,7 @@ from longlab.memory.hgmem import (
     EXTRACT_SCHEMA,
     MERGE_INSTRUCTION,
     PLAN_INSTRUCTION,
+    V1_SAMPLE_VALUES,
     Trace,
     answer_messages,
     copies_instruction,
@@ -226,21 +227,32 @@ def test_hgmem_answer_is_wrong_when_the_loop_cannot_take_the_second_hop(tokenize
 
 
 def test_copies_instruction_flags_echoes_of_the_request_not_facts():
-    assert copies_instruction("one sentence taken from the retrieved text", EVOLVE_INSTRUCTION)
+    assert copies_instruction("what the retrieved text says about them", EVOLVE_INSTRUCTION)
     assert copies_instruction("  Its new description. ", EVOLVE_INSTRUCTION)  # case and punctuation aside
     assert copies_instruction("", EVOLVE_INSTRUCTION) and copies_instruction(" ", MERGE_INSTRUCTION)
     assert not copies_instruction("Alma Larkspur works for the Quartz Foundry", EVOLVE_INSTRUCTION)
-    assert not copies_instruction("one sentence taken from the text", EVOLVE_INSTRUCTION)  # not a run of it
+    assert not copies_instruction("what the text says about them", EVOLVE_INSTRUCTION)  # not a run of it
     assert copies_instruction("what to look up next", PLAN_INSTRUCTION)
-    # the loop's instructions carry no sample value a model could copy as a fact
+    # the worked example, copied or remixed (Qwen2.5-0.5B did both), is an echo unless the data says it
+    data = "Question: What is the capital of Australia?\nRetrieved:\nUser is certain it is Sydney."
+    copy, remix = "Ines Marlo studied with Petr Danek.", "Petr Danek is the violinist of the Harrow Quartet"
+    assert copies_instruction(copy, EVOLVE_INSTRUCTION, data)
+    assert copies_instruction(remix, EVOLVE_INSTRUCTION, data)
+    assert not copies_instruction(remix, EVOLVE_INSTRUCTION)  # without the data only runs are caught
+    assert not copies_instruction(remix, EVOLVE_INSTRUCTION, data + " " + remix)  # the text says it
+    assert copies_instruction(copy, EVOLVE_INSTRUCTION, data + " " + copy)  # a verbatim run always is
+    assert not copies_instruction("The capital of Australia is Sydney.", EVOLVE_INSTRUCTION, data)
+    # no example words in the plan and merge instructions, and no sample value of version 1 anywhere
+    for text in (PLAN_INSTRUCTION, MERGE_INSTRUCTION):
+        assert '"' not in text and "'" not in text
     for text in (PLAN_INSTRUCTION, EVOLVE_INSTRUCTION, MERGE_INSTRUCTION):
-        assert '"' not in text and "a fact" not in text
+        assert not any(f'"{v}"' in text for v in V1_SAMPLE_VALUES)
 
 
 class Echoing(Scripted):
-    """The scripted model, plus, in every evolve reply, one insert and one update per memory point that
-    echo the instruction, and a sub-query that echoes it (as SmolLM2 and Gemma-3-270M echoed the former
-    sample values)."""
+    """The scripted model, plus, in every evolve reply, one insert that copies the instruction's example
+    and one update per memory point that echoes its words, and a sub-query that echoes the plan's (as
+    SmolLM2 and Gemma-3-270M echoed the version-1 sample values, and Qwen2.5-0.5B the example)."""
 
     def chat(self, messages, *, max_tokens=256, json_schema=None, temperature=0.0):
         p = messages[-1]["content"]
@@ -251,7 +263,7 @@ class Echoing(Scripted):
         if "Record what" in p:
             ops = json.loads(out.split(": ", 1)[1])
             ops["insert"].append(
-                {"objects": ["Alma Larkspur"], "description": "In one sentence taken from the retrieved text"}
+                {"objects": ["Alma Larkspur"], "description": "Ines Marlo studied with Petr Danek."}
             )
             ids = [int(i) for i in re.findall(r"^\[(\d+)\]", p.split("Retrieved:")[0], re.M)]
             ops["update"] = [{"id": i, "description": "its new description."} for i in ids]
@@ -438,5 +450,5 @@ def test_page_is_generated_from_the_stored_rows(tokenizer, tmp_path):
     low, high = wilson_interval(int(sum(hg)), len(hg))
     assert f"| hgmem | {sum(hg) / len(hg):.3f} [{low:.3f}, {high:.3f}] | 4 |" in text
     assert "| hgmem - rag:k=1 |" in text and "hgmem internals:" in text
-    assert "HGMem's instructions: version 2, 0 echoed descriptions or sub-queries dropped." in text
+    assert "HGMem's instructions: version 3, 0 echoed descriptions or sub-queries dropped." in text
     assert main(["memory", "page", str(tmp_path / "missing"), "--out", str(out)]) == 2

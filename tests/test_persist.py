@@ -299,9 +299,9 @@ def test_persist_hgmem_rows_of_other_instructions_are_refused():
     """Rows built with the former instructions (no recorded version: version 1, whose sample values small
     models copied into every point) do not pair with rows of the current ones."""
     cfg = P.persist_hgmem_config()
-    assert PROMPTS_VERSION == 2
-    for old in ({"extra": {}}, {"extra": {"hgmem_prompts": 1, "hgmem_config": asdict(cfg)}}):
-        with pytest.raises(LonglabError, match="version 1 of HGMem's instructions \\(now 2\\)"):
+    assert PROMPTS_VERSION == 3
+    for old, v in (({"extra": {}}, 1), ({"extra": {"hgmem_prompts": 2, "hgmem_config": asdict(cfg)}}, 2)):
+        with pytest.raises(LonglabError, match=f"version {v} of HGMem's instructions \\(now 3\\)"):
             P._check_same_hgmem_config([old], cfg, "d")
 
 

@@ -88,15 +88,15 @@ EXTRACT_PROMPT = (
     'JSON {{"entities": [{{"name", "type", "description"}}], "relations": [{{"source", "target", '
     '"description"}}]}}.\nText: {chunk}'
 )
-#: version of the loop's instructions, recorded with every row so rows of two versions never pair (1: the
-#: instructions up to commit 53ea4fc, with sample values in their JSON; 2: the ones below)
-PROMPTS_VERSION = 2
+#: version of the loop's instructions, recorded with every row so rows of two versions never pair. 1: the
+#: instructions up to commit 53ea4fc, sample values in their JSON ("a fact"), which SmolLM2 and Gemma-3-270M
+#: copied into every point; 2 (commits ef2cdcf-47cdf08): fields described in words, no example, after which
+#: Qwen2.5-0.5B replied with empty lists on all 37 persist items it ran; 3: the evolve step shows one worked
+#: example from another domain, as the official prompts do (Encyclomen/HGMem's evolve prompt shows a full
+#: sample output), and a copied example is dropped by :func:`copies_instruction`.
+PROMPTS_VERSION = 3
 #: the sample values of the version-1 instructions' JSON, which small models copied as their facts
 V1_SAMPLE_VALUES = ("a fact", "rewritten fact", "the merged fact")
-# The loop's instructions say what each JSON field holds in words and give no sample values: small models
-# copy a sample value verbatim (with the former `"description": "a fact"` every point Gemma-3-270M and
-# SmolLM2 wrote was "a fact" or "rewritten fact"). A description that repeats these instructions is dropped
-# (:func:`copies_instruction`) and counted in the trace.
 PLAN_INSTRUCTION = (
     "Is the memory enough to answer the question? Reply with a JSON object. Its field decision is stop when "
     "the memory answers the question, local to look closer at some memory points, or global to search the "
@@ -104,11 +104,16 @@ PLAN_INSTRUCTION = (
     "local). Its field subquery says in your own words what to look up next."
 )
 EVOLVE_INSTRUCTION = (
-    "Record what the retrieved text says that helps answer the question. Reply with a JSON object. Its "
-    "field insert lists new memory points; each names the entities it links (objects) and states, in one "
-    "sentence taken from the retrieved text, what it says about them (description). Its field update "
+    "Record what the retrieved text says that helps answer the question, as memory points. Reply with a "
+    "JSON object. Its field insert lists new memory points; each names the entities it links (objects) "
+    "and states in one sentence what the retrieved text says about them (description). Its field update "
     "lists memory points to rewrite with what the retrieved text adds; each gives the point's id and its "
-    "new description. Leave a list empty when there is nothing for it."
+    "new description. An example from another text: for the question 'Who taught the violinist of the "
+    "Harrow Quartet?' and the text 'The Harrow Quartet's violinist is Ines Marlo. Ines Marlo studied with "
+    "Petr Danek. It rained.', the reply is "
+    '{"insert": [{"objects": ["Harrow Quartet", "Ines Marlo"], "description": "The violinist of the '
+    'Harrow Quartet is Ines Marlo."}, {"objects": ["Ines Marlo", "Petr Danek"], "description": "Ines '
+    'Marlo studied with Petr Danek."}], "update": []}.'
 )
 MERGE_INSTRUCTION = (
     "Which memory points describe one connected fact and should become one point? Reply with a JSON "
@@ -123,11 +128,18 @@ def plain_words(text: str) -> str:
     return " ".join(re.findall(r"[a-z0-9]+", text.lower()))
 
 
-def copies_instruction(description: str, instruction: str) -> bool:
-    """Whether ``description`` is empty or a run of ``instruction``'s own words (a small model echoing the
-    request instead of stating a fact from the text), compared lower-case on letters and digits."""
+def copies_instruction(description: str, instruction: str, data: str | None = None) -> bool:
+    """Whether ``description`` echoes the request instead of stating a fact of the data: it is empty, or a
+    run of ``instruction``'s words, or (given the ``data`` the model was shown: question, memory,
+    retrieved text) every word of it occurs in ``instruction`` while some word of it occurs nowhere in
+    ``data`` (a copy or remix of the instruction's example). Compared lower-case on letters and digits."""
     d = plain_words(description)
-    return not d or f" {d} " in f" {plain_words(instruction)} "
+    if not d or f" {d} " in f" {plain_words(instruction)} ":
+        return True
+    if data is None:
+        return False
+    words = set(d.split())
+    return words <= set(plain_words(instruction).split()) and not words <= set(plain_words(data).split())
 
 
 PLAN_SCHEMA: dict = {
@@ -430,7 +442,7 @@ class HGMem:
                     trace.rounds.append(step)
                     break
                 decision, sub = plan["decision"], plan["subquery"].strip()
-                if copies_instruction(sub, PLAN_INSTRUCTION):
+                if copies_instruction(sub, PLAN_INSTRUCTION, f"{question}\n{memory.render()}"):
                     trace.instruction_copies += bool(sub)
                     sub = question
                 pids = [p for p in plan["point_ids"] if p in memory.points]
@@ -442,39 +454,49 @@ class HGMem:
             step.update(
                 decision=decision, subquery=sub[:200], point_ids=pids, entities=len(ents), chunks=list(chunks)
             )
-            evolve = self._json(
+            shown = (
                 f"Question: {question}\nSub-query: {sub}\nMemory points:\n{memory.render()}\n\nRetrieved:\n"
-                f"{self.context_of(ents, chunks)}\n\n{EVOLVE_INSTRUCTION}",
+                f"{self.context_of(ents, chunks)}"
+            )
+            evolve = self._json(
+                f"{shown}\n\n{EVOLVE_INSTRUCTION}",
                 EVOLVE_SCHEMA,
                 cfg.evolve_tokens,
                 trace,
             )
             if evolve is not None:
-                step["inserted"], step["updated"] = self.evolve(memory, evolve, chunks, trace)
+                step["inserted"], step["updated"] = self.evolve(memory, evolve, chunks, trace, shown)
             if len(memory) >= 2:
+                shown = f"Question: {question}\nMemory points:\n{memory.render()}"
                 merge = self._json(
-                    f"Question: {question}\nMemory points:\n{memory.render()}\n\n{MERGE_INSTRUCTION}",
+                    f"{shown}\n\n{MERGE_INSTRUCTION}",
                     MERGE_SCHEMA,
                     cfg.merge_tokens,
                     trace,
                 )
                 if merge is not None:
-                    step["merged"] = self.merge(memory, merge, trace)
+                    step["merged"] = self.merge(memory, merge, trace, shown)
             trace.rounds.append(step)
         trace.points = len(memory)
         return memory, trace
 
     def evolve(
-        self, memory: HypergraphMemory, ops: dict, chunks: list[int], trace: Trace | None = None
+        self,
+        memory: HypergraphMemory,
+        ops: dict,
+        chunks: list[int],
+        trace: Trace | None = None,
+        shown: str | None = None,
     ) -> tuple[int, int]:
         """Apply insert/update operations; entities new to the graph are added to it and to the entity index.
         A point's chunks are the retrieved chunks that mention one of its objects (else all retrieved).
-        A description that echoes the instruction (:func:`copies_instruction`) is dropped and counted."""
+        A description that echoes the instruction (:func:`copies_instruction` against ``shown``, the data
+        of the prompt) is dropped and counted."""
         graph = self.index.graph
         inserted = updated = 0
 
         def echoed(description: str) -> bool:
-            bad = copies_instruction(description, EVOLVE_INSTRUCTION)
+            bad = copies_instruction(description, EVOLVE_INSTRUCTION, shown)
             if bad and trace is not None and description.strip():
                 trace.instruction_copies += 1
             return bad
@@ -498,13 +520,15 @@ class HGMem:
         return inserted, updated
 
     @staticmethod
-    def merge(memory: HypergraphMemory, ops: dict, trace: Trace | None = None) -> int:
-        """Apply merge operations (two or more known ids each); an echoed description is dropped and
-        counted."""
+    def merge(
+        memory: HypergraphMemory, ops: dict, trace: Trace | None = None, shown: str | None = None
+    ) -> int:
+        """Apply merge operations (two or more known ids each); an echoed description
+        (:func:`copies_instruction` against ``shown``) is dropped and counted."""
         done = 0
         for op in ops["merge"]:
             ids = [i for i in dict.fromkeys(op["ids"]) if i in memory.points]
-            if copies_instruction(op["description"], MERGE_INSTRUCTION):
+            if copies_instruction(op["description"], MERGE_INSTRUCTION, shown):
                 if trace is not None and op["description"].strip():
                     trace.instruction_copies += 1
                 continue

@@ -280,7 +280,7 @@ def persist_verdicts(d: str | Path) -> list[str]:
 
 def _instructions_note(rows: list[dict[str, Any]]) -> str:
     """Which version of HGMem's loop instructions built these rows, and what it did to the points: under
-    version 1, how many points are one of its sample values; under version 2, how many echoed
+    version 1, how many points are one of its sample values; under later versions, how many echoed
     descriptions were dropped."""
     from ...memory.hgmem import V1_SAMPLE_VALUES, plain_words
 
