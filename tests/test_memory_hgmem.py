@@ -7,6 +7,7 @@ import json
 import re
 
 import pytest
+import torch
 
 from longlab.errors import LonglabError
 from longlab.memory import (
@@ -99,6 +100,20 @@ def test_vector_index_ranks_by_cosine_and_restricts_to_among():
         k for k, _ in idx.search("pears", 3, among={0, 2})
     ] == [2, 0]
     assert 1 not in [k for k, _ in idx.search("Velstead", 3, among={0, 2})]
+
+
+def test_vector_index_add_with_a_key_twice_in_one_call_keeps_its_last_text():
+    """Qwen2.5-0.5B's evolve named one new entity twice; the second copy indexed a row not yet stored
+    (IndexError) or, on an empty index, was stored twice."""
+    emb = HashEmbedder()
+    idx = VectorIndex(emb)
+    idx.add(["a", "b", "a"], ["first a", "the b", "last a"])  # empty index
+    assert idx.keys == ["a", "b"] and idx.vectors.shape[0] == 2
+    assert torch.equal(idx.vectors[0], emb.encode(["last a"])[0])
+    idx.add(["c", "a", "c"], ["first c", "again a", "last c"])  # stored key re-embedded, new key twice
+    assert idx.keys == ["a", "b", "c"] and idx.vectors.shape[0] == 3
+    assert torch.equal(idx.vectors[0], emb.encode(["again a"])[0])
+    assert torch.equal(idx.vectors[2], emb.encode(["last c"])[0])
 
 
 def test_chunks_are_200_tokens_with_50_overlap(tokenizer):

@@ -85,21 +85,25 @@ class VectorIndex:
         return len(self.keys)
 
     def add(self, keys: Sequence[Any], texts: Sequence[str]) -> None:
-        """Append ``texts`` under ``keys`` (a key already present is re-embedded in place)."""
+        """Append ``texts`` under ``keys`` (a key already present is re-embedded in place; a key given twice
+        keeps its last text)."""
         if len(keys) != len(texts):
             raise LonglabError(f"keys and texts differ in length: {len(keys)} vs {len(texts)}")
         if not texts:
             return
         vecs = self.embedder.encode(list(texts))
+        held = len(self.keys)  # rows already in self.vectors
         where = {k: i for i, k in enumerate(self.keys)}
         new_rows = []
         for key, vec in zip(keys, vecs):
-            if key in where and self.vectors is not None:
-                self.vectors[where[key]] = vec
-            else:
+            if key not in where:
                 where[key] = len(self.keys)
                 self.keys.append(key)
                 new_rows.append(vec)
+            elif where[key] < held:
+                self.vectors[where[key]] = vec  # type: ignore[index]
+            else:  # added earlier in this call
+                new_rows[where[key] - held] = vec
         if new_rows:
             stacked = torch.stack(new_rows)
             self.vectors = stacked if self.vectors is None else torch.cat([self.vectors, stacked])

@@ -502,7 +502,7 @@ class HGMem:
             return bad
 
         for op in ops["insert"]:
-            names = [n for n in (norm_name(o) for o in op["objects"]) if n]
+            names = [n for n in dict.fromkeys(norm_name(o) for o in op["objects"]) if n]
             if not names or echoed(op["description"]):
                 continue
             new = [n for n in names if n not in graph.entities]
