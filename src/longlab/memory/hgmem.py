@@ -91,9 +91,9 @@ EXTRACT_PROMPT = (
 #: version of the loop's instructions, recorded with every row so rows of two versions never pair. 1: the
 #: instructions up to commit 53ea4fc, sample values in their JSON ("a fact"), which SmolLM2 and Gemma-3-270M
 #: copied into every point; 2 (commits ef2cdcf-47cdf08): fields described in words, no example, after which
-#: Qwen2.5-0.5B replied with empty lists on all 37 persist items it ran; 3: the evolve step shows one worked
-#: example from another domain, as the official prompts do (Encyclomen/HGMem's evolve prompt shows a full
-#: sample output), and a copied example is dropped by :func:`copies_instruction`.
+#: Qwen2.5-0.5B's memory was empty (0 points) on all 37 persist items it ran; 3: the evolve step shows one
+#: worked example from another domain, as the official prompts do (Encyclomen/HGMem's evolve prompt shows a
+#: full sample output), and a copied example is dropped by :func:`copies_instruction`.
 PROMPTS_VERSION = 3
 #: the sample values of the version-1 instructions' JSON, which small models copied as their facts
 V1_SAMPLE_VALUES = ("a fact", "rewritten fact", "the merged fact")
@@ -140,6 +140,14 @@ def copies_instruction(description: str, instruction: str, data: str | None = No
         return False
     words = set(d.split())
     return words <= set(plain_words(instruction).split()) and not words <= set(plain_words(data).split())
+
+
+def _dropped_echo(text: str, instruction: str, data: str | None, trace: Any) -> bool:
+    """:func:`copies_instruction`, counting a non-empty echo in ``trace.instruction_copies`` (if given)."""
+    echo = copies_instruction(text, instruction, data)
+    if echo and trace is not None and text.strip():
+        trace.instruction_copies += 1
+    return echo
 
 
 PLAN_SCHEMA: dict = {
@@ -442,8 +450,7 @@ class HGMem:
                     trace.rounds.append(step)
                     break
                 decision, sub = plan["decision"], plan["subquery"].strip()
-                if copies_instruction(sub, PLAN_INSTRUCTION, f"{question}\n{memory.render()}"):
-                    trace.instruction_copies += bool(sub)
+                if _dropped_echo(sub, PLAN_INSTRUCTION, f"{question}\n{memory.render()}", trace):
                     sub = question
                 pids = [p for p in plan["point_ids"] if p in memory.points]
                 if decision == "local" and not pids:
@@ -496,10 +503,7 @@ class HGMem:
         inserted = updated = 0
 
         def echoed(description: str) -> bool:
-            bad = copies_instruction(description, EVOLVE_INSTRUCTION, shown)
-            if bad and trace is not None and description.strip():
-                trace.instruction_copies += 1
-            return bad
+            return _dropped_echo(description, EVOLVE_INSTRUCTION, shown, trace)
 
         for op in ops["insert"]:
             names = [n for n in dict.fromkeys(norm_name(o) for o in op["objects"]) if n]
@@ -528,9 +532,7 @@ class HGMem:
         done = 0
         for op in ops["merge"]:
             ids = [i for i in dict.fromkeys(op["ids"]) if i in memory.points]
-            if copies_instruction(op["description"], MERGE_INSTRUCTION, shown):
-                if trace is not None and op["description"].strip():
-                    trace.instruction_copies += 1
+            if _dropped_echo(op["description"], MERGE_INSTRUCTION, shown, trace):
                 continue
             if len(ids) >= 2:
                 memory.merge(ids, op["description"])
