@@ -443,6 +443,31 @@ def test_runner_rows_go_to_the_store_and_a_rerun_skips_them(tokenizer, tmp_path)
         run_systems(backend, samples, ["context:full"], embedder=HashEmbedder(), tokenizer=tokenizer)
 
 
+def test_a_changed_hgmem_setting_reruns_hgmem_but_not_the_baselines(tokenizer, tmp_path):
+    """Each system's rows hash only what its answers depend on: another HGMem round budget (or instructions
+    version) re-runs HGMem and keeps RAG's stored rows; another chunk size re-runs RAG."""
+    from longlab.eval.store import ResultStore
+    from longlab.memory import runner
+
+    samples = longdoc_multihop(tokenizer, 600, 2, seed=0, questions_per_doc=2, distractors=1)
+
+    def run(store, **cfg):
+        return run_systems(Scripted(), samples, ["hgmem", "rag:k=2"], embedder=HashEmbedder(), store=store,
+                           config=HGMemConfig(**cfg), tokenizer=tokenizer, log=lambda m: None)
+
+    with ResultStore(tmp_path) as store:
+        assert len(run(store, max_rounds=2)) == 4
+        assert {r["recipe"] for r in run(store, max_rounds=1)} == {"hgmem"}
+        assert {r["recipe"] for r in run(store, max_rounds=1, chunk_tokens=150)} == {"hgmem", "rag:k=2"}
+        rag = [r for r in store.rows() if r["recipe"] == "rag:k=2"]
+    assert all("hgmem_prompts" not in r["extra"] for r in rag)
+    cfg, emb = HGMemConfig(), HashEmbedder()
+    hg = runner.system_config("hgmem", cfg, emb)
+    assert hg["prompts"] == runner.PROMPTS_VERSION and runner.system_config("context", cfg, emb) == {
+        "answer_tokens": cfg.answer_tokens
+    }
+
+
 def test_extract_schema_is_accepted_by_the_checker():
     from longlab.memory import check_schema
 

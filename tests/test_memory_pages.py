@@ -104,13 +104,13 @@ def test_persist_verdict_says_which_hgmem_instructions_built_the_rows() -> None:
         {"extra": {"hgmem_points": ["the merged fact"]}},
     ]
     note = M._instructions_note(v1)
-    assert note.startswith("built with version 1 of HGMem's instructions: 3 of its 4 points"), note
+    assert note.startswith("HGMem's instructions: version 1, 3 of its 4 points are one of their sample"), note
     v2 = [
         {"extra": {"hgmem_prompts": 2, "hgmem": {"instruction_copies": 2}, "hgmem_points": ["a fact"]}},
         {"extra": {"hgmem_prompts": 2, "hgmem": {"instruction_copies": 1}, "hgmem_points": []}},
     ]
     note = M._instructions_note(v2)
-    assert note == "built with version 2 of HGMem's instructions; 3 echoed descriptions dropped", note
+    assert note == "HGMem's instructions: version 2, 3 echoed descriptions or sub-queries dropped", note
 
 
 def test_missing_stores_say_so_and_pages_are_registered(tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -140,6 +140,30 @@ def copies_instruction(description: str, instruction: str, data: str | None = No
         return False
     words = set(d.split())
     return words <= set(plain_words(instruction).split()) and not words <= set(plain_words(data).split())
+
+
+def instructions_note(versions: Iterable[int], dropped: int, points: Sequence[str] | None = None) -> str:
+    """One phrase for a page: which version(s) of HGMem's loop instructions built some rows
+    (:data:`PROMPTS_VERSION`) and what they did to the memory. Under version 1 (sample values in the JSON,
+    :data:`V1_SAMPLE_VALUES`, which small models copy as facts): how many of ``points`` are one of those
+    values, when given; under later versions: how many echoed descriptions or sub-queries were dropped."""
+    seen = sorted(set(versions))
+    if seen == [1]:
+        values = ", ".join(repr(v) for v in V1_SAMPLE_VALUES)
+        if points is None:
+            return (
+                f"HGMem's instructions: version 1 (sample values in their JSON, {values}, which small models "
+                "copy as facts)"
+            )
+        copied = sum(plain_words(p) in V1_SAMPLE_VALUES for p in points)
+        return (
+            f"HGMem's instructions: version 1, {copied} of its {len(points)} points are one of their sample "
+            f"values ({values})"
+        )
+    return (
+        f"HGMem's instructions: version {'/'.join(map(str, seen))}, {dropped} echoed descriptions or "
+        "sub-queries dropped"
+    )
 
 
 def _dropped_echo(text: str, instruction: str, data: str | None, trace: Any) -> bool:

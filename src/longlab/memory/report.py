@@ -44,6 +44,7 @@ def page_markdown(
 ) -> str:
     """The page: a table per (model, task, length) and the paired differences against ``reference``."""
     from ..eval.stats import paired_difference, score_estimate
+    from .hgmem import instructions_note
 
     out = [f"# {title}", ""] if title else []
     if intro:
@@ -109,8 +110,10 @@ def page_markdown(
                 points = _mean([float(e["trace"].get("points", 0)) for e in hg])
                 jf = sum(int(e["trace"].get("json_failures", 0)) for e in hg)
                 constrained = Counter(str(e.get("constrained")) for e in hg)
-                versions = sorted({int(e.get("hgmem_prompts", 1)) for e in hg})
-                copies = sum(int(e["trace"].get("instruction_copies", 0)) for e in hg)
+                note = instructions_note(
+                    (int(e.get("hgmem_prompts", 1)) for e in hg),
+                    sum(int(e["trace"].get("instruction_copies", 0)) for e in hg),
+                )
                 out += [
                     f"{reference} internals: extraction gave no valid JSON for {failed} of {chunks} chunks "
                     f"({ents} entities in the graphs of {len(docs)} documents); loop calls without a valid "
@@ -118,13 +121,7 @@ def page_markdown(
                     f"{', '.join(f'{k} {v}' for k, v in sorted(decisions.items()))}; memory points at "
                     f"answer time: {points:.1f} on average; grammar-constrained decoding: "
                     f"{', '.join(f'{k} x{v}' for k, v in sorted(constrained.items()))} (False: parse and "
-                    f"retry); HGMem's instructions: version {'/'.join(map(str, versions))}"
-                    + (
-                        " (sample values in their JSON, which small models copy as facts)"
-                        if versions == [1]
-                        else f", {copies} echoed descriptions or sub-queries dropped"
-                    )
-                    + ".",
+                    f"retry); {note}.",
                     "",
                 ]
     if notes:

@@ -28,7 +28,7 @@ from ..tasks.sample import Sample
 from .backend import ChatBackend, LocalBackend
 from .hgmem import PROMPTS_VERSION, DocumentIndex, HGMem, HGMemConfig
 
-__all__ = ["parse_system", "run_systems", "SYSTEM_KINDS", "MAX_SAMPLES"]
+__all__ = ["parse_system", "run_systems", "system_config", "SYSTEM_KINDS", "MAX_SAMPLES"]
 
 SYSTEM_KINDS = ("hgmem", "rag", "context", "reuse")
 MAX_SAMPLES = 10_000
@@ -81,6 +81,19 @@ def _groups(samples: Sequence[Sample]) -> list[list[Sample]]:
     return list(by.values())
 
 
+def system_config(kind: str, config: HGMemConfig, embedder: Any) -> dict[str, Any]:
+    """What a system's answers depend on besides its spec (hashed into its rows' ``config_hash``, so a rerun
+    skips a stored row only when it would compute the same one): HGMem, all of ``config``, the embedder
+    and its instructions' version (:data:`~longlab.memory.hgmem.PROMPTS_VERSION`); RAG, its chunking, the
+    embedder and the answer budget; whole-context and KV-reuse systems, the answer budget only."""
+    if kind == "hgmem":
+        return {"hgmem": asdict(config), "embedder": type(embedder).__name__, "prompts": PROMPTS_VERSION}
+    if kind == "rag":
+        return {"chunk_tokens": config.chunk_tokens, "overlap": config.overlap,
+                "answer_tokens": config.answer_tokens, "embedder": type(embedder).__name__}
+    return {"answer_tokens": config.answer_tokens}
+
+
 def run_systems(
     backend: ChatBackend,
     samples: Sequence[Sample],
@@ -107,9 +120,7 @@ def run_systems(
             raise LonglabError(f"system {spec} needs the local engine (--model NAME), not an endpoint")
     tokenizer = tokenizer if tokenizer is not None else getattr(backend, "tokenizer", None)
     say = log or (lambda m: print(m, file=sys.stderr, flush=True))
-    chash = config_hash(
-        {"hgmem": asdict(cfg), "embedder": type(embedder).__name__, "prompts": PROMPTS_VERSION}
-    )
+    hashes = {spec: config_hash(system_config(kind, cfg, embedder)) for spec, kind, _ in parsed}
     rows: list[dict[str, Any]] = []
     for group in _groups(samples):
         doc = group[0].context
@@ -125,7 +136,7 @@ def run_systems(
                     "sample_id": s.sample_id,
                     "query_aware": 1,
                     "seed": seed,
-                    "config_hash": chash,
+                    "config_hash": hashes[spec],
                 }
                 for s in group
             ]
@@ -216,7 +227,7 @@ def run_systems(
                     "doc": s.metadata.get("doc"),
                     "backend": type(backend).__name__,
                     "embedder": type(embedder).__name__,
-                    "hgmem_prompts": PROMPTS_VERSION,
+                    **({"hgmem_prompts": PROMPTS_VERSION} if kind == "hgmem" else {}),
                     **offline,
                     **{
                         k: v for k, v in rec.items() if k in ("trace", "memory", "chunks", "stored", "pieces")

@@ -279,23 +279,14 @@ def persist_verdicts(d: str | Path) -> list[str]:
 
 
 def _instructions_note(rows: list[dict[str, Any]]) -> str:
-    """Which version of HGMem's loop instructions built these rows, and what it did to the points: under
-    version 1, how many points are one of its sample values; under later versions, how many echoed
-    descriptions were dropped."""
-    from ...memory.hgmem import V1_SAMPLE_VALUES, plain_words
+    """:func:`longlab.memory.hgmem.instructions_note` of persist rows (their points and echo counts)."""
+    from ...memory.hgmem import instructions_note
 
-    versions = sorted({int((r.get("extra") or {}).get("hgmem_prompts", 1)) for r in rows})
-    points = [p for r in rows for p in (r.get("extra") or {}).get("hgmem_points", [])]
-    if versions == [1]:
-        copied = sum(plain_words(p) in V1_SAMPLE_VALUES for p in points)
-        return (
-            f"built with version 1 of HGMem's instructions: {copied} of its {len(points)} points are one of "
-            f"their sample values ({', '.join(repr(v) for v in V1_SAMPLE_VALUES)})"
-        )
-    dropped = sum(int(((r.get("extra") or {}).get("hgmem") or {}).get("instruction_copies", 0)) for r in rows)
-    return (
-        f"built with version {'/'.join(map(str, versions))} of HGMem's instructions; {dropped} echoed "
-        f"descriptions dropped"
+    extras = [r.get("extra") or {} for r in rows]
+    return instructions_note(
+        (int(e.get("hgmem_prompts", 1)) for e in extras),
+        sum(int((e.get("hgmem") or {}).get("instruction_copies", 0)) for e in extras),
+        [p for e in extras for p in e.get("hgmem_points", [])],
     )
 
 
