@@ -308,3 +308,39 @@ def test_cli_refuses_a_foreign_checkpoint_dir_beside_out(tmp_path, capsys):
     assert "longlab did not write" in capsys.readouterr().err
     assert sorted(p.name for p in user.iterdir()) == ["notes.txt"]
     assert not (tmp_path / "adapter").exists()
+
+
+def test_sigterm_saves_the_checkpoint_and_a_rerun_resumes(tmp_path, monkeypatch, capsys):
+    """SIGTERM (a scheduler's stop, the end of a session) is handled as Ctrl-C: the steps done are saved
+    in OUT.checkpoint, the command exits 143, and the same command resumes from there; the default
+    SIGTERM handler is back afterwards."""
+    import os
+    import signal
+
+    from longlab.cli import main
+
+    data = tmp_path / "el.jsonl"
+    assert main(["data", "entropylong", "--generate", "2", "--out", str(data), "--model", "tiny-llama",
+                 "--retriever", "bm25", "--alpha", "0.5", "--chunk-tokens", "48", "--query-tokens", "16",
+                 "--target-tokens", "512", "--max-doc-tokens", "384", "--no-progress", "--threads", "1"]) == 0
+    argv = ["train", "lora", "--model", "tiny-llama", "--data", str(data), "--steps", "4", "--seq-len", "256",
+            "--heldout-windows", "1", "--threads", "1", "--out", str(tmp_path / "adapter")]
+    real_step = torch.optim.AdamW.step
+    calls = {"n": 0}
+
+    def terminated_step(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # during step 3
+        return real_step(self, *a, **k)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", terminated_step)
+    assert main(argv) == 143
+    assert "longlab: terminated" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    ckpt = json.loads((tmp_path / "adapter.checkpoint" / "checkpoint.json").read_text())
+    assert len(ckpt["losses"]) == 2 and not (tmp_path / "adapter").exists()
+    monkeypatch.setattr(torch.optim.AdamW, "step", real_step)
+    assert main(argv) == 0
+    man = json.loads((tmp_path / "adapter" / "adapter.json").read_text())
+    assert man["training"]["resumed_at_step"] == 2 and man["training"]["steps_done"] == 4

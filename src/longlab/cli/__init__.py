@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+from typing import Any
 
 from ..errors import LonglabError
 from .common import read_context_file
@@ -54,6 +57,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate_as_interrupt() -> Any:
+    """While a command runs, SIGTERM (a job scheduler's stop, ``kill``, the end of a session) is handled as
+    Ctrl-C is: every resumable command (``eval``, ``train lora``, ``data entropylong``, ``memory ...``)
+    saves what it finished before exiting (143). Only from the main thread, and only over the default
+    handler (one the caller installed is kept); returns the handler to put back, or None."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return None
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt("SIGTERM")
+
+    return signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
     from .eval import expand_config
 
@@ -64,14 +83,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"longlab: error: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
+    previous = _terminate_as_interrupt()
     try:
         return int(args.func(args) or 0)
     except LonglabError as exc:
         print(f"longlab: error: {exc}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("longlab: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:
+        terminated = bool(exc.args) and exc.args[0] == "SIGTERM"
+        print(f"longlab: {'terminated' if terminated else 'interrupted'}", file=sys.stderr)
+        return 143 if terminated else 130
     except BrokenPipeError:  # `longlab methods | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
