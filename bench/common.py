@@ -25,11 +25,25 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 
 __all__ = ["ROOT", "hardware", "timed", "rotated", "interleaved", "ratios", "best_of", "write_json",
-           "MAX_REPEATS"]
+           "run_subcommand", "MAX_REPEATS"]
 
 T = TypeVar("T")
 
 MAX_REPEATS = 10_000  # timed calls per variant; a larger request is refused before any work
+
+
+def run_subcommand(doc: str | None, subcommands: Mapping[str, Callable[[], Any]],
+                   argv: list[str] | None = None) -> int:
+    """``python bench/<name>.py SUB [ARGS...]``: run ``subcommands[SUB]`` with ``sys.argv`` set to its own
+    arguments (so its parser's ``--help`` names it); no or an unknown SUB prints the script's ``doc`` and
+    returns 2 (0 for ``-h``/``--help``). Returns the subcommand's int result, else 0."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in subcommands:
+        print(doc)
+        return 0 if argv and argv[0] in ("-h", "--help") else 2
+    sys.argv = [f"{Path(sys.argv[0]).name} {argv[0]}", *argv[1:]]
+    rc = subcommands[argv[0]]()
+    return rc if isinstance(rc, int) else 0
 
 
 def hardware() -> dict[str, Any]:

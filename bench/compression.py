@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
-from common import hardware, interleaved, timed, write_json
+from common import hardware, interleaved, run_subcommand, timed, write_json
 
 # ---- cite (was bench/compression.py cite) ----------------------------------------
 
@@ -334,13 +334,7 @@ SUBCOMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand: ``python bench/compression.py SUB [ARGS...]`` (its own ``--help``)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        print(__doc__)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    sys.argv = [f"{Path(sys.argv[0]).name} {argv[0]}", *argv[1:]]
-    rc = SUBCOMMANDS[argv[0]]()
-    return rc if isinstance(rc, int) else 0
+    return run_subcommand(__doc__, SUBCOMMANDS, argv)
 
 
 if __name__ == "__main__":

@@ -21,14 +21,13 @@ import os
 import random
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from common import ROOT, hardware, write_json
+from common import ROOT, hardware, run_subcommand, write_json
 
 from longlab import load_model
 from longlab.cache import LonglabCache, LonglabLayer
@@ -844,13 +843,7 @@ SUBCOMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand: ``python bench/decode_speed.py SUB [ARGS...]`` (its own ``--help``)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        print(__doc__)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    sys.argv = [f"{Path(sys.argv[0]).name} {argv[0]}", *argv[1:]]
-    rc = SUBCOMMANDS[argv[0]]()
-    return rc if isinstance(rc, int) else 0
+    return run_subcommand(__doc__, SUBCOMMANDS, argv)
 
 
 if __name__ == "__main__":

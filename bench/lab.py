@@ -43,13 +43,12 @@ import os
 import platform
 import re
 import statistics
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 import torch
-from common import interleaved
+from common import interleaved, run_subcommand
 from scipy import stats
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
@@ -983,13 +982,7 @@ SUBCOMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand: ``python bench/lab.py SUB [ARGS...]`` (its own ``--help``)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        print(__doc__)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    sys.argv = [f"{Path(sys.argv[0]).name} {argv[0]}", *argv[1:]]
-    rc = SUBCOMMANDS[argv[0]]()
-    return rc if isinstance(rc, int) else 0
+    return run_subcommand(__doc__, SUBCOMMANDS, argv)
 
 
 if __name__ == "__main__":

@@ -29,11 +29,11 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 import torch
+from common import run_subcommand
 
 # ---- ppl (was bench/position.py ppl) ----------------------------------------
 
@@ -859,13 +859,7 @@ SUBCOMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand: ``python bench/position.py SUB [ARGS...]`` (its own ``--help``)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        print(__doc__)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    sys.argv = [f"{Path(sys.argv[0]).name} {argv[0]}", *argv[1:]]
-    rc = SUBCOMMANDS[argv[0]]()
-    return rc if isinstance(rc, int) else 0
+    return run_subcommand(__doc__, SUBCOMMANDS, argv)
 
 
 if __name__ == "__main__":

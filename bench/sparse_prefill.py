@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from common import best_of, hardware, read_store, write_json
+from common import best_of, hardware, read_store, run_subcommand, write_json
 from safetensors.torch import save_file
 
 from longlab import generate
@@ -618,13 +618,7 @@ SUBCOMMANDS = {
 
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand: ``python bench/sparse_prefill.py SUB [ARGS...]`` (its own ``--help``)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in SUBCOMMANDS:
-        print(__doc__)
-        return 0 if argv and argv[0] in ("-h", "--help") else 2
-    sys.argv = [f"{Path(sys.argv[0]).name} {argv[0]}", *argv[1:]]
-    rc = SUBCOMMANDS[argv[0]]()
-    return rc if isinstance(rc, int) else 0
+    return run_subcommand(__doc__, SUBCOMMANDS, argv)
 
 
 if __name__ == "__main__":
