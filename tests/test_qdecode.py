@@ -183,6 +183,93 @@ def test_fused_is_the_decode_path_of_the_quant_recipes_and_can_be_switched_off(m
     assert not qdecode.available() and "LONGLAB_QDECODE=0" in qdecode.unavailable_reason()
 
 
+# --- per-token quantization ------------------------------------------------------------------------------
+def _hard_rows(bits: int) -> torch.Tensor:
+    """x [2, 3, 9, 64]: random rows at several scales, plus rows that hit the edge cases: a constant group
+    (scale 0), exact ties (round half to even: 0.5 -> 0, 1.5 -> 2, 2.5 -> 2), zeros and -0.0, tiny
+    subnormal-range spreads, large values."""
+    g = torch.Generator().manual_seed(bits)
+    x = torch.randn(2, 3, 9, 64, generator=g) * torch.tensor([0.01, 1.0, 30.0])[None, :, None, None]
+    x[0, 0, 0] = 0.75  # constant group
+    c = torch.arange(64)  # every group spans [0, 2^bits - 1]: scale 1, offset 0, codes x on exact .5 ties
+    x[0, 0, 1] = torch.where(c % 4 == 0, 0.0, torch.where(c % 4 == 1, 2.0**bits - 1, 0.5 + (c // 4 % 3)))
+    x[0, 0, 2] = 0.0
+    x[0, 0, 2, ::2] = -0.0
+    x[0, 0, 3] = torch.randn(64, generator=g) * 1e-6
+    x[0, 0, 4] = torch.randn(64, generator=g) * 6e4 / 4
+    x[1, 2, 5, :32] = 1.0
+    x[1, 2, 5, 32:] = -1.0
+    return x
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4, 8])
+@pytest.mark.parametrize("scale_dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_cpp_quantizer_is_bit_identical_to_quantize_tokens_and_pack(bits, scale_dtype):
+    """The C++ per-token quantizer gives the same packed codes, scales and offsets as the PyTorch
+    reference (directed rounding of the scales, round-half-even codes, planar packing), groups of 16
+    and 32."""
+    from longlab.quant.quantizer import pack, quantize_tokens
+
+    x = _hard_rows(bits)
+    for group in (16, 32):
+        codes, scale, offset = quantize_tokens(x, bits, group, scale_dtype)
+        got_codes, got_scale, got_offset, finite = qdecode.quantize_tokens_packed(x, bits, group, scale_dtype)
+        assert finite and got_scale.dtype == scale.dtype == scale_dtype
+        assert torch.equal(got_codes, pack(codes, bits))
+        assert torch.equal(got_scale.view(-1).float(), scale.view(-1).float())
+        assert torch.equal(got_offset.float(), offset.float())
+        assert torch.equal(torch.signbit(got_offset.float()), torch.signbit(offset.float()))
+
+
+def test_cpp_quantizer_refuses_overflow_and_nan_as_the_reference_does():
+    from longlab.quant.quantizer import quantize_tokens
+
+    big = torch.zeros(1, 1, 2, 32)
+    big[0, 0, 1, 0] = 1e6  # beyond float16
+    assert not qdecode.quantize_tokens_packed(big, 4, 32, torch.float16)[3]
+    assert qdecode.quantize_tokens_packed(big, 4, 32, torch.bfloat16)[3]
+    with pytest.raises(ValueError, match="overflow the torch.float16 scales"):
+        quantize_tokens(big, 4, 32, torch.float16)
+    nan = torch.zeros(1, 1, 1, 32)
+    nan[..., 3] = float("nan")
+    assert not qdecode.quantize_tokens_packed(nan, 4, 32, torch.float32)[3]
+    store = TokenGroupStore(4, 32)
+    store.init_empty(1, 1, 32, torch.device("cpu"))
+    with pytest.raises(ValueError, match="overflow the torch.float16 scales"):
+        store.append(big, None)
+
+
+def test_value_store_appends_through_the_cpp_quantizer_unless_fused_is_off(monkeypatch):
+    """KIVI's value store quantizes each decode step's value with the C++ call; ``fused=false`` (and
+    PM-KVQ's 16-bit entry) keep the PyTorch path; both give the same store."""
+    calls = []
+    real = qdecode.quantize_tokens_packed
+
+    def spy(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(qdecode, "quantize_tokens_packed", spy)
+    x = torch.randn(1, 2, 5, 64)
+    stores = []
+    for fast in (True, False):
+        store = TokenGroupStore(4, 32)
+        store.fast = fast
+        store.init_empty(1, 2, 64, torch.device("cpu"))
+        for t in range(5):
+            store.append(x[:, :, t : t + 1], None)
+        stores.append(store)
+    assert len(calls) == 5
+    assert all(torch.equal(a, b) for a, b in zip(stores[0].tensors(), stores[1].tensors()))
+    pm = TokenGroupStore(4, 32, entry_bits=16)
+    pm.init_empty(1, 2, 64, torch.device("cpu"))
+    pm.append(x, None)
+    assert len(calls) == 5
+    assert _quantize(_layer(B=1, lengths=(40,)), "kivi", 4, 0, 0, 8).value_store.fast
+    off = QuantizedLayer(ChannelGroupStore(4, 32), TokenGroupStore(4, 32), fused=False)
+    assert not off.value_store.fast and not off.key_store.fast
+
+
 # --- paged sparse decode ------------------------------------------------------------------------------------
 def _masked_dense(q, k, v, index, qpos, slots, scaling):
     B, H, _, D = q.shape

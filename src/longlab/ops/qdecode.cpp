@@ -13,6 +13,9 @@
 // Work is split over (b, kv head, slot range) units run by at::parallel_for; partial (m, l, acc) of the
 // ranges of one (b, kv head) are merged by log-sum-exp at the end (flash-decoding).
 //
+// quantize_tokens_packed: per-token group quantization + planar packing, bit-identical to
+// longlab.quant.quantizer (quantize_tokens, then pack): how a KIVI value enters the store at a decode step.
+//
 // paged_decode: each query head attends over its own list of slots (Quest's selected pages plus the last
 // page; RetroAttention's loaded pages), reading those K/V rows in place (fp32), online softmax; returns
 // the output and the log-sum-exp.
@@ -24,6 +27,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16-math.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <torch/extension.h>
@@ -36,6 +40,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -1131,7 +1136,103 @@ std::vector<at::Tensor> paged_decode(const at::Tensor& q, const at::Tensor& k, c
   return {out, lse};
 }
 
+// ---- per-token quantization, packed --------------------------------------------------------------------
+// quantize_tokens_packed: the decode-step fast path of longlab.quant.quantizer.quantize_tokens + pack,
+// bit-identical to them (the tests compare): per token, in groups of G channels,
+//   offset = lo rounded to the scale dtype towards -inf, scale = max(hi - offset, 0) / (2^bits - 1) rounded
+//   towards +inf, code = clamp(round_half_even((x - offset) / (scale > 0 ? scale : 1)), 0, 2^bits - 1),
+// codes planar-packed. A KIVI value enters the packed store this way at every decode step: about forty
+// small PyTorch ops per layer before, one call now.
+
+namespace {
+
+template <typename S>
+inline S directed(float x, bool up) {  // x rounded to S (nearest-even), then one step towards +-inf if needed
+  S y = static_cast<S>(x);
+  const float yf = static_cast<float>(y);
+  if (up ? yf < x : yf > x)
+    y = std::nextafter(y, static_cast<S>(up ? std::numeric_limits<float>::infinity() : NINF));
+  return y;
+}
+
+template <>
+inline float directed<float>(float x, bool) { return x; }
+
+template <typename S>
+bool quantize_rows(const float* x, int64_t rows, int64_t D, int64_t G, int bits, uint8_t* codes, S* scale,
+                   S* offset) {
+  const int64_t NG = D / G, per = 8 / bits, P = D / per;
+  const float levels = static_cast<float>((1 << bits) - 1);
+  bool finite = true;
+  std::vector<uint8_t> q(D);
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * D;
+    for (int64_t g = 0; g < NG; ++g) {
+      const float* xg = xr + g * G;
+      float lo = xg[0], hi = xg[0];
+      bool nan = false;
+      for (int64_t c = 0; c < G; ++c) {
+        const float v = xg[c];
+        nan |= v != v;
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+      }
+      const S o = directed<S>(lo, false);
+      const float of = static_cast<float>(o);
+      const S sc = directed<S>(std::max(hi - of, 0.0f) / levels, true);
+      const float sf = static_cast<float>(sc);
+      finite &= !nan && std::isfinite(of) && std::isfinite(sf);
+      scale[r * NG + g] = sc;
+      offset[r * NG + g] = o;
+      const float div = sf > 0.0f ? sf : 1.0f;
+      for (int64_t c = 0; c < G; ++c) {
+        const float v = std::nearbyint((xg[c] - of) / div);
+        q[g * G + c] = static_cast<uint8_t>(v > 0.0f ? std::min(v, levels) : 0.0f);  // NaN: 0 (refused anyway)
+      }
+    }
+    uint8_t* cr = codes + r * P;
+    for (int64_t j = 0; j < P; ++j) {
+      unsigned b = 0;
+      for (int64_t i = 0; i < per; ++i) b |= static_cast<unsigned>(q[i * P + j]) << (i * bits);
+      cr[j] = static_cast<uint8_t>(b);
+    }
+  }
+  return finite;
+}
+
+}  // namespace
+
+// x [B, H, t, D] -> (codes uint8 [B, H, t, D * bits / 8], scale and offset [B, H, t, D / G] in the scale
+// dtype (scale_kind 0: float32, 1: float16, 2: bfloat16), whether every scale and offset is finite)
+std::tuple<at::Tensor, at::Tensor, at::Tensor, bool> quantize_tokens_packed(const at::Tensor& x_, int64_t bits,
+                                                                          int64_t group, int64_t scale_kind) {
+  TORCH_CHECK(bits == 1 || bits == 2 || bits == 4 || bits == 8, "quantize_tokens_packed: bits must be 1, 2, 4 or 8");
+  TORCH_CHECK(x_.dim() == 4 && x_.device().is_cpu(), "quantize_tokens_packed: x [B, H, t, D] on the CPU");
+  const at::Tensor x = x_.to(at::kFloat).contiguous();
+  const int64_t B = x.size(0), H = x.size(1), T = x.size(2), D = x.size(3);
+  TORCH_CHECK(group > 0 && D % group == 0 && D % (8 / bits) == 0, "quantize_tokens_packed: bad group");
+  const auto sdt = scale_kind == 1 ? at::kHalf : scale_kind == 2 ? at::kBFloat16 : at::kFloat;
+  at::Tensor codes = at::empty({B, H, T, D * bits / 8}, x.options().dtype(at::kByte));
+  at::Tensor scale = at::empty({B, H, T, D / group}, x.options().dtype(sdt));
+  at::Tensor offset = at::empty_like(scale);
+  const float* xp = x.data_ptr<float>();
+  uint8_t* cp = codes.data_ptr<uint8_t>();
+  const int64_t rows = B * H * T;
+  const int b = static_cast<int>(bits);
+  bool finite;
+  if (sdt == at::kHalf)
+    finite = quantize_rows(xp, rows, D, group, b, cp, scale.data_ptr<c10::Half>(), offset.data_ptr<c10::Half>());
+  else if (sdt == at::kBFloat16)
+    finite = quantize_rows(xp, rows, D, group, b, cp, scale.data_ptr<c10::BFloat16>(),
+                           offset.data_ptr<c10::BFloat16>());
+  else
+    finite = quantize_rows(xp, rows, D, group, b, cp, scale.data_ptr<float>(), offset.data_ptr<float>());
+  return {codes, scale, offset, finite};
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_decode", &quant_decode, "fused decode attention over packed KIVI / PM-KVQ storage (CPU)");
   m.def("paged_decode", &paged_decode, "paged sparse decode attention over selected slots (CPU, fp32)");
+  m.def("quantize_tokens_packed", &quantize_tokens_packed,
+        "per-token group quantization + planar packing (KIVI values at a decode step; CPU)");
 }

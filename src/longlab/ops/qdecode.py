@@ -14,6 +14,10 @@ into the query and the probabilities:
 
 so each code is converted once and used in one multiply-add per query head of its KV head (GQA).
 
+**Per-token quantization** (:func:`quantize_tokens_packed`): :func:`longlab.quant.quantizer.quantize_tokens`
+followed by :func:`~longlab.quant.quantizer.pack` in one call, bit for bit the same codes, scales and offsets:
+the step that moves a KIVI value into the packed store at every decode step.
+
 **Paged decode** (:func:`paged_decode`): each query head attends over its own slot list (Quest's top pages
 plus the last page, RetroAttention's loaded pages), reading only those K/V rows, in place; returns the
 output and the log-sum-exp (RetroAttention merges by it).
@@ -32,10 +36,12 @@ import torch
 
 from longlab.ops import build
 
-__all__ = ["KERNEL", "Packed", "available", "unavailable_reason", "quant_decode", "paged_decode"]
+__all__ = ["KERNEL", "Packed", "available", "unavailable_reason", "quant_decode", "paged_decode",
+           "quantize_tokens_packed"]
 
 KERNEL = build.Kernel("qdecode", (Path(__file__).with_name("qdecode.cpp"),), "LONGLAB_QDECODE",
-                      ("quant_decode", "paged_decode"), tuple(build.cpu_flags()))
+                      ("quant_decode", "paged_decode", "quantize_tokens_packed"), tuple(build.cpu_flags()))
+_SCALE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _SPLIT_MIN = 2048  # slots per parallel range below which a (row, KV head) is not split
 
 
@@ -140,3 +146,18 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_index: t
                                     key_index.to(torch.int32), query_pos.to(torch.int64).contiguous(),
                                     slots.to(torch.int64).contiguous(), float(scaling))
     return out.reshape(B, H, 1, D).to(q.dtype), lse.reshape(B, H, 1)
+
+
+def quantize_tokens_packed(x: torch.Tensor, bits: int, group: int, scale_dtype: torch.dtype
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, bool]:
+    """Per-token quantization in groups of ``group`` channels, codes packed: bit-identical to
+    ``pack(quantize_tokens(x, bits, group, scale_dtype)[0], bits)`` and its scale and offset.
+
+    x: [B, H, t, D] (CPU) -> ``(codes uint8 [B, H, t, D * bits / 8], scale, offset [B, H, t, D / group]
+    in scale_dtype, finite)``; ``finite`` is False when a scale or offset overflowed (or ``x`` held NaN):
+    the caller refuses those as :func:`~longlab.quant.quantizer.qparams` does. bits: 1, 2, 4 or 8."""
+    ext = build.load(KERNEL)
+    if ext is None:
+        raise RuntimeError(f"quantize_tokens_packed: {unavailable_reason()}")
+    with torch.no_grad():
+        return ext.quantize_tokens_packed(x.detach(), int(bits), int(group), _SCALE_KINDS[scale_dtype])

@@ -109,10 +109,13 @@ def qparams(
     offset = _directed(lo.float(), scale_dtype, up=False)
     scale = _directed((hi.float() - offset.float()).clamp_min(0) / (2**bits - 1), scale_dtype, up=True)
     if not (bool(torch.isfinite(offset).all()) and bool(torch.isfinite(scale).all())):
-        raise ValueError(
-            f"KV values overflow the {scale_dtype} scales; use scale_dtype='float32' or 'bfloat16'"
-        )
+        raise scales_overflow(scale_dtype)
     return scale, offset
+
+
+def scales_overflow(scale_dtype: torch.dtype) -> ValueError:
+    """The error for KV values whose scale or offset is not finite in ``scale_dtype``."""
+    return ValueError(f"KV values overflow the {scale_dtype} scales; use scale_dtype='float32' or 'bfloat16'")
 
 
 def _codes(x: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor, bits: int) -> torch.Tensor:

@@ -45,6 +45,7 @@ from .quantizer import (
     pack,
     quantize_channels,
     quantize_tokens,
+    scales_overflow,
     unpack,
 )
 
@@ -73,6 +74,7 @@ class _GroupStore:
         self.offset: torch.Tensor | None = None
         self.head_dim = 0
         self._bufs: tuple[torch.Tensor, ...] | None = None  # spare rows for decode appends
+        self.fast = True  # the C++ quantizer where it runs (QuantizedLayer sets its ``fused`` here)
 
     @property
     def n(self) -> int:
@@ -131,6 +133,16 @@ class TokenGroupStore(_GroupStore):
             return
         if self.channel_scale is not None:
             x = x.float() / self.channel_scale
+        if self.fast and self.entry_bits == self.bits and self.bits <= 8 and qdecode.available(x):
+            # one C++ call, bit-identical to quantize_tokens + pack (a decode step's new value otherwise
+            # costs some forty small PyTorch ops per layer)
+            codes, scale, offset, finite = qdecode.quantize_tokens_packed(
+                x, self.bits, self.group, SCALE_DTYPES[self.scale_dtype]
+            )
+            if not finite:
+                raise scales_overflow(SCALE_DTYPES[self.scale_dtype])
+            self._append_rows(codes, scale, offset)
+            return
         codes, scale, offset = quantize_tokens(x, self.entry_bits, self.group, SCALE_DTYPES[self.scale_dtype])
         bits = self.entry_bits
         while bits > self.bits:  # PM-KVQ: enter at 16 bits, shift down to the current width
@@ -321,9 +333,10 @@ class QuantizedLayer(LonglabLayer):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.fused = fused  # decode steps through longlab.ops.qdecode where it runs
+        self.fused = fused  # decode steps (and per-token quantization) through longlab.ops.qdecode
         self.key_store = key_store
         self.value_store = value_store
+        key_store.fast = value_store.fast = fused
         self.sink = sink  # sink slots wanted; n_sink slots held (fewer only after an eviction)
         self.n_sink = 0
         self.fp_dtype = fp_dtype
