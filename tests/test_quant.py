@@ -386,3 +386,34 @@ def test_pmkvq_code_bytes_packs_each_entry_whole():
     # and the total adds, per main entry, fp16 scale + offset per group for K and V, plus the int32 index
     total = layer_bytes(10, 2, 1, 16, sink=1, window=4, window_tokens=3, group_size=16)
     assert total == 304 + 6 * 2 * 2 * 2 + 10 * 4
+
+
+def test_kivi_value_window_slides_in_its_buffer_and_stays_exact():
+    """Decode steps under kivi4: the value residual (exactly the last R values) moves one slot a step in
+    one buffer, no copy (its storage stays put), every allocated byte is held or spare, the residual is
+    the last R values appended and the main region is quantize + pack of those that left it, in order."""
+    from longlab.quant.quantizer import pack, quantize_tokens
+
+    k, v = _kv(T=300, D=32)
+    layer, ctx = _quantized("kivi4", k, v)
+    policy = ctx.cache.recipe.kv[-1]
+    g = torch.Generator().manual_seed(5)
+    values = [v[:, :, t : t + 1] for t in range(300)]
+    storages = set()
+    for _ in range(40):
+        k1, v1 = torch.randn(1, 2, 1, 32, generator=g), torch.randn(1, 2, 1, 32, generator=g)
+        values.append(v1)
+        layer.update(k1, v1)
+        policy.step(ctx, layer)
+        storages.add(layer.values.untyped_storage().data_ptr())
+        held = sum(t.numel() * t.element_size() for t in (layer.keys, layer.values, layer.index))
+        allocated = sum(t.untyped_storage().nbytes() for t in (layer.keys, layer.values, layer.index))
+        assert LonglabLayer.spare_nbytes(layer) == allocated - held  # nothing allocated goes unreported
+    assert len(storages) == 1  # one buffer for 40 steps: the window never copied
+    R = layer.values.shape[-2]
+    assert R == 128 and torch.equal(layer.values, torch.cat(values[-R:], dim=2))
+    left = torch.cat(values[:-R], dim=2)
+    codes, scale, offset = quantize_tokens(left, 4, layer.value_store.group)
+    store = layer.value_store
+    assert store.n == left.shape[2] and torch.equal(store.codes, pack(codes, 4))
+    assert torch.equal(store.scale, scale) and torch.equal(store.offset, offset)

@@ -141,6 +141,17 @@ class LonglabLayer(CacheLayerMixin):
         buf[:, :, n : n + T_new] = new
         self.__dict__[slots] = (buf, n + T_new, owner)
 
+    def _drop_front(self, name: str, n: int) -> None:
+        """Forget the first ``n`` held slots of ``keys``, ``values`` or ``index`` without copying them
+        away: the buffer is re-pointed past them and keeps its spare slots, so a sliding window (KIVI's
+        value residual) moves by one slot a decode step with no copy. A buffer this layer did not allocate
+        is narrowed the same way and still never written (the next append re-allocates). The forgotten
+        slots stay allocated until that next re-allocation and count in :meth:`spare_nbytes`."""
+        slots = "_slots_" + name
+        buf, held, owner = self.__dict__[slots]
+        n = min(n, held)
+        self.__dict__[slots] = (buf.narrow(2, n, buf.shape[2] - n), held - n, owner)
+
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.n_seen + query_length, 0
 
@@ -342,13 +353,19 @@ class LonglabLayer(CacheLayerMixin):
         return twin
 
     def spare_nbytes(self) -> int:
-        """Bytes allocated for spare slots past the held ones (decode headroom, not counted by
-        :meth:`nbytes`; at most ``DECODE_RESERVE`` slots of keys, values and index)."""
+        """Bytes allocated beside the held slots (not counted by :meth:`nbytes`): spare slots past them
+        (decode headroom, at most ``DECODE_RESERVE``) and slots a sliding window left before them
+        (:meth:`_drop_front`), i.e. the rest of each buffer this layer allocated."""
         total = 0
         for name in ("keys", "values", "index"):
-            buf, n, _ = self.__dict__.get("_slots_" + name, (None, 0, None))
-            if buf is not None and buf.shape[2] > n:
-                total += (buf.shape[2] - n) * buf[:, :, :1].numel() * buf.element_size()
+            buf, n, owner = self.__dict__.get("_slots_" + name, (None, 0, None))
+            if buf is None:
+                continue
+            row = buf[:, :, :1].numel() * buf.element_size()
+            if owner == id(self):
+                total += buf.untyped_storage().nbytes() - n * row
+            elif buf.shape[2] > n:
+                total += (buf.shape[2] - n) * row
         return total
 
 

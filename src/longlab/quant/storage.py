@@ -74,6 +74,7 @@ class _GroupStore:
         self.offset: torch.Tensor | None = None
         self.head_dim = 0
         self._bufs: tuple[torch.Tensor, ...] | None = None  # spare rows for decode appends
+        self._views: tuple[torch.Tensor, ...] = ()  # the codes/scale/offset views of _bufs last set
         self.fast = True  # the C++ quantizer where it runs (QuantizedLayer sets its ``fused`` here)
 
     @property
@@ -127,7 +128,7 @@ class TokenGroupStore(_GroupStore):
             raise ValueError(f"head_dim {D} is not a multiple of the quantization group {self.group}")
         self._alloc(B, H, D, D // self.group, device)
 
-    def append(self, x: torch.Tensor, valid: torch.Tensor) -> None:
+    def append(self, x: torch.Tensor, valid: torch.Tensor | None) -> None:
         """Quantize ``x [B, H, t, D]`` and append it (``valid`` is unused: per-token groups never mix)."""
         if x.shape[-2] == 0:
             return
@@ -157,12 +158,12 @@ class TokenGroupStore(_GroupStore):
         ``offset`` stay views of the held rows. Any other assignment of them (take, shrink, batch
         selection) leaves the buffers, which are then re-allocated on the next append."""
         n, t = self.n, codes.shape[-2]
-        bufs = self._bufs
-        fits = (
+        bufs, views = self._bufs, self._views
+        fits = (  # codes/scale/offset are still the views this method made (nothing reassigned them)
             bufs is not None
-            and all(cur.data_ptr() == buf.data_ptr() and cur.shape[:2] == buf.shape[:2]
-                    and cur.shape[3:] == buf.shape[3:] and cur.dtype == buf.dtype
-                    for cur, buf in zip((self.codes, self.scale, self.offset), bufs))
+            and self.codes is views[0]
+            and self.scale is views[1]
+            and self.offset is views[2]
             and bufs[0].shape[-2] >= n + t
         )
         if not fits:
@@ -175,8 +176,8 @@ class TokenGroupStore(_GroupStore):
                 buf[:, :, :n] = cur
             self._bufs = bufs
         for buf, new in zip(bufs, (codes, scale, offset)):
-            buf[:, :, n : n + t] = new
-        self.codes, self.scale, self.offset = (buf[:, :, : n + t] for buf in bufs)
+            buf.narrow(2, n, t).copy_(new)
+        self.codes, self.scale, self.offset = self._views = tuple(buf.narrow(2, 0, n + t) for buf in bufs)
 
     def dequantize(self, a: int, b: int) -> torch.Tensor:
         """Tokens ``a .. b`` of the store, fp32 ``[B, H, b - a, D]``."""
@@ -424,17 +425,27 @@ class QuantizedLayer(LonglabLayer):
         if n <= 0:
             return
         x, self.keys = self.keys[:, :, :n], self.keys[:, :, n:].clone()
-        valid = self.index[..., self.n_sink : self.n_sink + self.key_store.n + n] >= 0
-        self.key_store.append(x, valid)
+        self.key_store.append(x, self._main_valid(self.key_store, n))
 
     def quantize_values(self, n: int) -> None:
         """Move the ``n`` oldest residual values into the packed main region."""
         n = min(n, self.values.shape[-2])
         if n <= 0:
             return
-        x, self.values = self.values[:, :, :n], self.values[:, :, n:].clone()
-        valid = self.index[..., self.n_sink : self.n_sink + self.value_store.n + n] >= 0
-        self.value_store.append(x, valid)
+        if n <= SHORT_APPEND:  # a decode step: the window moves on in its buffer, no copy
+            x = self.values[:, :, :n]
+            self._drop_front("values", n)
+        else:  # a prefill chunk: the rest is copied out, so the quantized entries' fp rows are freed now
+            x, self.values = self.values[:, :, :n], self.values[:, :, n:].clone()
+        self.value_store.append(x, self._main_valid(self.value_store, n))
+
+    def _main_valid(self, store, n: int) -> torch.Tensor | None:
+        """Which slots of ``store``'s main region hold entries once ``n`` more join it ``[B, H_kv, n_main
+        + n]``: per-channel groups need it (empty slots stay out of their min/max); per-token groups never
+        mix tokens, so they get None (no O(T) pass per decode step)."""
+        if not isinstance(store, ChannelGroupStore):
+            return None
+        return self.index[..., self.n_sink : self.n_sink + store.n + n] >= 0
 
     def _read(self, sink: torch.Tensor, store, resid: torch.Tensor, a: int, b: int) -> torch.Tensor:
         """Slots ``a .. b`` of one of K or V, dequantised to the model dtype: [B, H_kv, b - a, D]."""
