@@ -111,18 +111,21 @@ def quant_decode(q: torch.Tensor, query_pos: torch.Tensor, key_index: torch.Tens
     def rows(t: torch.Tensor) -> torch.Tensor:
         return t if t.shape[2] == 0 or t.stride(-1) == 1 else t.contiguous()
 
+    def as_type(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:  # a no-op .to() still costs a call
+        return t if t.dtype == dtype else t.to(dtype)
+
     lam = None if keys.smoothing is None else c(keys.smoothing.float().reshape(-1, D))
-    index = key_index if key_index.stride(-1) == 1 else key_index.contiguous()
-    with torch.no_grad():
-        out = ext.quant_decode(
-            c(q.reshape(B, H, D).float()), index.to(torch.int32), c(query_pos.to(torch.int64)),
-            rows(sink_k), rows(sink_v),
-            packed(keys.codes), *pair(keys.scale, keys.offset), lam, keys.bits, keys.group, keys.channel,
-            packed(values.codes), *pair(values.scale, values.offset), values.bits, values.group,
-            values.channel,
-            rows(res_k), rows(res_v), float(scaling), int(sliding_window or 0),
-            _split(B, key_index.shape[1], key_index.shape[2]))
-    return out.reshape(B, H, 1, D).to(q.dtype)
+    index = as_type(key_index if key_index.stride(-1) == 1 else key_index.contiguous(), torch.int32)
+    # the extension builds no autograd graph: its output never requires grad
+    out = ext.quant_decode(
+        c(as_type(q.reshape(B, H, D), torch.float32)), index, c(as_type(query_pos, torch.int64)),
+        rows(sink_k), rows(sink_v),
+        packed(keys.codes), *pair(keys.scale, keys.offset), lam, keys.bits, keys.group, keys.channel,
+        packed(values.codes), *pair(values.scale, values.offset), values.bits, values.group,
+        values.channel,
+        rows(res_k), rows(res_v), float(scaling), int(sliding_window or 0),
+        _split(B, key_index.shape[1], key_index.shape[2]))
+    return as_type(out.reshape(B, H, 1, D), q.dtype)
 
 
 def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_index: torch.Tensor,
