@@ -14,8 +14,10 @@ transformers' ``DynamicCache`` does) would copy the whole cache once per token, 
 (at most ``SHORT_APPEND`` tokens) that overflows a layer grows its slot buffers with ``DECODE_RESERVE``
 spare slots, and the next appends write into them: one copy per ``DECODE_RESERVE`` decode steps.
 ``keys``/``values``/``index`` read as the held slots (a view of the buffer); assigning them replaces the
-buffer. Prefill chunks allocate exactly. ``spare_nbytes()`` reports the spare capacity (at most
-``DECODE_RESERVE`` slots per layer).
+buffer. Prefill chunks allocate exactly. ``spare_nbytes()`` reports the rest of the buffers: the spare
+capacity (at most ``DECODE_RESERVE`` slots per layer) and the slots a sliding window moved past without a
+copy (KIVI's value residual, :meth:`LonglabLayer._drop_front`; freed at the next re-allocation, so the two
+together stay within one buffer's ``DECODE_RESERVE`` + 1 slots).
 
 Positions: ``get_seq_length()`` returns the number of tokens *seen* (``n_seen``), not the number
 held, so transformers gives the next token the RoPE position it would have had without eviction.
