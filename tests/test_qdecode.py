@@ -219,6 +219,12 @@ def test_cpp_quantizer_is_bit_identical_to_quantize_tokens_and_pack(bits, scale_
         assert torch.equal(got_scale.view(-1).float(), scale.view(-1).float())
         assert torch.equal(got_offset.float(), offset.float())
         assert torch.equal(torch.signbit(got_offset.float()), torch.signbit(offset.float()))
+    # a half-precision residual, not contiguous (a slice of a longer window), batch 2
+    xh = x.to(torch.bfloat16)[:, :, 2:7]
+    codes, scale, offset = quantize_tokens(xh, bits, 32, scale_dtype)
+    got_codes, got_scale, got_offset, _ = qdecode.quantize_tokens_packed(xh, bits, 32, scale_dtype)
+    assert torch.equal(got_codes, pack(codes, bits)) and torch.equal(got_scale, scale)
+    assert torch.equal(got_offset, offset)
 
 
 def test_cpp_quantizer_refuses_overflow_and_nan_as_the_reference_does():
