@@ -245,6 +245,25 @@ def test_cpp_quantizer_refuses_overflow_and_nan_as_the_reference_does():
         store.append(big, None)
 
 
+def test_cpp_quantizer_splits_a_prefill_chunk_over_threads_and_still_matches():
+    """1,200 rows over 2 threads (grain 256): the same bytes as the reference; a NaN in the last range
+    is still reported."""
+    from longlab.quant.quantizer import pack, quantize_tokens
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x = torch.randn(1, 4, 300, 64, generator=torch.Generator().manual_seed(3)) * 4
+        codes, scale, offset = quantize_tokens(x, 4, 32)
+        got = qdecode.quantize_tokens_packed(x, 4, 32, torch.float16)
+        assert got[3] and torch.equal(got[0], pack(codes, 4))
+        assert torch.equal(got[1], scale) and torch.equal(got[2], offset)
+        x[0, 3, 299, 5] = float("nan")
+        assert not qdecode.quantize_tokens_packed(x, 4, 32, torch.float16)[3]
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_value_store_appends_through_the_cpp_quantizer_unless_fused_is_off(monkeypatch):
     """KIVI's value store quantizes each decode step's value with the C++ call; ``fused=false`` (and
     PM-KVQ's 16-bit entry) keep the PyTorch path; both give the same store."""
@@ -274,6 +293,9 @@ def test_value_store_appends_through_the_cpp_quantizer_unless_fused_is_off(monke
     assert _quantize(_layer(B=1, lengths=(40,)), "kivi", 4, 0, 0, 8).value_store.fast
     off = QuantizedLayer(ChannelGroupStore(4, 32), TokenGroupStore(4, 32), fused=False)
     assert not off.value_store.fast and not off.key_store.fast
+    later = _quantize(_layer(B=1, lengths=(40,)), "kivi", 4, 0, 0, 8)
+    later.fused = False  # one switch: switching it later reaches the quantizer and the decode kernel
+    assert not later.value_store.fast and not later.uses_fused(torch.randn(1, 4, 1, 64))
 
 
 # --- paged sparse decode ------------------------------------------------------------------------------------

@@ -37,6 +37,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -1217,17 +1218,22 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, bool> quantize_tokens_packed(cons
   at::Tensor offset = at::empty_like(scale);
   const float* xp = x.data_ptr<float>();
   uint8_t* cp = codes.data_ptr<uint8_t>();
-  const int64_t rows = B * H * T;
+  const int64_t rows = B * H * T, NG = D / group, P = D * bits / 8;
   const int b = static_cast<int>(bits);
-  bool finite;
+  std::atomic<bool> finite{true};
+  auto run = [&](auto* sc, auto* of) {  // rows are independent: a prefill chunk uses every thread
+    at::parallel_for(0, rows, 256, [&](int64_t r0, int64_t r1) {
+      if (!quantize_rows(xp + r0 * D, r1 - r0, D, group, b, cp + r0 * P, sc + r0 * NG, of + r0 * NG))
+        finite = false;
+    });
+  };
   if (sdt == at::kHalf)
-    finite = quantize_rows(xp, rows, D, group, b, cp, scale.data_ptr<c10::Half>(), offset.data_ptr<c10::Half>());
+    run(scale.data_ptr<c10::Half>(), offset.data_ptr<c10::Half>());
   else if (sdt == at::kBFloat16)
-    finite = quantize_rows(xp, rows, D, group, b, cp, scale.data_ptr<c10::BFloat16>(),
-                           offset.data_ptr<c10::BFloat16>());
+    run(scale.data_ptr<c10::BFloat16>(), offset.data_ptr<c10::BFloat16>());
   else
-    finite = quantize_rows(xp, rows, D, group, b, cp, scale.data_ptr<float>(), offset.data_ptr<float>());
-  return {codes, scale, offset, finite};
+    run(scale.data_ptr<float>(), offset.data_ptr<float>());
+  return {codes, scale, offset, finite.load()};
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {

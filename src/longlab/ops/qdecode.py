@@ -162,5 +162,4 @@ def quantize_tokens_packed(x: torch.Tensor, bits: int, group: int, scale_dtype: 
     ext = build.load(KERNEL)
     if ext is None:
         raise RuntimeError(f"quantize_tokens_packed: {unavailable_reason()}")
-    with torch.no_grad():
-        return ext.quantize_tokens_packed(x.detach(), int(bits), int(group), _SCALE_KINDS[scale_dtype])
+    return ext.quantize_tokens_packed(x.detach(), int(bits), int(group), _SCALE_KINDS[scale_dtype])

@@ -75,7 +75,7 @@ class _GroupStore:
         self.head_dim = 0
         self._bufs: tuple[torch.Tensor, ...] | None = None  # spare rows for decode appends
         self._views: tuple[torch.Tensor, ...] = ()  # the codes/scale/offset views of _bufs last set
-        self.fast = True  # the C++ quantizer where it runs (QuantizedLayer sets its ``fused`` here)
+        self.fast = True  # the C++ quantizer where it runs (QuantizedLayer.fused sets it)
 
     @property
     def n(self) -> int:
@@ -334,10 +334,9 @@ class QuantizedLayer(LonglabLayer):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.fused = fused  # decode steps (and per-token quantization) through longlab.ops.qdecode
         self.key_store = key_store
         self.value_store = value_store
-        key_store.fast = value_store.fast = fused
+        self.fused = fused  # decode steps (and per-token quantization) through longlab.ops.qdecode
         self.sink = sink  # sink slots wanted; n_sink slots held (fewer only after an eviction)
         self.n_sink = 0
         self.fp_dtype = fp_dtype
@@ -345,6 +344,17 @@ class QuantizedLayer(LonglabLayer):
         self.chunk_tokens = chunk_tokens
         self.sink_keys: torch.Tensor | None = None  # [B, H_kv, n_sink, D]
         self.sink_values: torch.Tensor | None = None
+
+    @property
+    def fused(self) -> bool:
+        """Whether decode steps read the packed codes with :func:`longlab.ops.qdecode.quant_decode` and new
+        per-token entries are quantized by its C++ quantizer (where the extension runs): one switch, kept
+        on the stores (``fast``) so setting it later reaches both paths."""
+        return self.value_store.fast
+
+    @fused.setter
+    def fused(self, on: bool) -> None:
+        self.key_store.fast = self.value_store.fast = bool(on)
 
     # --- construction ------------------------------------------------------------------------------
     @classmethod
