@@ -134,3 +134,34 @@ def test_spec_decode_grid_commands_and_dustin_budget() -> None:
     assert [c.split("--samples ")[1] for c in cmds[4096]] == ["6 --tasks passkey", "4 --tasks summ_events"]
     assert sd.dustin_budget({"recipe_repr": "SpecConfig(verifier=Dustin(budget=1024, page_size=32))"}) == 1024
     assert sd.dustin_budget({"recipe_repr": "SpecConfig(verifier=FullVerifier())"}) is None
+
+
+def _speed_run(tmp, name: str, cpu: str, kivi_ms: float, full_ms: float) -> None:
+    import json
+
+    rows = [{"length": 32768, "batch": 1, "variant": v, "ms_per_token": ms, "cpu_ms_per_token": ms,
+             "ratio_to_full": ms / full_ms, "cpu_ratio_to_full": ms / full_ms, "kv_bytes": 2**20,
+             "ratios_to_full_by_round": [ms / full_ms], "uptime": ["load average: 1.0", "load average: 1.0"]}
+            for v, ms in (("full", full_ms), ("kivi4", kivi_ms))]
+    hw = {"cpu_family_model": cpu, "aten_capability": "AVX2", "git_commit": name}
+    (tmp / f"decode_speed_fused_{name}.json").write_text(json.dumps({"hardware": hw, "rows": rows}))
+
+
+def test_decode_speed_targets_keep_each_run_apart(tmp_path) -> None:
+    """Two runs of the same target are two rows, each with its own ratio and verdict (a run that meets it
+    does not hide one that does not), and llama.cpp's comparison takes the run of its own CPU."""
+    from longlab.eval.pages import decode_speed
+
+    _speed_run(tmp_path, "a", "23/1", kivi_ms=65.0, full_ms=100.0)
+    _speed_run(tmp_path, "b", "25/17", kivi_ms=50.0, full_ms=100.0)
+    e2e = decode_speed._load_e2e(tmp_path)
+    rows = [r for r in decode_speed.targets(e2e) if r.startswith("| 32k, batch 1: kivi4 <= 0.6")]
+    assert len(rows) == 2
+    assert "`decode_speed_fused_a.json` | 0.65 [0.65, 0.65] | no" in rows[0]
+    assert "`decode_speed_fused_b.json` | 0.50 [0.50, 0.50] | yes" in rows[1]
+    assert sum(t.startswith("**32,768 tokens, batch 1**") for t in decode_speed.e2e_tables(e2e)) == 2
+    llama = {"llama_cpp_python": "x", "gguf": "g", "threads": 1, "hardware": {"cpu_family_model": "25/17"},
+             "rows": [{"length": 32768, "kv_type": "f16", "prefill_tokens_per_s": 1.0,
+                       "decode_ms_per_token": 9.0}]}
+    line = decode_speed.llama_table(llama, e2e)[4]
+    assert "| 100.0 | 50.0 | `decode_speed_fused_b.json` |" in line
