@@ -23,8 +23,10 @@ model), a LoRA fine-tune on each (``longlab train lora``, 300 steps at 2k tokens
 task and length, the same samples for every model), paired per sample against the base model
 (``longlab.eval.stats.paired_difference``: mean difference, 95% paired-bootstrap interval). Every step is
 a ``longlab`` command (``--dry-run`` prints them) and resumes: a finished dataset or adapter is kept, the
-eval store skips finished rows. ``--time-lora-steps N`` times N LoRA steps at ``--ft-seq-len`` on one
-thread (random token ids: the cost of a step does not depend on them) and stores the estimate for 300.
+eval store skips finished rows. The work folder (``--ft-dir``) is tracked by git: the run outlasts a
+session's disk only through commits (bench/state/README.md). ``--time-lora-steps N`` times N LoRA steps
+at ``--ft-seq-len`` on one thread (random token ids: the cost of a step does not depend on them) and
+stores the estimate for 300.
 
     bench/heavy.sh .venv/bin/python bench/entropylong_truth.py --time-lora-steps 2     # ~1 minute
     bench/heavy.sh .venv/bin/python bench/entropylong_truth.py --finetune              # hours: see the page
@@ -330,7 +332,9 @@ def main() -> None:
     f.add_argument("--time-lora-steps", type=int, default=0, metavar="N",
                    help="time N LoRA steps at --ft-seq-len (one thread) and store the estimate")
     f.add_argument("--grad-checkpointing", action="store_true", help="with --time-lora-steps")
-    f.add_argument("--ft-dir", default="runs/entropylong_ft", help="work folder (relative: to the repo root)")
+    f.add_argument("--ft-dir", default="bench/state/entropylong_ft",
+                   help="work folder (relative: to the repo root; the default is tracked, "
+                        "bench/state/README.md)")
     f.add_argument("--ft-result", default=str(FINETUNE_RESULT))
     f.add_argument("--ft-docs", type=int, default=200)
     f.add_argument("--ft-cards", type=int, default=2000)
