@@ -145,3 +145,14 @@ def load_model_tiny():
     from longlab.models import load_model
 
     return load_model("tiny-llama")
+
+
+def test_write_fusion_gives_both_files_a_new_files_usual_mode(llama, tmp_path):
+    """Weights and manifest are renamed from temporaries: a new file's mode, not mkstemp's owner-only one."""
+    from longlab.compress.comi_train import manifest_path, write_fusion
+    from longlab.safeio import new_file_mode
+
+    path = tmp_path / "fusion.safetensors"
+    write_fusion(path, Fusion(llama.config.hidden_size), {"model": "tiny-llama"})
+    assert path.stat().st_mode & 0o777 == manifest_path(path).stat().st_mode & 0o777 == new_file_mode()
+    assert not list(tmp_path.glob(".*longlab-tmp"))

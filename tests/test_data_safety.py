@@ -329,3 +329,20 @@ def test_a_failed_open_removes_only_the_files_it_made_in_a_users_directory(tmp_p
         ResultStore(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["thesis.tex"]
     assert (tmp_path / "thesis.tex").read_text() == "data"
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027])
+def test_atomic_writes_give_a_new_files_usual_mode_not_mkstemps_private_one(tmp_path, umask):
+    """A file renamed into place from a temporary has the mode ``open()`` would give it (0o666 less the
+    umask), not mkstemp's owner-only 0o600: an output a user shares must be readable like their others."""
+    from longlab.safeio import new_file_mode, temp_path_beside
+
+    old = os.umask(umask)
+    try:
+        assert new_file_mode() == 0o666 & ~umask
+        out = write_file_atomic(tmp_path / "a.json", "{}", "--out")
+        assert out.stat().st_mode & 0o777 == 0o666 & ~umask
+        tmp = temp_path_beside(tmp_path / "b.safetensors")
+        assert tmp.stat().st_mode & 0o777 == 0o666 & ~umask and tmp.name.startswith(".b.safetensors.")
+    finally:
+        os.umask(old)

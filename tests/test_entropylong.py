@@ -324,6 +324,8 @@ def test_resume_gives_the_uninterrupted_output(llama, tokenizer, tmp_path, one_t
     assert (summary["skipped"], summary["written"]) == (2, 2)
     assert out.read_text() == full.read_text()
     assert not (tmp_path / "resumed.jsonl.partial").exists()
+    from longlab.safeio import new_file_mode  # a new file's usual mode, not mkstemp's 0o600
+    assert full.stat().st_mode & 0o777 == out.stat().st_mode & 0o777 == new_file_mode()
     assert build_dataset(corpus, llama, tokenizer, out, _small_cfg(), progress=False)["complete_already"]
     with pytest.raises(LonglabError, match=r"max_doc_tokens \(--max-doc-tokens\) \+ chunk_tokens"):
         build_dataset(corpus, llama, tokenizer, tmp_path / "y.jsonl",
@@ -416,6 +418,8 @@ def test_parquet_round_trip_and_foreign_file_refused(llama, tokenizer, tmp_path,
     build_dataset(corpus, llama, tokenizer, jsonl, _small_cfg(), progress=False)
     build_dataset(corpus, llama, tokenizer, parquet, _small_cfg(), progress=False)
     assert not (tmp_path / "d.parquet.partial").exists()
+    from longlab.safeio import new_file_mode  # a new file's usual mode, not mkstemp's 0o600
+    assert parquet.stat().st_mode & 0o777 == new_file_mode()
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".longlab-tmp")]
     head_j, recs_j = read_dataset(jsonl)
     head_p, recs_p = read_dataset(parquet)

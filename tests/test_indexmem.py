@@ -123,6 +123,8 @@ def test_training_writes_safetensors_and_manifest(trained, llama):
     man = w.manifest
     assert path.stem == model_key(llama.config)
     assert manifest_path(path).is_file()
+    from longlab.safeio import new_file_mode  # a new file's usual mode, not mkstemp's 0o600
+    assert path.stat().st_mode & 0o777 == manifest_path(path).stat().st_mode & 0o777 == new_file_mode()
     assert man["model"] == "tiny-llama" and man["num_layers"] == llama.config.num_hidden_layers
     assert (man["num_heads"], man["num_kv_heads"], man["head_dim"]) == (4, 2, 16)
     assert man["training"]["forwards"] == 2 and man["training"]["optimizer_steps"] == 8

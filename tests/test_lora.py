@@ -109,6 +109,8 @@ def test_bad_adapter_directories_are_refused(trained, tmp_path):
     model, tensors, stats = trained
     # the weights file is missing
     gone = _save(tmp_path, model, tensors, stats, name="gone")
+    from longlab.safeio import new_file_mode  # not safetensors' owner-only 0o600
+    assert {p.stat().st_mode & 0o777 for p in gone.iterdir()} == {new_file_mode()}
     (gone / "adapter.safetensors").unlink()
     with pytest.raises(LonglabError, match="not a longlab LoRA adapter .needs adapter.json and adapter"):
         load_model(gone)

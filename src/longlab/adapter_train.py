@@ -349,7 +349,7 @@ def _save_checkpoint(path: Path, identity: dict[str, Any], named: dict[str, torc
                      opt: torch.optim.Optimizer, record: dict[str, Any]) -> None:
     import json
 
-    from safetensors.torch import save_file
+    from .safeio import save_tensors
 
     tensors: dict[str, torch.Tensor] = {}
     steps: dict[str, float] = {}
@@ -363,7 +363,7 @@ def _save_checkpoint(path: Path, identity: dict[str, Any], named: dict[str, torc
             steps[name] = float(state["step"])
 
     def write(tmp: Path) -> None:
-        save_file(tensors, str(tmp / CHECKPOINT_WEIGHTS))
+        save_tensors(tensors, str(tmp / CHECKPOINT_WEIGHTS))
         manifest = {"format": "longlab-lora-checkpoint", "identity": identity, "adam_steps": steps,
                     **record, "weights_file": file_record(tmp / CHECKPOINT_WEIGHTS, tensors)}
         (tmp / CHECKPOINT_MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
@@ -410,7 +410,7 @@ def save_adapter(
     """Write the adapter directory (``adapter.safetensors``, then ``adapter.json`` with the weights file's
     record) through :func:`longlab.safeio.publish_dir`: ``out`` must be new, empty or an adapter longlab
     wrote."""
-    from safetensors.torch import save_file
+    from .safeio import save_tensors
 
     fingerprint = base_fingerprint(model)
 
@@ -418,7 +418,7 @@ def save_adapter(
         import json
 
         weights = tmp / ADAPTER_WEIGHTS
-        save_file(tensors, str(weights), metadata={"rank": str(rank), "base_fingerprint": fingerprint,
+        save_tensors(tensors, str(weights), metadata={"rank": str(rank), "base_fingerprint": fingerprint,
                                                    "targets": targets, "format": "longlab-lora"})
         manifest = {
             "longlab_adapter": ADAPTER_FORMAT, "method": "lora", "paper": PAPER, "base_model": base_model,

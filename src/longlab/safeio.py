@@ -42,6 +42,10 @@ __all__ = [
     "read_checked_tensors",
     "tensor_list",
     "write_file_atomic",
+    "temp_file_beside",
+    "temp_path_beside",
+    "save_tensors",
+    "new_file_mode",
     "os_error",
     "json_format_is",
     "safetensors_format_is",
@@ -204,12 +208,51 @@ def publish_dir(
     return out
 
 
+def new_file_mode() -> int:
+    """The mode ``open()`` gives a new file here: ``0o666`` less the process umask."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def temp_file_beside(out: Path, suffix: str = ".longlab-tmp") -> tuple[int, str]:
+    """``(fd, name)`` of a new, uniquely named file beside ``out`` (``tempfile.mkstemp``), with a new file's
+    usual mode (:func:`new_file_mode`; mkstemp makes it owner-only), so the file renamed over ``out`` reads
+    like any file the user writes."""
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=suffix, dir=out.parent)
+    try:
+        os.fchmod(fd, new_file_mode())
+    except OSError:
+        os.close(fd)
+        os.unlink(name)
+        raise
+    return fd, name
+
+
+def temp_path_beside(out: Path, suffix: str = ".longlab-tmp") -> Path:
+    """:func:`temp_file_beside`, closed: the path, for a writer that opens it by name."""
+    fd, name = temp_file_beside(out, suffix)
+    os.close(fd)
+    return Path(name)
+
+
+def save_tensors(tensors: Mapping[str, Any], path: str | os.PathLike[str],
+                 metadata: dict[str, str] | None = None) -> None:
+    """``safetensors.torch.save_file`` with a new file's usual mode (:func:`new_file_mode`): safetensors
+    creates its file owner-only (0o600), unlike every other file longlab writes."""
+    from safetensors.torch import save_file
+
+    save_file(dict(tensors), str(path), metadata=metadata)
+    os.chmod(path, new_file_mode())
+
+
 def write_file_atomic(path: str | os.PathLike[str], data: str | bytes, flag: str) -> Path:
-    """Write ``data`` to a unique temporary file beside ``path`` and rename it over ``path``."""
+    """Write ``data`` to a unique temporary file beside ``path`` (:func:`temp_file_beside`) and rename it
+    over ``path``."""
     out = Path(path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".longlab-tmp", dir=out.parent)
+        fd, name = temp_file_beside(out)
     except OSError as exc:
         raise os_error(exc, flag, out) from None
     try:

@@ -106,9 +106,9 @@ _FUSIONS: dict[str, Fusion] = {}
 
 def save_fusion(fusion: Fusion, path: str, **metadata: str) -> None:
     """Write the fusion layer's weights as safetensors (``metadata``: what it was trained on)."""
-    from safetensors.torch import save_file
+    from ..safeio import save_tensors
 
-    save_file({k: v.detach().contiguous().cpu() for k, v in fusion.state_dict().items()}, path,
+    save_tensors({k: v.detach().contiguous().cpu() for k, v in fusion.state_dict().items()}, path,
               metadata={k: str(v) for k, v in metadata.items()})
 
 

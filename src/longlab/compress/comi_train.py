@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..errors import LonglabError, check_range
-from ..safeio import check_output_file, json_format_is, safetensors_format_is
+from ..safeio import check_output_file, json_format_is, safetensors_format_is, temp_path_beside
 
 __all__ = ["FORMAT", "COMI_DEFAULTS", "TRAIN_SEED_OFFSET", "check_comi_settings", "fusion_output_path",
            "fusion_example", "train_comi", "write_fusion", "manifest_path"]
@@ -126,17 +126,16 @@ def write_fusion(path: Path, fusion: Any, manifest: dict[str, Any]) -> None:
     """The weights (metadata: ``format`` and the manifest's settings) and ``PATH.json``, both under
     temporary names first, then renamed: a failure leaves no half-written file."""
     import os
-    import tempfile
 
-    from safetensors.torch import save_file
+    from ..safeio import save_tensors
 
     manifest = {"format": FORMAT, **manifest}
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkstemp(prefix=f".{path.name}.", suffix=".longlab-tmp", dir=path.parent)[1])
-    man_tmp = Path(tempfile.mkstemp(prefix=f".{path.name}.json.", suffix=".longlab-tmp", dir=path.parent)[1])
+    tmp = temp_path_beside(path)
+    man_tmp = temp_path_beside(path, ".json.longlab-tmp")
     try:
         metadata = {k: str(v) for k, v in manifest.items() if not isinstance(v, (dict, list))}
-        save_file({k: v.detach().contiguous().cpu() for k, v in fusion.state_dict().items()}, str(tmp),
+        save_tensors({k: v.detach().contiguous().cpu() for k, v in fusion.state_dict().items()}, str(tmp),
                   metadata=metadata)
         man_tmp.write_text(json.dumps(manifest, indent=1) + "\n", encoding="utf-8")
         os.replace(tmp, path)

@@ -57,7 +57,7 @@ from ..cache import LonglabCache, left_pad
 from ..engine.stream import chunk_slices
 from ..errors import LonglabError, shorten
 from ..registry import check_params, param
-from ..safeio import check_output_file, os_error, write_file_atomic
+from ..safeio import check_output_file, os_error, temp_path_beside, write_file_atomic
 from .groundtruth import Corpus, Doc
 
 __all__ = [
@@ -605,14 +605,11 @@ def _parquet_schema(header: dict[str, Any]) -> Any:
 def _write_parquet(partial: Path, out: Path, header: dict[str, Any], flag: str) -> None:
     """The JSONL ``partial`` as Parquet at ``out``: written to a temporary file beside ``out``
     (``PARQUET_ROWS`` records per row group) and renamed over it; the partial is removed after."""
-    import tempfile
-
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     schema = _parquet_schema(header)
-    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".longlab-tmp", dir=out.parent)
-    os.close(fd)
+    name = str(temp_path_beside(out))
     try:
         with pq.ParquetWriter(name, schema) as writer, open(partial, "rb") as fh:
             fh.readline()

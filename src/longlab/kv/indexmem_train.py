@@ -33,7 +33,14 @@ import torch
 
 from ..capture import capture_attention
 from ..recipe import LonglabError, check_range, shorten
-from ..safeio import check_output_file, file_record, json_format_is, os_error, safetensors_format_is
+from ..safeio import (
+    check_output_file,
+    file_record,
+    json_format_is,
+    os_error,
+    safetensors_format_is,
+    temp_path_beside,
+)
 from .indexmem import (
     D_FEATURE,
     D_INDEX,
@@ -370,15 +377,14 @@ def output_path(out: str | Path | None, key: str) -> Path:
 
 def _write(path: Path, tensors: dict[str, torch.Tensor], manifest: dict[str, Any], key: str) -> None:
     """Both files under temporary names first, then renamed: a failure leaves no half-written file."""
-    import tempfile
 
-    from safetensors.torch import save_file
+    from ..safeio import save_tensors
 
     path.parent.mkdir(parents=True, exist_ok=True)  # checked writable before training (output_path)
-    tmp = Path(tempfile.mkstemp(prefix=f".{path.name}.", suffix=".longlab-tmp", dir=path.parent)[1])
-    man_tmp = Path(tempfile.mkstemp(prefix=f".{path.name}.json.", suffix=".longlab-tmp", dir=path.parent)[1])
+    tmp = temp_path_beside(path)
+    man_tmp = temp_path_beside(path, ".json.longlab-tmp")
     try:
-        save_file(tensors, str(tmp), metadata={"format": FORMAT, "model_key": key})
+        save_tensors(tensors, str(tmp), metadata={"format": FORMAT, "model_key": key})
         manifest = {**manifest, "weights_file": file_record(tmp, tensors)}  # size, SHA-256, tensor list
         man_tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
         tmp.replace(path)

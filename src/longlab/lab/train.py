@@ -117,13 +117,13 @@ def _optimizer(model: LabLM, cfg: TrainConfig) -> torch.optim.AdamW:
 
 def _save(out: Path, step: int, model: LabLM, opt: torch.optim.Optimizer, cfg: TrainConfig,
           history: list[dict[str, float]], elapsed: float) -> None:
-    from safetensors.torch import save_file
+    from ..safeio import save_tensors
 
     ck = out / f"checkpoint-{step}"
     tmp = out / f".checkpoint-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
+    save_tensors({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp / "model.safetensors"))
     tensors, scalars = {}, {}
     for pid, st in opt.state_dict()["state"].items():
         for key, value in st.items():
@@ -131,7 +131,7 @@ def _save(out: Path, step: int, model: LabLM, opt: torch.optim.Optimizer, cfg: T
                 tensors[f"{pid}.{key}"] = value.contiguous()
             else:
                 scalars[f"{pid}.{key}"] = float(value)
-    save_file(tensors, str(tmp / "optimizer.safetensors"), metadata={"scalars": json.dumps(scalars)})
+    save_tensors(tensors, str(tmp / "optimizer.safetensors"), metadata={"scalars": json.dumps(scalars)})
     shutil.rmtree(ck, ignore_errors=True)
     os.replace(tmp, ck)
     mcfg = cfg.model_config()

@@ -339,7 +339,7 @@ def train_system(
     """Train ``system`` (``cdic``: ra-TBPTT over ``n_turns``-turn conversations; ``tokens``: the LM that
     ``full``/``lastk`` read, on 64-turn windows) for ``minutes`` of wall time (the cosine schedule runs on
     elapsed time) or ``max_steps``; saves ``out/model.safetensors`` + ``out/cdic.json``."""
-    from safetensors.torch import save_file
+    from ..safeio import save_tensors
 
     if system not in ("cdic", "tokens"):
         raise LonglabError(f"--system must be 'cdic' or 'tokens', got {system!r}")
@@ -378,7 +378,7 @@ def train_system(
                 f"{time.perf_counter() - t0:.0f}s"
             )
     path.mkdir(parents=True, exist_ok=True)
-    save_file(
+    save_tensors(
         {k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(path / "model.safetensors")
     )
     info = {

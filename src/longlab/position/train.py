@@ -279,7 +279,7 @@ def save_variant(
     """Write ``out/model.safetensors`` (the trained tensors) and ``out/manifest.json`` into a temporary
     directory beside ``out``, then move them into place (:func:`longlab.safeio.publish_dir`): ``out`` must
     be new, empty or an earlier variant; a user's directory is refused and left untouched."""
-    from safetensors.torch import save_file
+    from ..safeio import save_tensors
 
     out = Path(out)
     names = stats.pop("_names")
@@ -303,7 +303,7 @@ def save_variant(
             "train": str(stats.get("train", ""))}
 
     def write(tmp: Path) -> None:
-        save_file(tensors, str(tmp / WEIGHTS), metadata=meta)
+        save_tensors(tensors, str(tmp / WEIGHTS), metadata=meta)
         manifest["weights_file"] = file_record(tmp / WEIGHTS, tensors)  # size, SHA-256, tensor list
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
 

@@ -314,7 +314,7 @@ class DocStore:
         return doc
 
     def _write(self, model: Any, tokenizer: Any, text: str, ids: list[int], prefix_ids, doc: DocKV) -> str:
-        from safetensors.torch import save_file
+        from ..safeio import save_tensors
 
         self._check_writable()
         model_hash, tok_hash = model_fingerprint(model), tokenizer_fingerprint(tokenizer)
@@ -345,7 +345,7 @@ class DocStore:
             os.close(fd)
             tmp = Path(name)
             try:
-                save_file(tensors, str(tmp), metadata=meta)
+                save_tensors(tensors, str(tmp), metadata=meta)
             except Exception as exc:  # safetensors reports a full disk as its own error type
                 if isinstance(exc, OSError):
                     raise
