@@ -229,7 +229,10 @@ def finetune_text(result: dict[str, Any], timing: dict[str, Any] | None,
         build = result["seconds_per_doc"] * 200 / 3600
         hw = timing["hardware"]
         lines[0] += (
-            f" It was not run because of its cost on this machine: one LoRA step of `{timing['model']}` at "
+            " It is too long for one working session here, so it runs across sessions and resumes from its "
+            "committed state (`bench/state/entropylong_ft`, `bench/state/README.md`); its table appears "
+            "here when all four models are evaluated. Its cost, timed on one of this project's hosts: one "
+            f"LoRA step of `{timing['model']}` at "
             f"{timing['seq_len']} tokens (rank 8, q/k/v/o, batch 1, fp32, one thread) took **{per:.1f} s** "
             f"(median of the steps after the first; {', '.join(f'{x:.1f}' for x in timing['step_seconds'])} "
             f"s; peak RSS {timing['peak_rss_gib']:.1f} GiB; {hw['cpu']}, load {hw['load_avg_1m']:.1f}), so "
