@@ -344,5 +344,20 @@ def test_atomic_writes_give_a_new_files_usual_mode_not_mkstemps_private_one(tmp_
         assert out.stat().st_mode & 0o777 == 0o666 & ~umask
         tmp = temp_path_beside(tmp_path / "b.safetensors")
         assert tmp.stat().st_mode & 0o777 == 0o666 & ~umask and tmp.name.startswith(".b.safetensors.")
+        # a replaced output keeps the mode its owner gave it, tighter or looser
+        for mode in (0o600, 0o664):
+            out.chmod(mode)
+            write_file_atomic(out, "[]", "--out")
+            assert out.stat().st_mode & 0o777 == mode and out.read_text() == "[]"
+        import torch
+
+        from longlab.safeio import save_tensors
+
+        weights = tmp_path / "w.safetensors"
+        save_tensors({"a": torch.zeros(2)}, weights)
+        assert weights.stat().st_mode & 0o777 == 0o666 & ~umask
+        weights.chmod(0o640)
+        save_tensors({"a": torch.ones(2)}, weights)
+        assert weights.stat().st_mode & 0o777 == 0o640
     finally:
         os.umask(old)

@@ -216,12 +216,17 @@ def new_file_mode() -> int:
 
 
 def temp_file_beside(out: Path, suffix: str = ".longlab-tmp") -> tuple[int, str]:
-    """``(fd, name)`` of a new, uniquely named file beside ``out`` (``tempfile.mkstemp``), with a new file's
-    usual mode (:func:`new_file_mode`; mkstemp makes it owner-only), so the file renamed over ``out`` reads
-    like any file the user writes."""
+    """``(fd, name)`` of a new, uniquely named file beside ``out`` (``tempfile.mkstemp``) with the mode the
+    file renamed over ``out`` should keep: ``out``'s own permission bits when it is a file already (a
+    replaced output keeps what its owner set), else a new file's usual mode (:func:`new_file_mode`;
+    mkstemp alone makes it owner-only)."""
+    try:
+        mode = stat.S_IMODE(out.stat().st_mode) if out.is_file() else new_file_mode()
+    except OSError:
+        mode = new_file_mode()
     fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=suffix, dir=out.parent)
     try:
-        os.fchmod(fd, new_file_mode())
+        os.fchmod(fd, mode)
     except OSError:
         os.close(fd)
         os.unlink(name)
@@ -238,12 +243,17 @@ def temp_path_beside(out: Path, suffix: str = ".longlab-tmp") -> Path:
 
 def save_tensors(tensors: Mapping[str, Any], path: str | os.PathLike[str],
                  metadata: dict[str, str] | None = None) -> None:
-    """``safetensors.torch.save_file`` with a new file's usual mode (:func:`new_file_mode`): safetensors
-    creates its file owner-only (0o600), unlike every other file longlab writes."""
+    """``safetensors.torch.save_file``, keeping the mode ``path`` had (a :func:`temp_path_beside` file has
+    its target's) or else giving a new file's usual mode (:func:`new_file_mode`): safetensors re-creates its
+    file owner-only (0o600), unlike every other file longlab writes."""
     from safetensors.torch import save_file
 
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        mode = new_file_mode()
     save_file(dict(tensors), str(path), metadata=metadata)
-    os.chmod(path, new_file_mode())
+    os.chmod(path, mode)
 
 
 def write_file_atomic(path: str | os.PathLike[str], data: str | bytes, flag: str) -> Path:
