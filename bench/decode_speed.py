@@ -47,6 +47,8 @@ and transformers' ``QuantizedCache`` (quanto backend); and a kernel-only micro-b
     python bench/decode_speed.py speed                                  # 1k, 8k, 32k tokens; batch 1 and 4
     python bench/decode_speed.py speed --lengths 1024,8192 --batches 1 --rounds 3 --steps 16
     python bench/decode_speed.py speed --micro --lengths 8192,32768     # fused kernels vs a STREAM-like copy
+    python bench/decode_speed.py speed --profile --synthetic --lengths 32768 --batches 1 \\
+        --recipes "full;quest:budget={T8}" --steps 8 --rounds 3 --threads 1  # where a step's time goes
 
 Variant names: ``sdpa`` (below), ``hf-quanto4`` / ``hf-quanto2`` (transformers' ``QuantizedCache`` with the
 optimum-quanto backend at 4 / 2 bits, its defaults otherwise: groups of 64, a 128-token full-precision
@@ -314,6 +316,100 @@ def measure(model: Any, vocab: int, length: int, batches: list[int], variants: l
     return rows
 
 
+# Functions whose cumulative time the profile reports by name (pstats' function name, where it is defined).
+PROFILED = {
+    "quest select (scores + top-k)": ("select", "decode/quest.py"),
+    "quest page scores": ("page_scores", "decode/quest.py"),
+    "quest page summaries": ("page_summary", "decode/quest.py"),
+    "paged kernel": ("paged_decode", "ops/qdecode.py"),
+    "quantized kernel": ("quant_decode", "ops/qdecode.py"),
+    "attention hook (all attention)": ("longlab_attention", "longlab/hook.py"),
+    "top-k": ("<method 'topk' of 'torch._C.TensorBase' objects>", "~"),
+    "linear (weights)": ("<built-in method torch._C._nn.linear>", "~"),
+    "SDPA": ("<built-in method torch._C._nn.scaled_dot_product_attention>", "~"),
+}
+
+
+def profile_steps(model: Any, vocab: int, length: int, variants: list[str], args) -> list[dict]:
+    """Where a decode step's time goes, per variant, batch 1 (``speed --profile``).
+
+    Per round, variants in turn (the order rotated each round): ``--steps`` steps timed plainly, then
+    ``--steps`` steps under :mod:`cProfile`; the stats of all rounds are summed. Reported per step: the
+    plain and the profiled wall time (the difference is cProfile's own cost, large for Python-heavy paths),
+    the cumulative time of the functions in :data:`PROFILED`, and the 25 functions with the most own time.
+    """
+    import cProfile
+    import pstats
+
+    start = time.perf_counter()
+    if args.synthetic:
+        base, records = _synthetic(model, length, args.seed)
+    else:
+        base, records = _prefill(model, _context(vocab, length, args.seed), args.chunk_size)
+    print(f"T={length}: prefill {time.perf_counter() - start:.0f} s", flush=True)
+    first = torch.tensor([[int(_context(vocab, 1, args.seed + 1)[0])]])
+    runners = []
+    for spec in variants:
+        name = expand_recipe(spec, length, model)
+        runners.append(_Runner(name, _variant_cache(name, base, records, 1), first, length))
+        runners[-1].steps(model, 2)  # warm-up
+    plain: dict[str, list[float]] = {r.name: [] for r in runners}
+    profiled: dict[str, list[float]] = {r.name: [] for r in runners}
+    stats: dict[str, pstats.Stats | None] = {r.name: None for r in runners}
+    load_before = os.getloadavg()[0]
+    for rnd in range(args.rounds):
+        for runner in runners[rnd % len(runners):] + runners[: rnd % len(runners)]:
+            plain[runner.name].extend(w for w, _ in runner.steps(model, args.steps))
+            prof = cProfile.Profile()
+            t0 = time.perf_counter()
+            prof.runcall(runner.steps, model, args.steps)
+            profiled[runner.name].append((time.perf_counter() - t0) / args.steps)
+            st = pstats.Stats(prof)
+            if stats[runner.name] is None:
+                stats[runner.name] = st
+            else:
+                stats[runner.name].add(st)
+    load_after = os.getloadavg()[0]
+    n_steps = args.steps * args.rounds
+    out = []
+    for runner in runners:
+        # (file, line, name) -> (primitive calls, calls, own time, cumulative time, callers)
+        table = stats[runner.name].stats
+        named = {}
+        for label, (func, where) in PROFILED.items():
+            hits = [v for (f, _, n), v in table.items() if n == func and f.replace("\\", "/").endswith(where)]
+            if hits:
+                named[label] = {"calls_per_step": round(sum(v[1] for v in hits) / n_steps, 1),
+                                "cum_ms_per_step": round(1e3 * sum(v[3] for v in hits) / n_steps, 2)}
+        top = sorted(table.items(), key=lambda kv: -kv[1][2])[:25]
+        functions = [{"function": n, "file": _short_path(f), "line": line,
+                      "calls_per_step": round(v[1] / n_steps, 1),
+                      "own_ms_per_step": round(1e3 * v[2] / n_steps, 3),
+                      "cum_ms_per_step": round(1e3 * v[3] / n_steps, 3)} for (f, line, n), v in top]
+        row = {"length": length, "batch": 1, "variant": runner.name, "steps": n_steps,
+               "ms_per_token": round(1e3 * statistics.median(plain[runner.name]), 2),
+               "profiled_ms_per_token": round(1e3 * statistics.median(profiled[runner.name]), 2),
+               "named": named, "functions": functions, "load_avg_1m": [load_before, load_after]}
+        out.append(row)
+        print(f"T={length:6d} {runner.name:40s} {row['ms_per_token']:8.1f} ms/token"
+              f" (profiled {row['profiled_ms_per_token']:.1f})", flush=True)
+        for label, v in named.items():
+            print(f"    {label:32s} {v['cum_ms_per_step']:8.2f} ms/step"
+                  f"  {v['calls_per_step']:7.1f} calls/step")
+    del runners
+    gc.collect()
+    return out
+
+
+def _short_path(path: str) -> str:
+    """A profiled function's file, from the package (or ``torch``) on; ``~`` for built-ins."""
+    path = path.replace("\\", "/")
+    for anchor in ("/longlab/", "/torch/", "/transformers/"):
+        if anchor in path:
+            return anchor.strip("/") + "/" + path.split(anchor, 1)[1]
+    return os.path.basename(path) if path != "~" else "~"
+
+
 def plot(rows: list[dict], path: str) -> str | None:
     try:
         import matplotlib
@@ -387,6 +483,8 @@ def speed_main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--micro", action="store_true", help="the kernel-only micro-benchmark instead")
+    p.add_argument("--profile", action="store_true",
+                   help="where each variant's decode step goes (cProfile, batch 1), not the timing table")
     p.add_argument("--synthetic", action="store_true",
                    help="random K/V instead of a prefill (decode time does not depend on the values); "
                         "quant and decode recipes only")
@@ -395,6 +493,7 @@ def speed_main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.out is None:
         args.out = str(ROOT / ("bench/results/decode_speed_micro.json" if args.micro
+                               else "bench/results/decode_speed_profile.json" if args.profile
                                else "bench/results/decode_speed.json"))
     if args.replot:
         print(f"wrote {replot(args.out)}")
@@ -429,6 +528,12 @@ def speed_main(argv: list[str] | None = None) -> int:
     model.eval()
     header = hardware()
     header["uptime"] = _uptime()
+    if args.profile:
+        runs = [profile_steps(model, len(tokenizer), length, variants, args) for length in lengths]
+        write_json(args.out, {"hardware": header, "load_avg_1m_end": os.getloadavg()[0], "args": vars(args),
+                              "profiles": [p for run in runs for p in run]})
+        print(f"wrote {args.out}")
+        return 0
     rows = []
     for length in lengths:
         rows.extend(measure(model, len(tokenizer), length, batches, variants, args, batch_variants))

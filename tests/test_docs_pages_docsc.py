@@ -165,3 +165,21 @@ def test_decode_speed_targets_keep_each_run_apart(tmp_path) -> None:
                        "decode_ms_per_token": 9.0}]}
     line = decode_speed.llama_table(llama, e2e)[4]
     assert "| 100.0 | 50.0 | `decode_speed_fused_b.json` |" in line
+
+
+def test_decode_speed_profile_table_orders_by_time_and_states_shares() -> None:
+    """The profile table (``speed --profile``) lists each variant's named functions by cumulative time,
+    the largest first, with their share of the profiled step."""
+    from longlab.eval.pages import decode_speed
+
+    data = {"hardware": {"cpu_family_model": "25/17", "aten_capability": "AVX512", "git_commit": "abc"},
+            "args": {"threads": 1, "steps": 8, "rounds": 3},
+            "profiles": [{"length": 32768, "variant": "quest:budget=4096", "ms_per_token": 150.0,
+                          "profiled_ms_per_token": 200.0,
+                          "named": {"paged kernel": {"calls_per_step": 28, "cum_ms_per_step": 20.0},
+                                    "linear (weights)": {"calls_per_step": 211, "cum_ms_per_step": 100.0}}}]}
+    lines = decode_speed.profile_table(data)
+    body = [x for x in lines if x.startswith("| 32,768") or x.startswith("| | ")]
+    assert body[0] == ("| 32,768 | `quest:budget=4096` | 150.0 | 200.0 | linear (weights) | 211 | 100.00 "
+                       "| 50% |")
+    assert body[1] == "| | | | | paged kernel | 28 | 20.00 | 10% |"

@@ -550,6 +550,31 @@ def test_page_finetune_block_renders_base_and_variant_pairs_with_their_significa
     assert "bench/heavy.sh x --finetune" in text
 
 
+def test_finetune_reading_counts_significant_cells_by_direction_and_names_floor_cells():
+    """The item-4 verdict is counted from the stored cells: one significant rise, one significant fall,
+    one cell where every model scores 0 (named as a floor); and 'shows nothing' only when no difference is
+    significant."""
+    from longlab.eval.pages.entropylong import finetune_reading
+
+    def cell(variant, task, length, adapter, base, low, high):
+        return {"variant": variant, "task": task, "length": length, "n": 24, "adapter": adapter,
+                "base": base, "diff": adapter - base, "low": low, "high": high}
+
+    ft = {"size": {"samples": 24},
+          "cells": [cell("verification", "vt", 2048, 0.6, 0.3, 0.1, 0.5),
+                    cell("random", "vt", 2048, 0.1, 0.3, -0.35, -0.05),
+                    cell("verification", "niah_single_1", 4096, 0.0, 0.0, 0.0, 0.0),
+                    cell("random", "niah_single_1", 4096, 0.0, 0.0, 0.0, 0.0)],
+          "pairs": [{"task": "vt", "length": 2048, "n": 24, "diff": 0.5, "low": 0.2, "high": 0.7}]}
+    text = finetune_reading(ft)[0]
+    assert "4 adapter - base differences, **1 significantly above 0 and 1 below**; 2 not significant" in text
+    assert "1 significantly better, 0 worse, 0 not significant (of 1)" in text
+    assert "(niah_single_1 at 4096)" in text and "vt at 2048" not in text.split("(niah")[1]
+    assert "shows nothing" not in text
+    ft["cells"] = ft["cells"][2:]
+    assert "**This fine-tune shows nothing**: none of the 2" in finetune_reading(ft)[0]
+
+
 @pytest.mark.parametrize("better", ["verification", "random"])
 def test_finetune_analysis_pairs_each_adapter_with_the_base_and_verification_with_the_others(
         tmp_path, monkeypatch, better):

@@ -2,8 +2,8 @@
 
 Reads ``bench/results/decode_speed_fused*.json`` (end to end, ``bench/decode_speed.py``; one run per file,
 each on its own host), ``decode_speed_micro*.json`` (kernel only), ``llamacpp_decode.json`` (llama.cpp on
-the same GGUF) and, when present, ``decode_speed_accuracy.json`` (fused kernel vs the PyTorch path on the
-same samples).
+the same GGUF), ``decode_speed_profile*.json`` (where a step's time goes, cProfile) and, when present,
+``decode_speed_accuracy.json`` (fused kernel vs the PyTorch path on the same samples).
 Ratios are medians over interleaved rounds with their range over rounds (moved from
 ``bench/decode_speed_report.py``).
 """
@@ -172,6 +172,26 @@ def accuracy_table(data: dict) -> list[str]:
     return out
 
 
+def profile_table(data: dict) -> list[str]:
+    """``decode_speed_profile*.json`` (``bench/decode_speed.py speed --profile``): per variant, the
+    cumulative time of the named functions per decode step, under cProfile."""
+    args = data.get("args") or {}
+    out = [f"{machine(data.get('hardware'))}; {args.get('threads', '?')} thread(s), batch 1, "
+           f"{args.get('steps', '?')} steps x {args.get('rounds', '?')} rounds per variant, variants in "
+           "turn. The plain step time is measured in the same rounds; the profiled one includes "
+           "cProfile's own cost, so shares are of the profiled step.", "",
+           "| T | variant | ms / token (plain) | ms / token (profiled) | function | calls / step "
+           "| ms / step (cumulative) | share of the profiled step |",
+           "|---:|---|---:|---:|---|---:|---:|---:|"]
+    for r in data["profiles"]:
+        for i, (label, v) in enumerate(sorted(r["named"].items(), key=lambda kv: -kv[1]["cum_ms_per_step"])):
+            head = (f"| {r['length']:,} | `{r['variant']}` | {r['ms_per_token']:.1f} | "
+                    f"{r['profiled_ms_per_token']:.1f} |" if i == 0 else "| | | | |")
+            out.append(f"{head} {label} | {v['calls_per_step']:g} | {v['cum_ms_per_step']:.2f} | "
+                       f"{v['cum_ms_per_step'] / r['profiled_ms_per_token']:.0%} |")
+    return out + [""]
+
+
 def _load_e2e(results: Path) -> dict | None:
     """``decode_speed_fused*.json``: one run per file, in file-name order, each with its host."""
     files = sorted(results.glob("decode_speed_fused*.json"))
@@ -199,6 +219,9 @@ def render(root: Path, plots: bool) -> dict[str, str]:
         lines += ["### Kernel only: achieved bytes/s against the copy bandwidth", ""]
         for name, micro in micros:
             lines += [f"`{name}`:", ""] + micro_table(micro)
+    for path in sorted(results.glob("decode_speed_profile*.json")):
+        lines += [f"### Where a decode step's time goes (`{path.name}`)", ""]
+        lines += profile_table(json.loads(path.read_text(encoding="utf-8")))
     if acc:
         lines += ["### Accuracy: fused kernel vs the PyTorch path, same samples", ""] + accuracy_table(acc)
     if llama:

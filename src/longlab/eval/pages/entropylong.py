@@ -163,6 +163,40 @@ def _size_note(result: dict[str, Any]) -> str:
             f"({per} here).")
 
 
+def finetune_reading(finetune: dict[str, Any]) -> list[str]:
+    """The verdict on item 4, counted from the stored cells: how many adapter - base and verification -
+    other differences are significant, in which direction, and the cells where no model can move (every
+    model scores 0 on every sample, or 1 on every sample: floor or ceiling)."""
+    cells, pairs = finetune["cells"], finetune.get("pairs") or []
+
+    def count(rows: list[dict[str, Any]]) -> tuple[int, int, int]:
+        up = sum(1 for c in rows if _sig(c) == "significant" and c["diff"] > 0)
+        down = sum(1 for c in rows if _sig(c) == "significant" and c["diff"] < 0)
+        return up, down, len(rows) - up - down
+
+    up, down, flat = count(cells)
+    pup, pdown, pflat = count(pairs)
+    bounded = sorted({(c["task"], c["length"]) for c in cells if c["base"] in (0.0, 1.0)
+                      and all(o["adapter"] == c["base"] for o in cells
+                              if (o["task"], o["length"]) == (c["task"], c["length"]))})
+    if up == 0 and down == 0:
+        verdict = (f"**This fine-tune shows nothing**: none of the {len(cells)} adapter - base "
+                   "differences is significant")
+    else:
+        verdict = (f"Of the {len(cells)} adapter - base differences, **{up} significantly above 0 and {down} "
+                   f"below**; {flat} not significant")
+    text = (f"Reading: {verdict}. Verified data against the other variants' data: {pup} significantly "
+            f"better, {pdown} worse, {pflat} not significant (of {len(pairs)}).")
+    if bounded:
+        text += (" Where the base model and every adapter score 0 or 1 on every sample ("
+                 + ", ".join(f"{t} at {n}" for t, n in bounded)
+                 + "), the cell cannot show a difference either way.")
+    text += (" These are the issue's sizes (about 300 LoRA steps of a 135M model at 2k tokens, "
+             f"{finetune['size']['samples']} samples per cell); a null result here does not rule out an "
+             "effect of longer training or a larger model.")
+    return [text, ""]
+
+
 def _sig(c: dict[str, Any]) -> str:
     """A stored paired difference's verdict, by the one rule (``Difference.significant``)."""
     d = Difference(mean=c["diff"], low=c["low"], high=c["high"], n=c["n"])
@@ -203,6 +237,7 @@ def finetune_text(result: dict[str, Any], timing: dict[str, Any] | None,
             for c in pairs:
                 lines.append(f"| {c['variant']} - {c['other']} | {c['task']} | {c['length']} | {c['n']} | "
                              f"{c['diff']:+.3f} [{c['low']:+.3f}, {c['high']:+.3f}] | {_sig(c)} |")
+        lines += ["", *finetune_reading(finetune)]
         training = finetune.get("training") or {}
         if training:
             lines += ["", "Training (from each adapter's record): language-model loss on the held-out "
