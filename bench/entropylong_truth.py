@@ -36,6 +36,7 @@ stores the estimate for 300.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 import sys
@@ -167,17 +168,35 @@ def finetune_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
     return cmds
 
 
-def _finished(what: str, argv: list[str], args: argparse.Namespace) -> bool:
-    """A training step whose adapter is there with all its steps done is not run again (the data and eval
-    commands resume by themselves)."""
-    if not what.startswith("train:"):
-        return what == "corpus" and (Path(args.ft_dir) / "corpus").is_dir()
-    manifest = Path(argv[argv.index("--out") + 1]) / "adapter.json"
+def _trained(adapter: Path, args: argparse.Namespace) -> dict[str, Any] | None:
+    """The manifest of an adapter with all its steps done, else None."""
     try:
-        done = json.loads(manifest.read_text())["training"]["steps_done"]
+        manifest = json.loads((adapter / "adapter.json").read_text())
+        done = manifest["training"]["steps_done"] == args.ft_steps
     except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return done == args.ft_steps
+        return None
+    return manifest if done else None
+
+
+def _finished(what: str, argv: list[str], args: argparse.Namespace) -> bool:
+    """Steps not run again: a training step whose adapter is there with all its steps done, and a data step
+    whose variant's adapter is done and was trained on exactly this file (the sha256 in its manifest; a
+    rebuild could only replace the data the adapter saw, e.g. after the module's source changed, which
+    the data command's own resume check treats as a new run). The other data and the eval commands resume
+    by themselves."""
+    work = Path(args.ft_dir)
+    if what == "corpus":
+        return (work / "corpus").is_dir()
+    if what.startswith("data:"):
+        variant = what.split(":", 1)[1]
+        manifest = _trained(work / f"lora-{variant}", args)
+        data = Path(argv[argv.index("--out") + 1])
+        if manifest is None or not data.is_file():
+            return False
+        return manifest.get("data", {}).get("sha256") == hashlib.sha256(data.read_bytes()).hexdigest()
+    if what.startswith("train:"):
+        return _trained(Path(argv[argv.index("--out") + 1]), args) is not None
+    return False
 
 
 def finetune(args: argparse.Namespace) -> dict[str, Any]:

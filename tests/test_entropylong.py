@@ -609,3 +609,48 @@ def test_finetune_analysis_pairs_each_adapter_with_the_base_and_verification_wit
     assert pairs["random"]["n"] == 6
     assert pairs["random"]["diff"] == pytest.approx(1.0 if better == "verification" else -1.0)
     assert pairs["retrieval"]["diff"] == pytest.approx(1.0 if better == "verification" else 0.0)
+
+
+def test_finetune_driver_skips_a_data_step_only_when_its_adapter_was_trained_on_that_exact_file(
+        tmp_path, monkeypatch):
+    """bench/entropylong_truth.py --finetune does not rebuild a data variant whose adapter is done and whose
+    manifest holds this file's sha256 (a rebuild would replace the data the adapter saw); a changed file,
+    an unfinished adapter or a missing one leaves the step to run."""
+    import argparse
+    import hashlib
+    import json
+    import runpy
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(root / "bench"))
+    monkeypatch.setattr(sys, "argv", ["entropylong_truth.py"])
+    mod = runpy.run_path(str(root / "bench" / "entropylong_truth.py"))
+    work = tmp_path / "ft"
+    args = argparse.Namespace(ft_dir=str(work), model="smollm2-135m", ft_docs=2, ft_cards=2, ft_steps=3,
+                              ft_seq_len=64, ft_samples=8, seed=0, retriever="bm25", ft_tasks="vt",
+                              ft_lengths="2048")
+    cmds = dict(mod["finetune_commands"](args))
+    data = work / "random.jsonl"
+    data.parent.mkdir(parents=True)
+    data.write_text('{"a": 1}\n')
+    adapter = work / "lora-random"
+    adapter.mkdir()
+
+    def manifest(steps: int, digest: str) -> None:
+        (adapter / "adapter.json").write_text(json.dumps({"training": {"steps_done": steps},
+                                                          "data": {"sha256": digest}}))
+
+    finished = mod["_finished"]
+    assert not finished("data:random", cmds["data:random"], args)  # no adapter
+    manifest(3, hashlib.sha256(data.read_bytes()).hexdigest())
+    assert finished("data:random", cmds["data:random"], args)
+    assert finished("train:random", cmds["train:random"], args)
+    assert not finished("data:retrieval", cmds["data:retrieval"], args)
+    manifest(2, hashlib.sha256(data.read_bytes()).hexdigest())  # stopped early: not done
+    assert not finished("data:random", cmds["data:random"], args)
+    assert not finished("train:random", cmds["train:random"], args)
+    manifest(3, hashlib.sha256(b"other data").hexdigest())  # trained on another file
+    assert not finished("data:random", cmds["data:random"], args)
+    assert not finished("eval:random", cmds["eval:random"], args)
