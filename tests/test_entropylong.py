@@ -570,9 +570,12 @@ def test_finetune_reading_counts_significant_cells_by_direction_and_names_floor_
     assert "4 adapter - base differences, **1 significantly above 0 and 1 below**; 2 not significant" in text
     assert "1 significantly better, 0 worse, 0 not significant (of 1)" in text
     assert "(niah_single_1 at 4096)" in text and "vt at 2048" not in text.split("(niah")[1]
-    assert "shows nothing" not in text
-    ft["cells"] = ft["cells"][2:]
-    assert "**This fine-tune shows nothing**: none of the 2" in finetune_reading(ft)[0]
+    assert "shows nothing" not in text and "helps" not in text
+    ft["cells"] = ft["cells"][1:]  # the rise gone: a fall and two floor cells
+    assert ("**no data variant helps**: none of the 3 adapter - base differences is significantly above 0, "
+            "1 is significantly below; 2 not significant") in finetune_reading(ft)[0]
+    ft["cells"] = ft["cells"][1:]
+    assert "**this fine-tune shows nothing**: none of the 2" in finetune_reading(ft)[0]
 
 
 @pytest.mark.parametrize("better", ["verification", "random"])

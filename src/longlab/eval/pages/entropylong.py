@@ -180,11 +180,18 @@ def finetune_reading(finetune: dict[str, Any]) -> list[str]:
                       and all(o["adapter"] == c["base"] for o in cells
                               if (o["task"], o["length"]) == (c["task"], c["length"]))})
     if up == 0 and down == 0:
-        verdict = (f"**This fine-tune shows nothing**: none of the {len(cells)} adapter - base "
+        verdict = (f"**this fine-tune shows nothing**: none of the {len(cells)} adapter - base "
                    "differences is significant")
+        scope = "a null result here does not rule out an effect"
+    elif up == 0:
+        verdict = (f"**no data variant helps**: none of the {len(cells)} adapter - base differences is "
+                   f"significantly above 0, {down} {'is' if down == 1 else 'are'} significantly below; "
+                   f"{flat} not significant")
+        scope = "they say nothing about the effect"
     else:
-        verdict = (f"Of the {len(cells)} adapter - base differences, **{up} significantly above 0 and {down} "
+        verdict = (f"of the {len(cells)} adapter - base differences, **{up} significantly above 0 and {down} "
                    f"below**; {flat} not significant")
+        scope = "they say nothing about the effect"
     text = (f"Reading: {verdict}. Verified data against the other variants' data: {pup} significantly "
             f"better, {pdown} worse, {pflat} not significant (of {len(pairs)}).")
     if bounded:
@@ -192,8 +199,8 @@ def finetune_reading(finetune: dict[str, Any]) -> list[str]:
                  + ", ".join(f"{t} at {n}" for t, n in bounded)
                  + "), the cell cannot show a difference either way.")
     text += (" These are the issue's sizes (about 300 LoRA steps of a 135M model at 2k tokens, "
-             f"{finetune['size']['samples']} samples per cell); a null result here does not rule out an "
-             "effect of longer training or a larger model.")
+             f"{finetune['size']['samples']} samples per cell); {scope} of longer training or a larger "
+             "model.")
     return [text, ""]
 
 
