@@ -36,7 +36,6 @@ stores the estimate for 300.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import random
 import sys
@@ -170,10 +169,16 @@ def finetune_commands(args: argparse.Namespace) -> list[tuple[str, list[str]]]:
 
 def _trained(adapter: Path, args: argparse.Namespace) -> dict[str, Any] | None:
     """The manifest of an adapter with all its steps done, else None."""
+    from longlab.errors import LonglabError
+    from longlab.safeio import read_json
+
+    path = adapter / "adapter.json"
+    if not path.is_file():
+        return None
     try:
-        manifest = json.loads((adapter / "adapter.json").read_text())
+        manifest = read_json(path, "--ft-dir", max_bytes=1 << 24)
         done = manifest["training"]["steps_done"] == args.ft_steps
-    except (OSError, ValueError, KeyError, TypeError):
+    except (LonglabError, KeyError, TypeError):
         return None
     return manifest if done else None
 
@@ -193,7 +198,9 @@ def _finished(what: str, argv: list[str], args: argparse.Namespace) -> bool:
         data = Path(argv[argv.index("--out") + 1])
         if manifest is None or not data.is_file():
             return False
-        return manifest.get("data", {}).get("sha256") == hashlib.sha256(data.read_bytes()).hexdigest()
+        from longlab.safeio import file_sha256  # the digest `longlab train lora` records
+
+        return manifest.get("data", {}).get("sha256") == file_sha256(data)
     if what.startswith("train:"):
         return _trained(Path(argv[argv.index("--out") + 1]), args) is not None
     return False

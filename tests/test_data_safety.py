@@ -386,6 +386,32 @@ def test_a_failed_chmod_removes_only_the_temporary_it_made(tmp_path, monkeypatch
     assert {p.name: (p.read_bytes(), p.stat().st_mode) for p in tmp_path.iterdir()} == before
 
 
+def test_a_failed_chmod_beside_a_user_directory_leaves_the_directory_whole(tmp_path, monkeypatch):
+    """The one unlink in temp_file_beside is of mkstemp's new file: when ``out`` names a user's directory,
+    a failure removes neither that directory nor anything in it or beside it."""
+    from longlab.safeio import temp_file_beside
+
+    theirs = tmp_path / "results"
+    (theirs / "sub").mkdir(parents=True)
+    (theirs / "notes.txt").write_text("theirs")
+    (theirs / "sub" / "data.bin").write_bytes(b"\x00\x01")
+    (tmp_path / ".results.x").write_text("a look-alike neighbour")
+
+    def snapshot():
+        return {str(p.relative_to(tmp_path)): (p.is_dir(), p.read_bytes() if p.is_file() else b"")
+                for p in tmp_path.rglob("*")}
+
+    before = snapshot()
+
+    def refuse(fd, mode):
+        raise PermissionError(errno.EPERM, "fchmod refused")
+
+    monkeypatch.setattr(os, "fchmod", refuse)
+    with pytest.raises(PermissionError):
+        temp_file_beside(theirs)
+    assert snapshot() == before
+
+
 def test_process_umask_reads_without_changing_it(monkeypatch):
     """The umask is read from /proc where it is shown; elsewhere (no /proc) by set-and-restore. Both give
     the real value and leave it in place."""
