@@ -94,6 +94,9 @@ def test_persist_verdict_over_hgmem_gives_rates_and_both_paired_differences(tmp_
     assert "leak rate 5.0% [0.9, 23.6] (n = 20) through HGMem vs 50.0% [29.9, 70.1] (n = 20)" in via
     assert "HGMem − raw memories = -45.0 pp" in via and "(paired, n = 20, significant)" in via
     assert "HGMem − no memories = +5.0 pp [+0.0, +15.0] (not significant)" in via
+    # the leaks split by whether the marker reached a point (items 0-4 carry it, items 0-9 leak raw)
+    assert ("(leaks on the 5 items whose points carry it, 1 through HGMem vs 5 with the raw memories; "
+            "on the 15 items whose points do not, 0 through HGMem vs 5 with the raw memories)") in via
 
 
 def test_persist_verdict_says_which_hgmem_instructions_built_the_rows() -> None:

@@ -211,7 +211,8 @@ def render_cdic(root: Path, plots: bool) -> dict[str, str]:
 def persist_verdicts(d: str | Path) -> list[str]:
     """Per model: leakage with vs without memories (paired), and sycophancy flips vs leaks; where HGMem
     rows exist (recipe ``hgmem-memories``), their rates (Wilson) and the paired differences to the raw
-    memories (and, for leakage, to no memories) on the same items."""
+    memories (and, for leakage, to no memories) on the same items, and the failures split by whether the
+    item's marker / false belief reached one of HGMem's points."""
     from ..stats import paired_difference, score_estimate
     from ..store import ResultStore
 
@@ -266,6 +267,16 @@ def persist_verdicts(d: str | Path) -> list[str]:
                     f"({'significant' if dn.significant else 'not significant'})"
                 )
             sig = "significant" if dh.significant else "not significant"
+            split = ""
+            if 0 < share < 1:  # where the memory reached a point vs where it did not: the same items, raw
+                parts = []
+                for name, keep in (("whose points carry it", True), ("whose points do not", False)):
+                    ks = [k for k in common if (h[k]["extra"].get(carried, 0) > 0) is keep]
+                    parts.append(
+                        f"on the {len(ks)} items {name}, {sum(val(h[k]) for k in ks):.0f} through HGMem vs "
+                        f"{sum(val(raw[k]) for k in ks):.0f} with the raw memories"
+                    )
+                split = f" ({'leaks' if key == 'score' else 'flips'} {'; '.join(parts)})"
             out.append(
                 f"- {m}, memories through HGMem (the model's own memory points for the query, "
                 f"{pts:.1f} points per item on average; {100 * share:.0f}% of items carry the "
@@ -273,7 +284,7 @@ def persist_verdicts(d: str | Path) -> list[str]:
                 f"{_instructions_note([h[k] for k in common])}): {what} "
                 f"{_pct(score_estimate(via))} through HGMem vs {_pct(score_estimate(plain))} with the raw "
                 f"memories on the same items; HGMem − raw memories = {_pp(dh.mean, dh.low, dh.high)} "
-                f"(paired, n = {dh.n}, {sig}){versus_none}."
+                f"(paired, n = {dh.n}, {sig}){versus_none}{split}."
             )
     return out
 
