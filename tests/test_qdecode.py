@@ -5,7 +5,8 @@
   16-bit sink and window) at every bit width, odd lengths, a residual window partly filled, keys and values
   with main regions of different lengths, GQA, batch > 1 with rows of different lengths, holes left by an
   eviction, a window;
-- paged decode equals dense attention masked to the selected slots (and differs from the unmasked one).
+- paged decode equals dense attention masked to the selected slots (and differs from the unmasked one);
+- Quest's page selection in one call equals the PyTorch bounds + top-k (and a hand-computed case).
 """
 
 from __future__ import annotations
@@ -392,13 +393,14 @@ def test_quest_and_retro_read_their_pages_with_the_paged_kernel(recipe, monkeypa
             outs.append(cache.recipe.decode.attend(ctx))
         return torch.cat(outs, 2), {k: v.clone() for k, v in layer.state.items()}
 
-    calls = []
-    real = qdecode.paged_decode
+    calls, selects = [], []
+    real, real_select = qdecode.paged_decode, qdecode.page_select
     monkeypatch.setattr(qdecode, "paged_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(qdecode, "page_select", lambda *a, **k: selects.append(1) or real_select(*a, **k))
     fused, state_f = run(True)
-    assert len(calls) == 4
+    assert len(calls) == 4 and len(selects) == 4  # pages chosen and read by the kernels
     plain, state_p = run(False)
-    assert len(calls) == 4
+    assert len(calls) == 4 and len(selects) == 4
     assert (fused - plain).abs().max() <= 2e-5
     for key in state_p:
         assert (state_f[key].float() - state_p[key].float()).abs().max() <= 2e-5, key
@@ -425,3 +427,58 @@ def test_fused_slot_ranges_merged_by_log_sum_exp(split, monkeypatch):
     ql = _quantize(_layer(), "kivi", 4, sink=2, n_keys=160, n_values=200)
     _check(ql, H=6, window=150)
     _check(ql, H=6)
+
+
+# --- Quest page selection in one call -------------------------------------------------------------
+def test_page_select_hand_computed_bounds_top_pages_and_ties():
+    # U_p = q.center_p + |q|.radius_p, D = 2 (the scalar tail): q = [1, -2]
+    center = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [9.0, -9.0]])
+    radius = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0], [1.0, 1.0], [0.0, 0.0]])
+    ok = torch.tensor([True, True, True, True, False])  # page 4 holds no token: -inf (its bound would be 27)
+    c, r, o = center[None, None], radius[None, None], ok[None, None]  # [1, 1, 5, 2]
+    q = torch.tensor([[[1.0, -2.0]]])  # [1, 1, 2]: U = [0, 1, -2, 3, -inf]
+    T, P = 6 * 4 + 3, 4  # six complete pages, a last one of 3 slots; five summarised
+    slots, pages = qdecode.page_select(q, c, r, o, 2, P, T, False)
+    assert pages.tolist() == [[[1, 3]]]  # the two largest bounds, ascending (inverted rule: [2, 0])
+    assert slots.tolist() == [[[4, 5, 6, 7, 12, 13, 14, 15, 24, 25, 26]]]  # then the last page's slots
+    # group: a second query head [-1, 0] scores [0, -1, 0, 1, -]; the group's bound is the max: [0, 1, 0, 3]
+    q2 = torch.tensor([[[1.0, -2.0], [-1.0, 0.0]]])
+    _, pages = qdecode.page_select(q2, c, r, o, 3, P, T, True)
+    assert pages.tolist() == [[[0, 1, 3]]]  # pages 0 and 2 tie at 0: the lower page is kept
+    _, pages = qdecode.page_select(q2, c, r, o, 2, P, T, False)  # per head: each its own top 2
+    assert pages.tolist() == [[[1, 3], [0, 3]]]
+    with pytest.raises(RuntimeError, match="select"):
+        qdecode.page_select(q, c, r, o, 6, P, T, False)  # k > n
+
+
+@pytest.mark.parametrize("D,group", [(64, False), (64, True), (48, False), (48, True)])
+def test_page_select_equals_the_pytorch_bounds_and_topk(D, group):
+    from longlab.decode.quest import PageSummary, page_scores, page_slots
+
+    gen = torch.Generator().manual_seed(D + group)
+    B, H, H_kv, n, k, P = 2, 6, 2, 150, 37, 8
+    center, radius = torch.randn(B, H_kv, n, D, generator=gen), torch.rand(B, H_kv, n, D, generator=gen)
+    ok = torch.rand(B, H_kv, n, generator=gen) > 0.1
+    q = torch.randn(B, H, D, generator=gen)
+    T = (n + 1) * P + 5
+    slots, pages = qdecode.page_select(q, center, radius, ok, k, P, T, group)
+    u = page_scores(q, PageSummary(center, radius, ok, torch.zeros(B, H_kv, n, 2)))  # [B, H, n]
+    if group:
+        u = u.reshape(B, H_kv, H // H_kv, n).amax(2)
+    ref = u.topk(k, dim=-1).indices.sort(dim=-1).values
+    assert torch.equal(pages, ref)
+    assert torch.equal(slots, page_slots(ref, P, T))
+    assert not torch.equal(pages, (-u).topk(k, dim=-1).indices.sort(dim=-1).values)
+
+
+def test_page_marks_match_sees_a_repacked_page():
+    index = torch.arange(40, dtype=torch.int32).expand(2, 3, 40).clone()
+    n, P = 4, 8
+    idx = index[..., : n * P].reshape(2, 3, n, P)
+    marks = torch.stack([idx[..., 0], idx[..., -1]], -1).contiguous()
+    assert qdecode.page_marks_match(index, marks, P)
+    index[1, 2, 3 * P + P - 1] = -1  # the last page's last slot emptied by an eviction
+    assert not qdecode.page_marks_match(index, marks, P)
+    index[1, 2, 3 * P + P - 1] = 3 * P + P - 1
+    index[0, 0, P + 3] = -1  # a slot inside a page (not a mark) changes nothing the check reads
+    assert qdecode.page_marks_match(index, marks, P)

@@ -19,11 +19,14 @@ exceed it and be read densely (``budget=20, P=16``: K = 3, dense up to 48 slots)
 the same way: it takes the top ``min(K, n_pages)`` pages, i.e. every page once ``n_pages <= K`` (it ranks
 the last page with the others instead of always reading it; here it is always read).
 
-Reading the selected pages: with ``fused=true`` (the default) a decode step runs
-:func:`longlab.ops.qdecode.paged_decode` where it is available (CPU, float32 K/V, the C++ extension
-built): each query head reads only its own pages' K/V rows, in place, with an online softmax; otherwise
-(``fused=false``, no compiler, ``LONGLAB_QDECODE=0``) :func:`attend_slots` gathers those rows in PyTorch.
-Both return the output and the log-sum-exp RetroAttention merges by.
+Selecting and reading the pages: with ``fused=true`` (the default) a decode step runs
+:func:`longlab.ops.qdecode.page_select` (the bounds, the top pages and their slots in one call, one read of
+the summaries) where the C++ extension runs (CPU, built), and :func:`longlab.ops.qdecode.paged_decode` where
+it also gets float32 K/V: each query head reads only its own pages' K/V rows, in place, with an online
+softmax. Otherwise (``fused=false``, no compiler, ``LONGLAB_QDECODE=0``) :func:`page_scores` and
+``torch.topk`` select and :func:`attend_slots` gathers those rows in PyTorch. The two selections compute the
+same bounds in a different summation order, so they can differ only between pages whose bounds tie to float
+rounding. Both readers return the output and the log-sum-exp RetroAttention merges by.
 
 Grouped-query attention: the paper's models have one query head per KV head. With ``g`` query heads per KV
 head, per-head selection (``selection=head``, the paper's rule) lets the ``g`` heads pick different pages,
@@ -102,6 +105,16 @@ def _summarise(keys: torch.Tensor, index: torch.Tensor, page_size: int) -> PageS
     return PageSummary((hi + lo) / 2, (hi - lo) / 2, ok, marks)
 
 
+def _marks_match(index: torch.Tensor, marks: torch.Tensor, page_size: int) -> bool:
+    """Whether the summarised pages still hold the slots they were summarised from: index [B, H_kv, T],
+    marks [B, H_kv, n, 2] (each page's first and last position)."""
+    if qdecode.available(index):
+        return qdecode.page_marks_match(index, marks, page_size)
+    n = marks.shape[2]
+    idx = index[..., : n * page_size].reshape(*index.shape[:2], n, page_size)
+    return torch.equal(torch.stack([idx[..., 0], idx[..., -1]], dim=-1), marks)
+
+
 def page_summary(layer, page_size: int, n_pages: int, keys: torch.Tensor | None = None) -> PageSummary:
     """Summaries of the first ``n_pages`` complete pages of a cache layer, updated incrementally and kept
     in ``layer.state``. ``keys`` [B, H_kv, T, D]: the layer's keys as attention reads them (the
@@ -110,9 +123,7 @@ def page_summary(layer, page_size: int, n_pages: int, keys: torch.Tensor | None 
     index = layer.index  # [B, H_kv, T]
     old = _stored_summary(layer)
     if old is not None and old.n <= n_pages and old.center.shape[:2] == keys.shape[:2]:
-        idx = index[..., : old.n * page_size].reshape(*index.shape[:2], old.n, page_size)
-        marks = torch.stack([idx[..., 0], idx[..., -1]], dim=-1)
-        if not torch.equal(marks, old.marks):
+        if not _marks_match(index, old.marks, page_size):
             old = None
     else:
         old = None
@@ -202,8 +213,8 @@ class Quest(Method):
     """Quest (Tang et al. 2024, arXiv:2406.10774): per query head, attend over the top pages by
     ``U_p = sum_c max(q_c m_pc, q_c M_pc)`` plus the last page; ``budget`` tokens, pages of ``page_size``;
     ``selection``: ``head`` (per query head, the paper) or ``group`` (one page set per KV head, by
-    ``max_j U_p^(j)`` over its query heads); ``fused``: the selected pages are read by the paged kernel
-    (:mod:`longlab.ops.qdecode`) where it runs."""
+    ``max_j U_p^(j)`` over its query heads); ``fused``: the pages are selected and read by the kernels of
+    :mod:`longlab.ops.qdecode` where they run."""
 
     kind: ClassVar[str] = "decode"
     paper = "arXiv:2406.10774"
@@ -237,9 +248,14 @@ class Quest(Method):
         if n_cand <= k:
             return None, None
         summary = page_summary(ctx.layer, self.page_size, n_cand, ctx.k)
-        u = page_scores(ctx.q[:, :, -1], summary)  # [B, H, n_cand]
         g = ctx.q.shape[1] // ctx.k.shape[1]
-        if self.selection == "group" and g > 1:
+        group = self.selection == "group" and g > 1
+        if self.fused and qdecode.available(ctx.q):  # bounds, top-k and slots in one kernel call
+            slots, pages = qdecode.page_select(ctx.q[:, :, -1], summary.center, summary.radius, summary.ok, k,
+                                               self.page_size, T, group)
+            return slots, (pages.repeat_interleave(g, 1) if group else pages)
+        u = page_scores(ctx.q[:, :, -1], summary)  # [B, H, n_cand]
+        if group:
             B, H, n = u.shape
             u = u.reshape(B, H // g, g, n).amax(2)  # [B, H_kv, n_cand]: the group's largest bound
             shared = u.topk(k, dim=-1).indices.sort(dim=-1).values  # [B, H_kv, k]

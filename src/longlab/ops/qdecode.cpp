@@ -1137,6 +1137,111 @@ std::vector<at::Tensor> paged_decode(const at::Tensor& q, const at::Tensor& k, c
   return {out, lse};
 }
 
+// ---- Quest page selection ------------------------------------------------------------------------------
+// page_select: Quest's bound on any key's logit in page p (Tang et al. 2024, arXiv:2406.10774),
+//   U_p = sum_c max(q_c m_pc, q_c M_pc) = q.center_p + |q|.radius_p   (center = (M+m)/2, radius = (M-m)/2),
+// per query head, or with group = true the largest bound over the g query heads of a KV head; -inf for a page
+// that holds no real token (NaN ranks as +inf, as torch.topk ranks it). The top k pages by U (ties: the
+// lower page first), sorted ascending, and their slots p*P .. p*P+P-1 followed by the last page's slots
+// last*P .. T-1, last = (T-1) / P. One pass over the summaries per (row, KV head): the g heads' bounds are
+// computed from one read of each summary row; nth_element and a sort of the k winners pick the pages.
+// q: [B, H, D] fp32; center, radius: [B, H_kv, n, D] fp32 contiguous; ok: [B, H_kv, n] bool contiguous;
+// 0 < k <= n; n * P <= last * P.  Returns (slots [B, R, k*P + T - last*P] int64, pages [B, R, k] int64),
+// R = H_kv when group else H.
+std::vector<at::Tensor> page_select(const at::Tensor& q, const at::Tensor& center, const at::Tensor& radius,
+                                    const at::Tensor& ok, int64_t k, int64_t P, int64_t T, bool group) {
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.is_contiguous() && q.dim() == 3, "select: q [B, H, D] fp32");
+  TORCH_CHECK(center.scalar_type() == at::kFloat && radius.scalar_type() == at::kFloat && center.dim() == 4 &&
+              center.is_contiguous() && radius.is_contiguous() && center.sizes() == radius.sizes(),
+              "select: center/radius [B, H_kv, n, D] fp32 contiguous");
+  TORCH_CHECK(ok.scalar_type() == at::kBool && ok.is_contiguous() && ok.dim() == 3, "select: ok [B, H_kv, n]");
+  const int64_t B = q.size(0), H = q.size(1), D = q.size(2), H_kv = center.size(1), n = center.size(2);
+  TORCH_CHECK(center.size(0) == B && center.size(3) == D && H_kv > 0 && H % H_kv == 0, "select: shapes");
+  TORCH_CHECK(ok.size(0) == B && ok.size(1) == H_kv && ok.size(2) == n, "select: ok shape");
+  TORCH_CHECK(P > 0 && T > 0 && k > 0 && k <= n && n * P <= ((T - 1) / P) * P, "select: 0 < k <= n pages");
+  const int64_t g = H / H_kv, R = group ? H_kv : H, hs = group ? g : 1;
+  const int64_t last = (T - 1) / P, S = k * P + (T - last * P);
+  auto slots = at::empty({B, R, S}, q.options().dtype(at::kLong));
+  auto pages = at::empty({B, R, k}, q.options().dtype(at::kLong));
+  const float* qp = q.data_ptr<float>();
+  const float* cp = center.data_ptr<float>();
+  const float* rp = radius.data_ptr<float>();
+  const bool* op = ok.data_ptr<bool>();
+  int64_t* sp = slots.data_ptr<int64_t>();
+  int64_t* pp = pages.data_ptr<int64_t>();
+  const float inf = std::numeric_limits<float>::infinity();
+  at::parallel_for(0, B * R, 1, [&](int64_t r0, int64_t r1) {
+    std::vector<float> u(n), qa(hs * D);
+    std::vector<int64_t> ord(n);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / R, head0 = group ? (r % R) * g : r % H, kv = group ? r % R : (r % H) / g;
+      const float* qs = qp + (b * H + head0) * D;  // the hs query heads scored here
+      for (int64_t c = 0; c < hs * D; ++c) qa[c] = std::abs(qs[c]);
+      const int64_t base = (b * H_kv + kv) * n;
+      for (int64_t p = 0; p < n; ++p) {
+        if (!op[base + p]) {
+          u[p] = NINF;
+          continue;
+        }
+        const float* cr = cp + (base + p) * D;
+        const float* rr = rp + (base + p) * D;
+        float best = NINF;
+        for (int64_t j = 0; j < hs; ++j) {
+          const float* qj = qs + j * D;
+          const float* aj = qa.data() + j * D;
+          int64_t c = 0;
+          Vec acc(0.0f);
+          for (; c + Vec::size() <= D; c += Vec::size()) {
+            acc = at::vec::fmadd(Vec::loadu(qj + c), Vec::loadu(cr + c), acc);
+            acc = at::vec::fmadd(Vec::loadu(aj + c), Vec::loadu(rr + c), acc);
+          }
+          float s = hsum(acc);
+          for (; c < D; ++c) s += qj[c] * cr[c] + aj[c] * rr[c];
+          if (std::isnan(s)) s = inf;
+          best = std::max(best, s);
+        }
+        u[p] = best;
+      }
+      for (int64_t p = 0; p < n; ++p) ord[p] = p;
+      auto higher = [&](int64_t a, int64_t c) { return u[a] > u[c] || (u[a] == u[c] && a < c); };
+      if (k < n) std::nth_element(ord.begin(), ord.begin() + (k - 1), ord.end(), higher);
+      std::sort(ord.begin(), ord.begin() + k);
+      int64_t* pg = pp + r * k;
+      int64_t* st = sp + r * S;
+      for (int64_t i = 0; i < k; ++i) {
+        pg[i] = ord[i];
+        for (int64_t o = 0; o < P; ++o) *st++ = ord[i] * P + o;
+      }
+      for (int64_t t = last * P; t < T; ++t) *st++ = t;
+    }
+  });
+  return {slots, pages};
+}
+
+// page_marks_match: whether each of the n summarised pages still starts and ends at the positions recorded
+// when it was summarised (marks [B, H_kv, n, 2] int32 = index[..., p*P] and index[..., p*P + P - 1]); false
+// once an eviction repacked the layer. index: [B, H_kv, T] int32 (any strides), n * P <= T.
+bool page_marks_match(const at::Tensor& index, const at::Tensor& marks, int64_t P) {
+  TORCH_CHECK(index.scalar_type() == at::kInt && index.dim() == 3, "marks: index [B, H_kv, T] int32");
+  TORCH_CHECK(marks.scalar_type() == at::kInt && marks.dim() == 4 && marks.size(3) == 2 && marks.is_contiguous(),
+              "marks: [B, H_kv, n, 2] int32 contiguous");
+  const int64_t B = index.size(0), H_kv = index.size(1), T = index.size(2), n = marks.size(2);
+  TORCH_CHECK(marks.size(0) == B && marks.size(1) == H_kv && P > 0 && n * P <= T, "marks: shapes");
+  const int32_t* ip = index.data_ptr<int32_t>();
+  const int32_t* mp = marks.data_ptr<int32_t>();
+  const int64_t ib = index.stride(0), ih = index.stride(1), it = index.stride(2);
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H_kv; ++h) {
+      const int32_t* I = ip + b * ib + h * ih;
+      const int32_t* M = mp + (b * H_kv + h) * n * 2;
+      for (int64_t p = 0; p < n; ++p) {
+        if (I[p * P * it] != M[2 * p] || I[(p * P + P - 1) * it] != M[2 * p + 1]) return false;
+      }
+    }
+  }
+  return true;
+}
+
 // ---- per-token quantization, packed --------------------------------------------------------------------
 // quantize_tokens_packed: the decode-step fast path of longlab.quant.quantizer.quantize_tokens + pack,
 // bit-identical to them (the tests compare): per token, in groups of G channels,
@@ -1239,6 +1344,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, bool> quantize_tokens_packed(cons
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("quant_decode", &quant_decode, "fused decode attention over packed KIVI / PM-KVQ storage (CPU)");
   m.def("paged_decode", &paged_decode, "paged sparse decode attention over selected slots (CPU, fp32)");
+  m.def("page_select", &page_select, "Quest's page bounds and top-k pages with their slots (CPU, fp32)");
+  m.def("page_marks_match", &page_marks_match, "whether summarised pages still start/end where they did");
   m.def("quantize_tokens_packed", &quantize_tokens_packed,
         "per-token group quantization + planar packing (KIVI values at a decode step; CPU)");
 }

@@ -22,7 +22,11 @@ the step that moves a KIVI value into the packed store at every decode step.
 plus the last page, RetroAttention's loaded pages), reading only those K/V rows, in place; returns the
 output and the log-sum-exp (RetroAttention merges by it).
 
-Both run through :mod:`longlab.ops.build` (compiled once per machine, about a minute; ``LONGLAB_QDECODE=0``
+**Page selection** (:func:`page_select`): Quest's page bounds ``U_p = q.center_p + |q|.radius_p`` for every
+query head (or the largest over a KV head's group), the top ``k`` pages and their slots in one call, from one
+read of the page summaries; :func:`page_marks_match` checks that summarised pages were not repacked.
+
+All run through :mod:`longlab.ops.build` (compiled once per machine, about a minute; ``LONGLAB_QDECODE=0``
 switches the extension off). Callers check :func:`available` and keep their pure-PyTorch path
 (``QuantizedLayer``'s chunked dequantise-and-attend, Quest's gather) as the fallback.
 """
@@ -37,10 +41,11 @@ import torch
 from longlab.ops import build
 
 __all__ = ["KERNEL", "Packed", "available", "unavailable_reason", "quant_decode", "paged_decode",
-           "quantize_tokens_packed"]
+           "page_select", "page_marks_match", "quantize_tokens_packed"]
 
 KERNEL = build.Kernel("qdecode", (Path(__file__).with_name("qdecode.cpp"),), "LONGLAB_QDECODE",
-                      ("quant_decode", "paged_decode", "quantize_tokens_packed"), tuple(build.cpu_flags()))
+                      ("quant_decode", "paged_decode", "page_select", "page_marks_match",
+                       "quantize_tokens_packed"), tuple(build.cpu_flags()))
 _SCALE_KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 _SPLIT_MIN = 2048  # slots per parallel range below which a (row, KV head) is not split
 
@@ -149,6 +154,44 @@ def paged_decode(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_index: t
                                     key_index.to(torch.int32), query_pos.to(torch.int64).contiguous(),
                                     slots.to(torch.int64).contiguous(), float(scaling))
     return out.reshape(B, H, 1, D).to(q.dtype), lse.reshape(B, H, 1)
+
+
+def page_select(q: torch.Tensor, center: torch.Tensor, radius: torch.Tensor, ok: torch.Tensor, k: int,
+                page_size: int, T: int, group: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quest's top ``k`` pages and the slots to read (:meth:`longlab.decode.quest.Quest.select`).
+
+    q: [B, H, D]; center, radius: [B, H_kv, n, D] (the page summaries); ok: [B, H_kv, n] bool; ``0 < k <= n``,
+    ``n <= (T - 1) // page_size`` (complete pages before the last one). Scores
+    ``U_p = q.center_p + |q|.radius_p`` (fp32; -inf where not ``ok``), per query head or, ``group=True``, the
+    largest over each KV head's query heads; keeps the top ``k`` (ties: the lower page), ascending. Returns
+    ``(slots [B, R, k * page_size + tail] int64, pages [B, R, k] int64)``, ``R = H_kv`` if ``group`` else
+    ``H``; the slots are the pages' slots then the last page's ``last * page_size .. T - 1``, as
+    :func:`longlab.decode.quest.page_slots`."""
+    ext = build.load(KERNEL)
+    if ext is None:
+        raise RuntimeError(f"page_select: {unavailable_reason()}")
+
+    def f32(t: torch.Tensor) -> torch.Tensor:
+        t = t if t.dtype == torch.float32 else t.float()
+        return t if t.is_contiguous() else t.contiguous()
+
+    okc = ok if ok.dtype == torch.bool and ok.is_contiguous() else ok.bool().contiguous()
+    with torch.no_grad():
+        slots, pages = ext.page_select(f32(q), f32(center), f32(radius), okc, int(k), int(page_size), int(T),
+                                       bool(group))
+    return slots, pages
+
+
+def page_marks_match(index: torch.Tensor, marks: torch.Tensor, page_size: int) -> bool:
+    """Whether each summarised page still starts and ends at the slots' positions it was summarised with:
+    ``marks[..., p, :] == (index[..., p * P], index[..., p * P + P - 1])`` for every page ``p``.
+    index: [B, H_kv, T] int32; marks: [B, H_kv, n, 2] int32, ``n * page_size <= T``."""
+    ext = build.load(KERNEL)
+    if ext is None:
+        raise RuntimeError(f"page_marks_match: {unavailable_reason()}")
+    m = marks if marks.dtype == torch.int32 and marks.is_contiguous() else marks.to(torch.int32).contiguous()
+    return bool(ext.page_marks_match(index if index.dtype == torch.int32 else index.to(torch.int32), m,
+                                     int(page_size)))
 
 
 def quantize_tokens_packed(x: torch.Tensor, bits: int, group: int, scale_dtype: torch.dtype
