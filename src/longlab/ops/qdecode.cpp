@@ -40,6 +40,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <tuple>
 #include <vector>
@@ -1144,7 +1145,7 @@ std::vector<at::Tensor> paged_decode(const at::Tensor& q, const at::Tensor& k, c
 // that holds no real token (NaN ranks as +inf, as torch.topk ranks it). The top k pages by U (ties: the
 // lower page first), sorted ascending, and their slots p*P .. p*P+P-1 followed by the last page's slots
 // last*P .. T-1, last = (T-1) / P. One pass over the summaries per (row, KV head): the g heads' bounds are
-// computed from one read of each summary row; nth_element and a sort of the k winners pick the pages.
+// computed from one read of each summary row; nth_element finds the k-th bound, one scan takes the pages.
 // q: [B, H, D] fp32; center, radius: [B, H_kv, n, D] fp32 contiguous; ok: [B, H_kv, n] bool contiguous;
 // 0 < k <= n; n * P <= last * P.  Returns (slots [B, R, k*P + T - last*P] int64, pages [B, R, k] int64),
 // R = H_kv when group else H.
@@ -1159,7 +1160,7 @@ std::vector<at::Tensor> page_select(const at::Tensor& q, const at::Tensor& cente
   TORCH_CHECK(center.size(0) == B && center.size(3) == D && H_kv > 0 && H % H_kv == 0, "select: shapes");
   TORCH_CHECK(ok.size(0) == B && ok.size(1) == H_kv && ok.size(2) == n, "select: ok shape");
   TORCH_CHECK(P > 0 && T > 0 && k > 0 && k <= n && n * P <= ((T - 1) / P) * P, "select: 0 < k <= n pages");
-  const int64_t g = H / H_kv, R = group ? H_kv : H, hs = group ? g : 1;
+  const int64_t g = H / H_kv, R = group ? H_kv : H;
   const int64_t last = (T - 1) / P, S = k * P + (T - last * P);
   auto slots = at::empty({B, R, S}, q.options().dtype(at::kLong));
   auto pages = at::empty({B, R, k}, q.options().dtype(at::kLong));
@@ -1170,49 +1171,90 @@ std::vector<at::Tensor> page_select(const at::Tensor& q, const at::Tensor& cente
   int64_t* sp = slots.data_ptr<int64_t>();
   int64_t* pp = pages.data_ptr<int64_t>();
   const float inf = std::numeric_limits<float>::infinity();
-  at::parallel_for(0, B * R, 1, [&](int64_t r0, int64_t r1) {
-    std::vector<float> u(n), qa(hs * D);
-    std::vector<int64_t> ord(n);
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t b = r / R, head0 = group ? (r % R) * g : r % H, kv = group ? r % R : (r % H) / g;
-      const float* qs = qp + (b * H + head0) * D;  // the hs query heads scored here
-      for (int64_t c = 0; c < hs * D; ++c) qa[c] = std::abs(qs[c]);
-      const int64_t base = (b * H_kv + kv) * n;
-      for (int64_t p = 0; p < n; ++p) {
-        if (!op[base + p]) {
-          u[p] = NINF;
-          continue;
-        }
-        const float* cr = cp + (base + p) * D;
-        const float* rr = rp + (base + p) * D;
-        float best = NINF;
-        for (int64_t j = 0; j < hs; ++j) {
-          const float* qj = qs + j * D;
-          const float* aj = qa.data() + j * D;
-          int64_t c = 0;
-          Vec acc(0.0f);
-          for (; c + Vec::size() <= D; c += Vec::size()) {
-            acc = at::vec::fmadd(Vec::loadu(qj + c), Vec::loadu(cr + c), acc);
-            acc = at::vec::fmadd(Vec::loadu(aj + c), Vec::loadu(rr + c), acc);
-          }
-          float s = hsum(acc);
-          for (; c < D; ++c) s += qj[c] * cr[c] + aj[c] * rr[c];
-          if (std::isnan(s)) s = inf;
-          best = std::max(best, s);
-        }
-        u[p] = best;
-      }
-      for (int64_t p = 0; p < n; ++p) ord[p] = p;
-      auto higher = [&](int64_t a, int64_t c) { return u[a] > u[c] || (u[a] == u[c] && a < c); };
-      if (k < n) std::nth_element(ord.begin(), ord.begin() + (k - 1), ord.end(), higher);
-      std::sort(ord.begin(), ord.begin() + k);
+  // one (row, KV head) per unit: the g heads' bounds from one read of each summary row, then the top k of
+  // each head's bounds (group: of their maximum). Top k: the k-th largest bound by nth_element on a copy,
+  // then one ascending scan takes the pages above it and, of those equal to it, the lowest first.
+  at::parallel_for(0, B * H_kv, 1, [&](int64_t w0, int64_t w1) {
+    std::vector<float> u(g * n), qa(g * D), tmp(n);
+    auto pick = [&](const float* s, int64_t r) {
       int64_t* pg = pp + r * k;
       int64_t* st = sp + r * S;
-      for (int64_t i = 0; i < k; ++i) {
-        pg[i] = ord[i];
-        for (int64_t o = 0; o < P; ++o) *st++ = ord[i] * P + o;
+      float thr = NINF;
+      int64_t ties = n;  // pages equal to thr still to take
+      if (k < n) {
+        std::copy(s, s + n, tmp.begin());
+        std::nth_element(tmp.begin(), tmp.begin() + (k - 1), tmp.end(), std::greater<float>());
+        thr = tmp[k - 1];
+        int64_t above = 0;
+        for (int64_t p = 0; p < n; ++p) above += s[p] > thr;
+        ties = k - above;
+      }
+      for (int64_t p = 0, i = 0; p < n && i < k; ++p) {
+        if (!(s[p] > thr || (s[p] == thr && ties-- > 0))) continue;
+        pg[i++] = p;
+        for (int64_t o = 0; o < P; ++o) *st++ = p * P + o;
       }
       for (int64_t t = last * P; t < T; ++t) *st++ = t;
+    };
+    for (int64_t w = w0; w < w1; ++w) {
+      const int64_t b = w / H_kv, kv = w % H_kv, base = w * n;
+      const float* qs = qp + (b * H + kv * g) * D;  // the g query heads of this KV head
+      for (int64_t c = 0; c < g * D; ++c) qa[c] = std::abs(qs[c]);
+      auto bound = [&](int64_t p, int64_t j) {  // one page's bound for head j, one horizontal sum
+        const float* cr = cp + (base + p) * D;
+        const float* rr = rp + (base + p) * D;
+        const float* qj = qs + j * D;
+        const float* aj = qa.data() + j * D;
+        int64_t c = 0;
+        Vec acc(0.0f);
+        for (; c + Vec::size() <= D; c += Vec::size()) {
+          acc = at::vec::fmadd(Vec::loadu(qj + c), Vec::loadu(cr + c), acc);
+          acc = at::vec::fmadd(Vec::loadu(aj + c), Vec::loadu(rr + c), acc);
+        }
+        float v = hsum(acc);
+        for (; c < D; ++c) v += qj[c] * cr[c] + aj[c] * rr[c];
+        return v;
+      };
+      int64_t p0 = 0;
+#if defined(__AVX512F__) || defined(__AVX2__)
+      if (D % Vec::size() == 0) {  // blocks of pages: one transposed reduction per head and block
+        constexpr int RB = ROWS_PER_REDUCTION;
+        for (; p0 + RB <= n; p0 += RB) {
+          for (int64_t j = 0; j < g; ++j) {
+            const float* qj = qs + j * D;
+            const float* aj = qa.data() + j * D;
+            RawVec red[RB];
+            for (int r = 0; r < RB; ++r) {
+              const float* cr = cp + (base + p0 + r) * D;
+              const float* rr = rp + (base + p0 + r) * D;
+              Vec acc(0.0f);
+              for (int64_t c = 0; c < D; c += Vec::size()) {
+                acc = at::vec::fmadd(Vec::loadu(qj + c), Vec::loadu(cr + c), acc);
+                acc = at::vec::fmadd(Vec::loadu(aj + c), Vec::loadu(rr + c), acc);
+              }
+              red[r] = acc;
+            }
+            store_row_sums(u.data() + j * n + p0, red);
+          }
+        }
+      }
+#endif
+      for (; p0 < n; ++p0)
+        for (int64_t j = 0; j < g; ++j) u[j * n + p0] = bound(p0, j);
+      for (int64_t p = 0; p < n; ++p) {  // empty pages -inf; NaN ranks as +inf
+        const bool empty = !op[base + p];
+        for (int64_t j = 0; j < g; ++j) {
+          float& v = u[j * n + p];
+          v = empty ? NINF : (std::isnan(v) ? inf : v);
+        }
+      }
+      if (group) {
+        for (int64_t j = 1; j < g; ++j)
+          for (int64_t p = 0; p < n; ++p) u[p] = std::max(u[p], u[j * n + p]);
+        pick(u.data(), w);  // row b * H_kv + kv
+      } else {
+        for (int64_t j = 0; j < g; ++j) pick(u.data() + j * n, b * H + kv * g + j);
+      }
     }
   });
   return {slots, pages};
