@@ -319,7 +319,8 @@ def measure(model: Any, vocab: int, length: int, batches: list[int], variants: l
 # Functions whose cumulative time the profile reports by name (pstats' function name, where it is defined).
 PROFILED = {
     "quest select (scores + top-k)": ("select", "decode/quest.py"),
-    "quest page scores": ("page_scores", "decode/quest.py"),
+    "quest page scores": ("page_scores", "decode/quest.py"),  # the PyTorch selection (fused off)
+    "quest page_select kernel": ("page_select", "ops/qdecode.py"),  # bounds + top-k + slots, one call
     "quest page summaries": ("page_summary", "decode/quest.py"),
     "paged kernel": ("paged_decode", "ops/qdecode.py"),
     "quantized kernel": ("quant_decode", "ops/qdecode.py"),
