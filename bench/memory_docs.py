@@ -5,8 +5,8 @@
 copies the rows of each run store into ``bench/results/memory-hgmem``, ``bench/results/memory_cdic`` and
 ``bench/results/memory_persist`` as ``results.sqlite.gz`` (a new store, VACUUMed and gzipped; HGMem's
 per-question memory dumps and chunk lists are dropped, its loop trace is kept as the plan decisions, the
-number of memory points and of failed JSON calls — what the page reports; packed by
-``bench/pack_store.py``, run keys cut to 16 hex digits), then rewrites the generated blocks
+number of memory points, of failed JSON calls and of dropped instruction echoes — what the page reports;
+packed by ``bench/pack_store.py``, run keys cut to 16 hex digits), then rewrites the generated blocks
 of ``docs/results/memory-{hgmem,cdic,persistbench}.md`` (``longlab.eval.pages.memory``; the same as
 ``longlab report --docs --page memory-hgmem`` etc.). A destination that exists and was not written by this
 script is refused.
@@ -43,6 +43,7 @@ def slim_extra(extra: dict[str, Any] | None) -> dict[str, Any]:
             "rounds": [{"decision": s.get("decision")} for s in tr.get("rounds", [])],
             "points": tr.get("points", 0),
             "json_failures": tr.get("json_failures", 0),
+            "instruction_copies": tr.get("instruction_copies", 0),  # the page's instructions note counts them
         }
     return ex
 
