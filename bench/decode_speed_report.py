@@ -6,6 +6,7 @@ A recipe found in several directories is taken from the last one. The page's tab
 :mod:`longlab.eval.pages.decode_speed`.
 
     python bench/decode_speed_report.py --accuracy runs/kernels-acc runs/kernels-acc3   # stores -> JSON
+    python bench/decode_speed_report.py --accuracy runs/kernels-acc4 --keep   # replace those recipes only
     longlab report --docs --page results/decode-speed                                     # JSON -> tables
 """
 
@@ -26,9 +27,10 @@ def _load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def accuracy(run_dirs: list[str]) -> Path:
+def accuracy(run_dirs: list[str], keep: bool = False) -> Path:
     """Pairs ``R`` / ``R,fused=false`` (or ``R:fused=false``): identical predictions; pairs
-    ``R,selection=group`` / ``R``: the paired score difference."""
+    ``R,selection=group`` / ``R``: the paired score difference. ``keep``: the committed JSON's entries for
+    recipes these directories do not hold stay (a re-run of some recipes replaces only theirs)."""
     from longlab.eval.stats import paired_difference
 
     by: dict[str, dict] = {}
@@ -74,16 +76,27 @@ def accuracy(run_dirs: list[str]) -> Path:
                            "score_baseline": round(statistics.mean(by[head][k][1] for k in keys), 4),
                            "diff": [round(d.mean, 4), round(d.low, 4), round(d.high, 4)],
                            "significant": d.significant})
+    dirs = [str(d) for d in run_dirs]
+    old = _load("decode_speed_accuracy.json") if keep else None
+    if old is not None:
+        fresh = {e["recipe"] for e in pairs + selections}
+        def merged(kept: list[dict], new: list[dict]) -> list[dict]:
+            return sorted([e for e in kept if e["recipe"] not in fresh] + new, key=lambda e: e["recipe"])
+
+        pairs, selections = merged(old["pairs"], pairs), merged(old["selections"], selections)
+        dirs = [d for d in old["run_dirs"] if d not in dirs] + dirs
     return write_json(RESULTS / "decode_speed_accuracy.json",
-                      {"run_dirs": [str(d) for d in run_dirs], "pairs": pairs, "selections": selections})
+                      {"run_dirs": dirs, "pairs": pairs, "selections": selections})
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--accuracy", required=True, nargs="+", metavar="DIR",
                    help="longlab eval results directories (a recipe in several: the last one's): write "
                         "decode_speed_accuracy.json")
+    p.add_argument("--keep", action="store_true",
+                   help="keep the committed JSON's entries for recipes the given directories do not hold")
     args = p.parse_args(argv)
-    print(f"wrote {accuracy(args.accuracy)}")
+    print(f"wrote {accuracy(args.accuracy, keep=args.keep)}")
     print("the page's tables: longlab report --docs --page results/decode-speed")
     return 0
 
