@@ -3,15 +3,21 @@ the point count, failed JSON calls and dropped instruction echoes) and drops the
 
 from __future__ import annotations
 
-import sys
+import runpy
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import pytest
 
-from memory_docs import slim_extra  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_slim_extra_keeps_the_reported_trace_fields_and_drops_dumps() -> None:
+@pytest.fixture()
+def slim_extra(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # memory_docs imports its neighbour pack_store
+    return runpy.run_path(str(ROOT / "bench" / "memory_docs.py"))["slim_extra"]
+
+
+def test_slim_extra_keeps_the_reported_trace_fields_and_drops_dumps(slim_extra) -> None:
     extra = {
         "memory": "(empty)",
         "chunks": 7,
