@@ -2,8 +2,9 @@
 # Memory systems (issue #31), one part per call; every model run goes through bench/heavy.sh (one thread a slot).
 #   bench/memory.sh hgmem|hgmem1|baselines      HGMem on document 0 / 1, or its 5 baselines, on Qwen2.5-0.5B
 #                                               (docs/results/memory-hgmem.md; store under $MEMORY_OUT)
-#   bench/memory.sh cdic OUTDIR [SEEDS...]      C-DIC and the token LM trained per seed, then all five systems
-#                                               evaluated on the same dialogue_threads probes (OUTDIR/store)
+#   bench/memory.sh cdic OUTDIR [SEEDS...]      C-DIC and the token LM trained per seed (CDIC_MINUTES, default 6;
+#                                               CDIC_TOKEN_MINUTES, default 3), then all five systems evaluated
+#                                               on the same dialogue_threads probes (OUTDIR/store)
 #   bench/memory.sh persist OUTDIR [MODELS...]  memory_safety, 200 items per kind (MEMORY_PERSIST_N), with and without memories
 # Pages: PYTHONPATH=src python bench/memory_docs.py --cdic DIR --persist DIR
 set -euo pipefail
@@ -29,8 +30,8 @@ case $PART in
   cdic)
     OUT=${1:?OUTDIR}; shift
     for s in ${@:-0 1 2}; do
-      bench/heavy.sh bash -c "$PY -m longlab.cli memory cdic train --system cdic --out $OUT/cdic-s$s --minutes 6 --seed $s && \
-        $PY -m longlab.cli memory cdic train --system tokens --out $OUT/tokens-s$s --minutes 3 --seed $s && \
+      bench/heavy.sh bash -c "$PY -m longlab.cli memory cdic train --system cdic --out $OUT/cdic-s$s --minutes ${CDIC_MINUTES:-6} --seed $s && \
+        $PY -m longlab.cli memory cdic train --system tokens --out $OUT/tokens-s$s --minutes ${CDIC_TOKEN_MINUTES:-3} --seed $s && \
         $PY -m longlab.cli memory cdic eval --cdic $OUT/cdic-s$s --tokens $OUT/tokens-s$s --out $OUT/store --per-cell 12" &
       sleep 1
     done
