@@ -507,7 +507,7 @@ def speed_main(argv: list[str] | None = None) -> int:
                            f"{args.batches!r}") from None
     if min(lengths) < 2 or min(batches) < 1 or args.steps < 1 or args.rounds < 1:
         raise LonglabError("--lengths must be >= 2, --batches, --steps and --rounds >= 1")
-    if args.profile and (batches != [1] or args.micro or args.replot):
+    if args.profile and (batches != [1] or args.micro):
         raise LonglabError("--profile measures batch 1 only (--batches 1) and is not combined with --micro")
     torch.set_num_threads(args.threads)
     if args.micro:

@@ -200,7 +200,8 @@ def _finished(what: str, argv: list[str], args: argparse.Namespace) -> bool:
             return False
         from longlab.safeio import file_sha256  # the digest `longlab train lora` records
 
-        return manifest.get("data", {}).get("sha256") == file_sha256(data)
+        recorded = manifest.get("data")
+        return isinstance(recorded, dict) and recorded.get("sha256") == file_sha256(data)
     if what.startswith("train:"):
         return _trained(Path(argv[argv.index("--out") + 1]), args) is not None
     return False

@@ -80,6 +80,12 @@ def available(q: torch.Tensor | None = None) -> bool:
     return unavailable_reason(q) is None
 
 
+def _dense(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``t`` as ``dtype``, contiguous; itself when it already is (a no-op ``.to()`` still costs a call)."""
+    t = t if t.dtype == dtype else t.to(dtype)
+    return t if t.is_contiguous() else t.contiguous()
+
+
 def _split(B: int, H_kv: int, T: int) -> int:
     threads = torch.get_num_threads()
     if threads <= 1:
@@ -171,14 +177,10 @@ def page_select(q: torch.Tensor, center: torch.Tensor, radius: torch.Tensor, ok:
     if ext is None:
         raise RuntimeError(f"page_select: {unavailable_reason()}")
 
-    def f32(t: torch.Tensor) -> torch.Tensor:
-        t = t if t.dtype == torch.float32 else t.float()
-        return t if t.is_contiguous() else t.contiguous()
-
-    okc = ok if ok.dtype == torch.bool and ok.is_contiguous() else ok.bool().contiguous()
+    f32 = torch.float32
     with torch.no_grad():
-        slots, pages = ext.page_select(f32(q), f32(center), f32(radius), okc, int(k), int(page_size), int(T),
-                                       bool(group))
+        slots, pages = ext.page_select(_dense(q, f32), _dense(center, f32), _dense(radius, f32),
+                                       _dense(ok, torch.bool), int(k), int(page_size), int(T), bool(group))
     return slots, pages
 
 
@@ -189,9 +191,8 @@ def page_marks_match(index: torch.Tensor, marks: torch.Tensor, page_size: int) -
     ext = build.load(KERNEL)
     if ext is None:
         raise RuntimeError(f"page_marks_match: {unavailable_reason()}")
-    m = marks if marks.dtype == torch.int32 and marks.is_contiguous() else marks.to(torch.int32).contiguous()
-    return bool(ext.page_marks_match(index if index.dtype == torch.int32 else index.to(torch.int32), m,
-                                     int(page_size)))
+    index = index if index.dtype == torch.int32 else index.to(torch.int32)  # any strides
+    return bool(ext.page_marks_match(index, _dense(marks, torch.int32), int(page_size)))
 
 
 def quantize_tokens_packed(x: torch.Tensor, bits: int, group: int, scale_dtype: torch.dtype

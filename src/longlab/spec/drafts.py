@@ -296,7 +296,8 @@ class SelfDraft(Draft):
         P = getattr(self._policy, "page_size", 1)
         for i, state in kept.items():
             n = n_slots[i] // P
-            cache.layers[i].state.update({k: v[:, :, :n] for k, v in state.items()})
+            # contiguous: Quest's page_select reads them in place (a strided view would be copied per call)
+            cache.layers[i].state.update({k: v[:, :, :n].contiguous() for k, v in state.items()})
 
     def observe_queries(self, layer_idx: int, q: torch.Tensor, qidx: torch.Tensor) -> None:
         """Keep the last ``window`` verification queries of a layer (observation window for scorers)."""
